@@ -1,0 +1,24 @@
+//! ttrace's kernel side: one module per probe family. Everything is emitted
+//! through the shared ring buffer in `maps`, filtered to the traced processes.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+mod calls;
+mod faults;
+mod maps;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the verifier rejects programs that could reach a panic.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+/// Host builds (e.g. `cargo clippy --workspace`) only type-check the programs.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+// GPL-compatible: bpf_probe_read_user and friends are GPL-only helpers.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

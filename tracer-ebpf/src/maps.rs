@@ -1,0 +1,62 @@
+//! Maps shared by every probe family and the helpers that write to them.
+//! Names must equal the `MAP_*` constants in tracer-common (checked by a
+//! user-side test against the built object).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::map,
+    maps::{HashMap, PerCpuArray, RingBuf},
+};
+use tracer_common::{DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, MAX_TARGET_TGIDS};
+
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+
+#[map]
+pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_KIND_SLOTS, 0);
+
+#[map]
+pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_TGIDS, 0);
+
+/// The current task if its process is traced: `(tgid, tid)`.
+#[inline(always)]
+pub fn traced_task() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    TARGET_TGIDS.get_ptr(tgid)?;
+    Some((tgid, pid_tgid as u32))
+}
+
+#[inline(always)]
+pub fn header(kind: EventKind, (tgid, tid): (u32, u32)) -> EventHeader {
+    EventHeader {
+        kind: kind as u32,
+        // SAFETY: plain helper calls with no arguments.
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        tgid,
+        tid,
+    }
+}
+
+/// Count one event of `kind` dropped because the ring buffer was full.
+#[inline(always)]
+pub fn count_lost(kind: EventKind) {
+    if let Some(slot) = LOST.get_ptr_mut(kind as u32) {
+        // SAFETY: per-CPU slot, so no other writer races with this one.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Write `event` straight into a ring-buffer reservation (no stack copy of a
+/// second buffer), or count it lost.
+#[inline(always)]
+pub fn emit<T: 'static>(kind: EventKind, event: T) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut entry) => {
+            entry.write(event);
+            entry.submit(0);
+        }
+        None => count_lost(kind),
+    }
+}

@@ -1,0 +1,9 @@
+//! ttrace as a library, split by stage: load → collect → (resolve → correlate
+//! → record → export). The binary in `main.rs` is a thin CLI over it.
+pub mod cli;
+pub mod collect;
+pub mod events;
+pub mod load;
+pub mod privileges;
+pub mod selftest;
+pub mod tracefs;

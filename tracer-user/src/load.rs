@@ -1,0 +1,195 @@
+//! Stage 1, load: put the embedded eBPF object into the kernel, configure its
+//! maps and attach programs. Everything here needs root.
+
+use std::{collections::HashSet, num::NonZeroU32, path::Path};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+};
+use aya_log::EbpfLogger;
+use tracer_common::{EventKind, MAP_EVENTS, MAP_LOST, MAP_TARGET_TGIDS, programs};
+
+use crate::{
+    privileges::{PrivilegeError, require_tracing_privileges},
+    tracefs::{self, TracefsError},
+};
+
+/// The object built by tracer-user's build.rs from tracer-ebpf.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
+
+pub type Logger = EbpfLogger<&'static dyn log::Log>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Privileges(#[from] PrivilegeError),
+    #[error(transparent)]
+    Tracefs(#[from] TracefsError),
+    #[error("ring buffer size {0} is not a power of two of at least 4096 bytes")]
+    RingSize(u32),
+    #[error("loading the eBPF object into the kernel failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("the eBPF object has no {what} `{name}`: tracer-common and tracer-ebpf are out of sync")]
+    Missing { what: &'static str, name: &'static str },
+    #[error("eBPF program `{program}`: {source}")]
+    Program {
+        program: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map `{map}`: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("attaching a uprobe to `{symbol}` in {binary}: {source}")]
+    Attach {
+        symbol: String,
+        binary: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+}
+
+pub struct LoadOptions {
+    /// Ring buffer bytes: a power of two, at least one page.
+    pub ring_bytes: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { ring_bytes: tracer_common::DEFAULT_RING_BYTES }
+    }
+}
+
+/// Events dropped by the kernel side because the ring buffer was full.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LostCounts {
+    pub call: u64,
+    pub page_fault: u64,
+}
+
+impl LostCounts {
+    pub fn total(&self) -> u64 {
+        self.call + self.page_fault
+    }
+}
+
+/// The loaded eBPF object. Dropping it detaches every program.
+pub struct Tracer {
+    ebpf: Ebpf,
+    logger: Option<Logger>,
+    loaded: HashSet<&'static str>,
+}
+
+impl Tracer {
+    pub fn load(options: &LoadOptions) -> Result<Self, LoadError> {
+        require_tracing_privileges()?;
+        tracefs::ensure_mounted()?;
+        let ring = options.ring_bytes;
+        if !ring.is_power_of_two() || ring < 4096 {
+            return Err(LoadError::RingSize(ring));
+        }
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(MAP_EVENTS, ring)
+            .load(EBPF_OBJECT)
+            .map_err(LoadError::Load)?;
+        // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
+        let logger = EbpfLogger::init(&mut ebpf)
+            .inspect_err(|e| log::debug!("aya-log not wired: {e}"))
+            .ok();
+        Ok(Self { ebpf, logger, loaded: HashSet::new() })
+    }
+
+    /// Record events of process `tgid` (and all its threads).
+    pub fn add_target(&mut self, tgid: u32) -> Result<(), LoadError> {
+        let map = self
+            .ebpf
+            .map_mut(MAP_TARGET_TGIDS)
+            .ok_or(LoadError::Missing { what: "map", name: MAP_TARGET_TGIDS })?;
+        let mut targets: HashMap<_, u32, u8> =
+            HashMap::try_from(map).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source })?;
+        targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source })
+    }
+
+    /// Attach the generic argument-recording uprobe to `symbol` in `binary`,
+    /// for process `pid` only, or for every process mapping it.
+    pub fn attach_call_args(&mut self, binary: &Path, symbol: &str, pid: Option<u32>) -> Result<(), LoadError> {
+        let name = programs::CALL_ARGS;
+        let program: &mut UProbe = self.program(name)?;
+        let scope = match pid.and_then(NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        program.attach(symbol, binary, scope).map(drop).map_err(|source| LoadError::Attach {
+            symbol: symbol.to_string(),
+            binary: binary.display().to_string(),
+            source,
+        })
+    }
+
+    pub fn attach_page_faults(&mut self) -> Result<(), LoadError> {
+        use tracer_common::tracepoints::page_fault_user as tp;
+        let name = programs::PAGE_FAULT_USER;
+        let program: &mut TracePoint = self.program(name)?;
+        program.attach(tp::GROUP, tp::NAME).map(drop).map_err(|source| LoadError::Program { program: name, source })
+    }
+
+    /// Look a program up by name and load it into the kernel on first use.
+    fn program<'a, P>(&'a mut self, name: &'static str) -> Result<&'a mut P, LoadError>
+    where
+        &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+        P: Loadable + 'a,
+    {
+        let first_use = self.loaded.insert(name);
+        let program = self.ebpf.program_mut(name).ok_or(LoadError::Missing { what: "program", name })?;
+        let program: &mut P = program.try_into().map_err(|source| LoadError::Program { program: name, source })?;
+        if first_use {
+            program.load_into_kernel().map_err(|source| LoadError::Program { program: name, source })?;
+        }
+        Ok(program)
+    }
+
+    /// Sum of the per-CPU lost counters, per event kind.
+    pub fn lost(&self) -> Result<LostCounts, LoadError> {
+        let map = self.ebpf.map(MAP_LOST).ok_or(LoadError::Missing { what: "map", name: MAP_LOST })?;
+        let lost: PerCpuArray<_, u64> =
+            PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, source })?;
+        let count = |kind: EventKind| -> Result<u64, LoadError> {
+            let values = lost.get(&(kind as u32), 0).map_err(|source| LoadError::Map { map: MAP_LOST, source })?;
+            Ok(values.iter().sum())
+        };
+        Ok(LostCounts { call: count(EventKind::Call)?, page_fault: count(EventKind::PageFault)? })
+    }
+
+    /// Hand the event ring buffer to the collector (once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
+        let map = self.ebpf.take_map(MAP_EVENTS).ok_or(LoadError::Missing { what: "map", name: MAP_EVENTS })?;
+        RingBuf::try_from(map).map_err(|source| LoadError::Map { map: MAP_EVENTS, source })
+    }
+
+    /// Hand the aya-log reader to the collector, if the object logs.
+    pub fn take_logger(&mut self) -> Option<Logger> {
+        self.logger.take()
+    }
+}
+
+/// The program types ttrace loads, behind one `load` call.
+pub trait Loadable {
+    fn load_into_kernel(&mut self) -> Result<(), aya::programs::ProgramError>;
+}
+
+impl Loadable for UProbe {
+    fn load_into_kernel(&mut self) -> Result<(), aya::programs::ProgramError> {
+        self.load()
+    }
+}
+
+impl Loadable for TracePoint {
+    fn load_into_kernel(&mut self) -> Result<(), aya::programs::ProgramError> {
+        self.load()
+    }
+}
