@@ -1,6 +1,7 @@
 //! ttrace as a library, split by stage: load → collect → (resolve → correlate
 //! → record → export). The binary in `main.rs` is a thin CLI over it.
 pub mod cli;
+pub mod cmd;
 pub mod collect;
 pub mod events;
 pub mod load;

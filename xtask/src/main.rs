@@ -1,1 +1,48 @@
-fn main(){}
+//! Project tasks: `cargo xtask setup|demo|test|paths`. Every task runs the
+//! idempotent set-up first, so a fresh machine needs nothing else.
+mod cache;
+mod demo;
+mod setup;
+mod shell;
+mod targets;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "ttrace's build, set-up and test tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install everything ttrace's build, tests and demo need (idempotent, cached).
+    Setup,
+    /// Set up, then trace a real llama-completion run and write a report and a timeline.
+    Demo,
+    /// Set up, then run the whole test suite, including the root-only eBPF tests.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test-name filter).
+        #[arg(trailing_var_arg = true)]
+        cargo_args: Vec<String>,
+    },
+    /// Print where the set-up put llama-completion, the venv python and the models (JSON).
+    Paths,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.task {
+        Task::Setup => setup::run().map(drop),
+        Task::Demo => demo::run(),
+        Task::Test { cargo_args } => test::run(&cargo_args),
+        Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
+    };
+    if let Err(err) = result {
+        eprintln!("xtask: error: {err:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,39 @@
+//! `ttrace check`: the kernel round trip of `selftest`, summarised.
+
+use anyhow::{Result, bail};
+
+use crate::{
+    cli::CheckArgs,
+    selftest::{self, RoundTrip, TAG},
+};
+
+pub async fn run(args: CheckArgs) -> Result<()> {
+    let observed = selftest::run(RoundTrip {
+        symbol: "ttrace_selftest_probe",
+        function: selftest::ttrace_selftest_probe,
+        calls: args.calls,
+        pages: args.pages as usize,
+        ring_bytes: tracer_common::DEFAULT_RING_BYTES,
+        read_concurrently: true,
+    })
+    .await?;
+
+    let pid = std::process::id();
+    let good_calls = observed
+        .calls
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| e.header.tgid == pid && e.args[0] == *i as u64 && e.args[1] == (*i as u64) ^ TAG)
+        .count();
+    let fault_addrs: std::collections::HashSet<u64> = observed.faults.iter().map(|f| f.address).collect();
+    let faulted = observed.touched.iter().filter(|a| fault_addrs.contains(a)).count();
+
+    println!("uprobe   ttrace_selftest_probe: {} calls, {} events, {good_calls} with the expected arguments", args.calls, observed.calls.len());
+    println!("faults   exceptions:page_fault_user: {} pages written, {faulted} faulted at the written address ({} fault events in all)", observed.touched.len(), observed.faults.len());
+    println!("lost     call {}, page_fault {}; undecodable records {}", observed.lost.call, observed.lost.page_fault, observed.decode_errors);
+    if good_calls as u64 != args.calls || observed.calls.len() as u64 != args.calls || faulted != observed.touched.len() || observed.lost.total() != 0 || observed.decode_errors != 0 {
+        bail!("the kernel round trip did not deliver what was done (see the lines above)");
+    }
+    println!("ok: eBPF uprobes, tracepoints and the ring buffer work on this machine");
+    Ok(())
+}

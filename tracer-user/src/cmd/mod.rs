@@ -1,0 +1,2 @@
+//! One module per subcommand; `main.rs` dispatches to them.
+pub mod check;

@@ -1,0 +1,87 @@
+//! The real programs tests and the demo trace: llama.cpp's llama-completion
+//! and Python client built from the pinned PyPI sdist, plus generated GGUF
+//! models. All cached under the set-up cache.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::{cache, setup::Paths, shell};
+
+/// The sdist that vendors llama.cpp (tools/completion included).
+const LLAMA_CPP_PYTHON: &str = "llama-cpp-python==0.3.36";
+/// The server pulls in a large HTTP library and is never traced.
+const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=OFF";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Llama {
+    /// Unstripped build: `bin/llama-completion` and its `libggml-*.so`.
+    pub build_dir: PathBuf,
+    pub completion: PathBuf,
+    pub lib_dir: PathBuf,
+    /// llama.cpp commit the sdist vendors, as the build reports it.
+    pub commit: String,
+}
+
+pub type Models = BTreeMap<String, PathBuf>;
+
+/// Build llama.cpp once through pip (which also installs the `llama_cpp`
+/// Python package into the venv); reuse the kept build dir afterwards.
+pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
+    let build_dir = cache.join("llama-build");
+    let completion = build_dir.join("bin/llama-completion");
+    let installed = shell::succeeds(Command::new(python).args(["-c", "import llama_cpp"]));
+    let what = if completion.exists() && installed {
+        "ok (cached)".to_string()
+    } else {
+        eprintln!("setup: building llama.cpp from {LLAMA_CPP_PYTHON} (about 7 minutes on 2 cores, once)");
+        shell::run(
+            Command::new(python)
+                .args(["-m", "pip", "install", "-q", "--no-cache-dir", "--force-reinstall", "--no-deps"])
+                .arg(format!("--config-settings=build-dir={}", build_dir.display()))
+                .arg(LLAMA_CPP_PYTHON)
+                .env("CMAKE_ARGS", LLAMA_CMAKE_ARGS),
+        )?;
+        if !completion.exists() {
+            bail!("the llama.cpp build finished but {} is missing", completion.display());
+        }
+        "built".to_string()
+    };
+    let commit = llama_commit(&completion)?;
+    let lib_dir = build_dir.join("bin");
+    Ok((Llama { build_dir, completion, lib_dir, commit: commit.clone() }, format!("{what}, commit {commit}")))
+}
+
+/// `llama-completion --version` prints `version: X (build N, commit abcdef0)`.
+fn llama_commit(completion: &Path) -> Result<String> {
+    let out = Command::new(completion).arg("--version").output().with_context(|| format!("running {}", completion.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    text.split("commit ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .map(str::to_string)
+        .with_context(|| format!("no commit in `llama-completion --version` output: {text}"))
+}
+
+/// Generate the test and benchmark models with `scripts/gen_models.py`
+/// (the `gguf` package's writer); it skips models already generated with the
+/// same parameters and prints a JSON manifest `{name: path}`.
+pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
+    let out_dir = cache.join("models");
+    let script = cache::repo_root().join("scripts/gen_models.py");
+    let manifest = shell::output(Command::new(python).arg(&script).arg("--out").arg(&out_dir))?;
+    let models: Models = serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))?;
+    let names: Vec<&str> = models.keys().map(String::as_str).collect();
+    Ok((models.clone(), format!("ok ({})", names.join(", "))))
+}
+
+/// `cargo xtask paths`: one source of truth for tests, benchmarks and the demo.
+pub fn print_paths(paths: &Paths) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(&paths.to_json())?);
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! `cargo xtask test`: set up, then run every test: the Rust suites (the
+//! eBPF ones load real programs and need root; they fail, never skip, without
+//! it) and the Python oracle tests in tests/python.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::{cache, demo, setup, shell};
+
+pub fn run(cargo_args: &[String]) -> Result<()> {
+    let paths = setup::run()?;
+    let paths_json = demo::write_paths_file(&paths)?;
+    if !shell::is_root() {
+        eprintln!("xtask: not root: the eBPF tests will fail; run `sudo -E cargo xtask test` to run them");
+    }
+    let root = cache::repo_root();
+    let ttrace = demo::build_ttrace()?;
+
+    let mut failures = Vec::new();
+    let mut cargo = Command::new("cargo");
+    cargo.current_dir(&root).args(["test", "--workspace", "--exclude", "tracer-ebpf"]).args(cargo_args).env("TTRACE_PATHS", &paths_json);
+    if let Err(e) = shell::run(&mut cargo) {
+        failures.push(e.to_string());
+    }
+    if cargo_args.is_empty() {
+        let mut pytest = Command::new(&paths.venv_python);
+        pytest
+            .current_dir(&root)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"])
+            .env("TTRACE_PATHS", &paths_json)
+            .env("TTRACE_BIN", &ttrace);
+        if let Err(e) = shell::run(&mut pytest) {
+            failures.push(e.to_string());
+        }
+    }
+    if !failures.is_empty() {
+        bail!("test suites failed: {}", failures.join("; "));
+    }
+    eprintln!("xtask: all test suites passed");
+    Ok(())
+}
