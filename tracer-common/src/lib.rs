@@ -6,6 +6,7 @@
 //! layout is the same on both sides, which the `const` asserts below pin down.
 #![no_std]
 
+pub mod ggml;
 pub mod tracepoints;
 
 /// Ring buffer carrying every event to user space.
@@ -15,6 +16,20 @@ pub const MAP_EVENTS: &str = "EVENTS";
 pub const MAP_LOST: &str = "LOST";
 /// Hash `u32 tgid -> u8`: the processes whose events are recorded.
 pub const MAP_TARGET_TGIDS: &str = "TARGET_TGIDS";
+/// Array `u64`, indexed by the `config` constants: settings from user space.
+pub const MAP_CONFIG: &str = "CONFIG";
+
+/// Slots of [`MAP_CONFIG`].
+pub mod config {
+    pub const SLOTS: u32 = 4;
+    /// Bit set: see `FLAG_*`.
+    pub const FLAGS: u32 = 0;
+    /// The target's `GGML_OP_GET_ROWS` value (op ids differ across ggml
+    /// versions), or `u64::MAX` when unknown: token ids are read at that op.
+    pub const GET_ROWS_OP: u32 = 1;
+    /// Record every worker thread's op calls, not only `ith == 0`.
+    pub const FLAG_ALL_THREADS: u64 = 1;
+}
 
 /// Default ring buffer size; user space may override it at load time.
 pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
@@ -25,8 +40,28 @@ pub const MAX_TARGET_TGIDS: u32 = 64;
 pub mod programs {
     /// Uprobe recording the first six integer arguments of any function.
     pub const CALL_ARGS: &str = "call_args";
+    /// Uretprobe twin of [`CALL_ARGS`]: the return value.
+    pub const CALL_RETURN: &str = "call_return";
+    /// `ggml_cpu_extra_compute_forward(params, tensor)`: every executed node.
+    pub const GGML_OP: &str = "ggml_op";
+    /// `ggml_compute_forward_rms_norm_mul_fused(params, rms, mul)`.
+    pub const GGML_OP_FUSED: &str = "ggml_op_fused";
     /// `exceptions:page_fault_user` tracepoint.
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
+}
+
+/// Attach cookies of `call_args`/`call_return`: which function fired.
+pub mod markers {
+    pub const SELFTEST: u64 = 0;
+    /// `ggml_backend_sched_graph_compute_async(sched, graph)`: one ubatch graph.
+    pub const SCHED_GRAPH_COMPUTE: u64 = 1;
+    pub const SCHED_GRAPH_COMPUTE_RETURN: u64 = 2;
+    /// `llama_decode(ctx, batch)` (llama-cpp-python and older tools).
+    pub const LLAMA_DECODE: u64 = 3;
+    /// `llama_process(ctx, type, batch_ext)` (llama.cpp's own tools).
+    pub const LLAMA_PROCESS: u64 = 4;
+    /// `llama_perf_context_reset(ctx)`: llama's counters restart here.
+    pub const LLAMA_PERF_RESET: u64 = 5;
 }
 
 /// Discriminant of every event; also the index into [`MAP_LOST`].
@@ -35,18 +70,20 @@ pub mod programs {
 pub enum EventKind {
     Call = 1,
     PageFault = 2,
+    Op = 3,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
 pub const EVENT_KIND_SLOTS: u32 = 16;
 
 impl EventKind {
-    pub const ALL: [EventKind; 2] = [EventKind::Call, EventKind::PageFault];
+    pub const ALL: [EventKind; 3] = [EventKind::Call, EventKind::PageFault, EventKind::Op];
 
     pub const fn from_u32(raw: u32) -> Option<Self> {
         match raw {
             1 => Some(Self::Call),
             2 => Some(Self::PageFault),
+            3 => Some(Self::Op),
             _ => None,
         }
     }
@@ -55,6 +92,7 @@ impl EventKind {
         match self {
             Self::Call => "call",
             Self::PageFault => "page_fault",
+            Self::Op => "op",
         }
     }
 }
@@ -75,14 +113,74 @@ pub struct EventHeader {
     pub tid: u32,
 }
 
-/// A probed function was entered: its first six integer arguments
-/// (System V x86_64: rdi, rsi, rdx, rcx, r8, r9).
+/// A probed function was entered (its first six integer arguments, System V
+/// x86_64: rdi, rsi, rdx, rcx, r8, r9) or returned (`args[0]` = rax).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallEvent {
     pub header: EventHeader,
+    /// A [`markers`] value: which function.
+    pub cookie: u64,
     pub args: [u64; 6],
 }
+
+/// Tensors recorded per op: dst plus up to `ggml::MAX_SRC` sources.
+pub const MAX_OP_TENSORS: usize = 1 + ggml::MAX_SRC;
+/// Token ids read at the token-embedding GET_ROWS.
+pub const MAX_TOKEN_IDS: usize = 16;
+/// `TensorRecord::slot` of the destination tensor; sources use their index.
+pub const SLOT_DST: u32 = u32::MAX;
+
+/// Which hook produced an [`OpEvent`].
+pub mod hooks {
+    pub const EXTRA: u32 = 0;
+    pub const FUSED_RMS_NORM: u32 = 1;
+    pub const FUSED_MUL: u32 = 2;
+}
+
+/// One tensor of an op, as the probe saw it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorRecord {
+    /// Address of the `ggml_tensor` struct.
+    pub tensor: u64,
+    pub data: u64,
+    pub ne: [i64; 4],
+    pub nb: [u64; 4],
+    pub view_src: u64,
+    pub view_offs: u64,
+    pub extra: u64,
+    pub type_: i32,
+    pub op: i32,
+    /// `op_params[0]`: the sub-op of UNARY/GLU nodes.
+    pub op_param0: i32,
+    pub flags: i32,
+    /// [`SLOT_DST`] or the source index.
+    pub slot: u32,
+    pub _pad: u32,
+    pub name: [u8; ggml::MAX_NAME],
+}
+
+/// An executed ggml node. Sent with only `n_tensors` entries of `tensors`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpEvent {
+    pub header: EventHeader,
+    pub ith: u32,
+    pub nth: u32,
+    /// A [`hooks`] value.
+    pub hook: u32,
+    pub n_tensors: u32,
+    /// Valid ids (at most [`MAX_TOKEN_IDS`]); 0 unless this is the GET_ROWS of token ids.
+    pub n_token_ids: u32,
+    pub _pad: u32,
+    pub token_ids: [i32; MAX_TOKEN_IDS],
+    pub tensors: [TensorRecord; MAX_OP_TENSORS],
+}
+
+/// Bytes of an [`OpEvent`] before its tensors.
+pub const OP_EVENT_FIXED: usize = core::mem::offset_of!(OpEvent, tensors);
+pub const TENSOR_RECORD_SIZE: usize = core::mem::size_of::<TensorRecord>();
 
 /// A user-space page fault (`exceptions:page_fault_user`).
 #[repr(C)]
@@ -100,11 +198,16 @@ const _: () = {
     assert!(size_of::<EventHeader>() == 24);
     assert!(offset_of!(EventHeader, ts_ns) == 8);
     assert!(offset_of!(EventHeader, tgid) == 16);
-    assert!(size_of::<CallEvent>() == 72);
-    assert!(offset_of!(CallEvent, args) == 24);
+    assert!(size_of::<CallEvent>() == 80);
+    assert!(offset_of!(CallEvent, args) == 32);
+    assert!(size_of::<TensorRecord>() == 192);
+    assert!(offset_of!(TensorRecord, name) == 128);
+    assert!(OP_EVENT_FIXED == 112);
+    assert!(size_of::<OpEvent>() == OP_EVENT_FIXED + MAX_OP_TENSORS * TENSOR_RECORD_SIZE);
+    assert!(OP_EVENT_FIXED % 8 == 0 && TENSOR_RECORD_SIZE % 8 == 0);
     assert!(size_of::<PageFaultEvent>() == 48);
     assert!(offset_of!(PageFaultEvent, address) == 24);
-    assert!((EventKind::PageFault as u32) < EVENT_KIND_SLOTS);
+    assert!((EventKind::Op as u32) < EVENT_KIND_SLOTS);
 };
 
 #[cfg(feature = "user")]
@@ -114,4 +217,6 @@ mod user {
     unsafe impl aya::Pod for EventHeader {}
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for PageFaultEvent {}
+    unsafe impl aya::Pod for TensorRecord {}
+    unsafe impl aya::Pod for OpEvent {}
 }

@@ -5,6 +5,7 @@
 
 mod calls;
 mod faults;
+mod ggml;
 mod maps;
 
 #[cfg(target_arch = "bpf")]

@@ -5,15 +5,18 @@
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, MAX_TARGET_TGIDS};
+use tracer_common::{DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, MAX_TARGET_TGIDS, config};
 
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 
 #[map]
 pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_KIND_SLOTS, 0);
+
+#[map]
+pub static CONFIG: Array<u64> = Array::with_max_entries(config::SLOTS, 0);
 
 #[map]
 pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_TGIDS, 0);

@@ -9,7 +9,8 @@ use aya::{
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use aya_log::EbpfLogger;
-use tracer_common::{EventKind, MAP_EVENTS, MAP_LOST, MAP_TARGET_TGIDS, programs};
+use aya::{maps::Array, programs::uprobe::UProbeAttachPoint};
+use tracer_common::{EventKind, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_TARGET_TGIDS, config, markers, programs};
 
 use crate::{
     privileges::{PrivilegeError, require_tracing_privileges},
@@ -70,11 +71,12 @@ impl Default for LoadOptions {
 pub struct LostCounts {
     pub call: u64,
     pub page_fault: u64,
+    pub op: u64,
 }
 
 impl LostCounts {
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault
+        self.call + self.page_fault + self.op
     }
 }
 
@@ -115,16 +117,42 @@ impl Tracer {
         targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source })
     }
 
+    /// Settings the programs read: record every worker thread or only
+    /// `ith == 0`; the target's GET_ROWS op id (where token ids are read).
+    pub fn configure(&mut self, all_threads: bool, get_rows_op: Option<u32>) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
+        let mut cfg: Array<_, u64> = Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, source })?;
+        let flags = if all_threads { config::FLAG_ALL_THREADS } else { 0 };
+        let get_rows = get_rows_op.map_or(u64::MAX, u64::from);
+        for (slot, value) in [(config::FLAGS, flags), (config::GET_ROWS_OP, get_rows)] {
+            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, source })?;
+        }
+        Ok(())
+    }
+
     /// Attach the generic argument-recording uprobe to `symbol` in `binary`,
     /// for process `pid` only, or for every process mapping it.
     pub fn attach_call_args(&mut self, binary: &Path, symbol: &str, pid: Option<u32>) -> Result<(), LoadError> {
-        let name = programs::CALL_ARGS;
-        let program: &mut UProbe = self.program(name)?;
+        self.attach_uprobe(programs::CALL_ARGS, binary, symbol, pid, markers::SELFTEST)
+    }
+
+    /// Attach uprobe (or uretprobe) program `program` to `symbol` in
+    /// `binary`; `cookie` tells the program which function fired.
+    pub fn attach_uprobe(
+        &mut self,
+        program: &'static str,
+        binary: &Path,
+        symbol: &str,
+        pid: Option<u32>,
+        cookie: u64,
+    ) -> Result<(), LoadError> {
+        let probe: &mut UProbe = self.program(program)?;
         let scope = match pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
         };
-        program.attach(symbol, binary, scope).map(drop).map_err(|source| LoadError::Attach {
+        let point = UProbeAttachPoint { location: symbol.into(), cookie: Some(cookie) };
+        probe.attach(point, binary, scope).map(drop).map_err(|source| LoadError::Attach {
             symbol: symbol.to_string(),
             binary: binary.display().to_string(),
             source,
@@ -162,7 +190,7 @@ impl Tracer {
             let values = lost.get(&(kind as u32), 0).map_err(|source| LoadError::Map { map: MAP_LOST, source })?;
             Ok(values.iter().sum())
         };
-        Ok(LostCounts { call: count(EventKind::Call)?, page_fault: count(EventKind::PageFault)? })
+        Ok(LostCounts { call: count(EventKind::Call)?, page_fault: count(EventKind::PageFault)?, op: count(EventKind::Op)? })
     }
 
     /// Hand the event ring buffer to the collector (once).

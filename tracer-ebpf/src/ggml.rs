@@ -1,0 +1,135 @@
+//! Uprobes on ggml's CPU backend: every executed graph node, with its
+//! destination and source tensors.
+//!
+//! Events are built in a per-CPU scratch slot (too big for the 512-byte BPF
+//! stack) and sent with only the tensors present, so a node with two sources
+//! costs 112 + 3 * 192 bytes of ring, not the full 2224.
+
+use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+
+use aya_ebpf::{
+    helpers::generated::bpf_probe_read_user,
+    macros::{map, uprobe},
+    maps::PerCpuArray,
+    programs::ProbeContext,
+};
+use tracer_common::{
+    EventKind, MAX_OP_TENSORS, MAX_TOKEN_IDS, OP_EVENT_FIXED, OpEvent, SLOT_DST, TENSOR_RECORD_SIZE, TensorRecord,
+    config,
+    ggml::{self, GgmlTensor},
+    hooks,
+};
+
+use crate::maps::{CONFIG, EVENTS, count_lost, header, traced_task};
+
+#[map]
+static OP_SCRATCH: PerCpuArray<OpEvent> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static TENSOR_SCRATCH: PerCpuArray<GgmlTensor> = PerCpuArray::with_max_entries(1, 0);
+
+/// `ggml_cpu_extra_compute_forward(params, tensor)`: called for every
+/// executed node by every worker thread, before the op dispatch.
+#[uprobe]
+pub fn ggml_op(ctx: ProbeContext) -> u32 {
+    let (Some(params), Some(node)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) else { return 0 };
+    let _ = record_node(params, node, hooks::EXTRA);
+    0
+}
+
+/// `ggml_compute_forward_rms_norm_mul_fused(params, rms, mul)`: fused nodes
+/// bypass the dispatcher, so the generic hook never sees them.
+#[uprobe]
+pub fn ggml_op_fused(ctx: ProbeContext) -> u32 {
+    let (Some(params), Some(rms), Some(mul)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u64>(2)) else {
+        return 0;
+    };
+    if record_node(params, rms, hooks::FUSED_RMS_NORM).is_ok() {
+        let _ = record_node(params, mul, hooks::FUSED_MUL);
+    }
+    0
+}
+
+#[inline(always)]
+fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
+    // SAFETY: dst points to a map value or stack slot of size_of::<T>().
+    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
+}
+
+#[inline(always)]
+fn config(slot: u32) -> u64 {
+    CONFIG.get(slot).copied().unwrap_or(0)
+}
+
+fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
+    let task = traced_task().ok_or(())?;
+    let mut thread = [0u32; 2];
+    read_user(&mut thread, params + ggml::PARAMS_ITH as u64)?;
+    let [ith, nth] = thread;
+    if ith != 0 && config(config::FLAGS) & config::FLAG_ALL_THREADS == 0 {
+        return Ok(());
+    }
+    let event = OP_SCRATCH.get_ptr_mut(0).ok_or(())?;
+    let tensor = TENSOR_SCRATCH.get_ptr_mut(0).ok_or(())?;
+    // SAFETY: per-CPU scratch slots; a uprobe cannot be preempted by another on this CPU.
+    let (event, tensor) = unsafe { (&mut *event, &mut *tensor) };
+    event.header = header(EventKind::Op, task);
+    event.ith = ith;
+    event.nth = nth;
+    event.hook = hook;
+    event.n_token_ids = 0;
+
+    read_user(addr_of_mut!(*tensor), node)?;
+    copy_record(&mut event.tensors[0], node, tensor, SLOT_DST);
+    let sources = tensor.src;
+    let get_rows = config(config::GET_ROWS_OP);
+    let is_get_rows = tensor.op as u64 == get_rows;
+    let mut n = 1usize;
+    for (slot, &src) in sources.iter().enumerate() {
+        if src == 0 || n >= MAX_OP_TENSORS {
+            continue;
+        }
+        if read_user(addr_of_mut!(*tensor), src).is_err() {
+            continue;
+        }
+        copy_record(&mut event.tensors[n], src, tensor, slot as u32);
+        // Token ids: GET_ROWS's index source (slot 1) of type I32.
+        if is_get_rows && slot == 1 && tensor.type_ == ggml::TYPE_I32 {
+            let count = (tensor.ne[0].clamp(0, MAX_TOKEN_IDS as i64)) as u32;
+            if read_user(&mut event.token_ids, tensor.data).is_ok() {
+                event.n_token_ids = count;
+            }
+        }
+        n += 1;
+    }
+    event.n_tensors = n as u32;
+    let len = OP_EVENT_FIXED + n * TENSOR_RECORD_SIZE;
+    if len > size_of::<OpEvent>() {
+        return Err(());
+    }
+    // SAFETY: len is within the scratch slot, checked above.
+    let bytes = unsafe { core::slice::from_raw_parts((event as *const OpEvent).cast::<u8>(), len) };
+    if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+        count_lost(EventKind::Op);
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn copy_record(record: &mut TensorRecord, address: u64, t: &GgmlTensor, slot: u32) {
+    record.tensor = address;
+    record.data = t.data;
+    record.ne = t.ne;
+    record.nb = t.nb;
+    record.view_src = t.view_src;
+    record.view_offs = t.view_offs;
+    record.extra = t.extra;
+    record.type_ = t.type_;
+    record.op = t.op;
+    record.op_param0 = t.op_params[0];
+    record.flags = t.flags;
+    record.slot = slot;
+    record._pad = 0;
+    record.name = t.name;
+}
