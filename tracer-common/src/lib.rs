@@ -130,6 +130,8 @@ pub const MAX_OP_TENSORS: usize = 1 + ggml::MAX_SRC;
 pub const MAX_TOKEN_IDS: usize = 16;
 /// `TensorRecord::slot` of the destination tensor; sources use their index.
 pub const SLOT_DST: u32 = u32::MAX;
+/// `TensorRecord::slot` of a null source before the last present one.
+pub const SLOT_ABSENT: u32 = u32::MAX - 1;
 
 /// Which hook produced an [`OpEvent`].
 pub mod hooks {
@@ -140,7 +142,7 @@ pub mod hooks {
 
 /// One tensor of an op, as the probe saw it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorRecord {
     /// Address of the `ggml_tensor` struct.
     pub tensor: u64,
@@ -155,13 +157,14 @@ pub struct TensorRecord {
     /// `op_params[0]`: the sub-op of UNARY/GLU nodes.
     pub op_param0: i32,
     pub flags: i32,
-    /// [`SLOT_DST`] or the source index.
+    /// [`SLOT_DST`], [`SLOT_ABSENT`] or the source index.
     pub slot: u32,
     pub _pad: u32,
     pub name: [u8; ggml::MAX_NAME],
 }
 
-/// An executed ggml node. Sent with only `n_tensors` entries of `tensors`.
+/// An executed ggml node. Sent with only `n_tensors` entries of `tensors`:
+/// the destination, then source i at index i + 1 (absent ones marked).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpEvent {

@@ -2,7 +2,7 @@
 //! destination and source tensors.
 //!
 //! Events are built in a per-CPU scratch slot (too big for the 512-byte BPF
-//! stack) and sent with only the tensors present, so a node with two sources
+//! stack) and sent up to the last source present, so a node with two sources
 //! costs 112 + 3 * 192 bytes of ring, not the full 2224.
 
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
@@ -14,7 +14,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    EventKind, MAX_OP_TENSORS, MAX_TOKEN_IDS, OP_EVENT_FIXED, OpEvent, SLOT_DST, TENSOR_RECORD_SIZE, TensorRecord,
+    EventKind, MAX_OP_TENSORS, MAX_TOKEN_IDS, OP_EVENT_FIXED, OpEvent, SLOT_ABSENT, SLOT_DST, TENSOR_RECORD_SIZE,
+    TensorRecord,
     config,
     ggml::{self, GgmlTensor},
     hooks,
@@ -83,31 +84,32 @@ fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
     read_user(addr_of_mut!(*tensor), node)?;
     copy_record(&mut event.tensors[0], node, tensor, SLOT_DST);
     let sources = tensor.src;
-    let get_rows = config(config::GET_ROWS_OP);
-    let is_get_rows = tensor.op as u64 == get_rows;
-    let mut n = 1usize;
-    for (slot, &src) in sources.iter().enumerate() {
-        if src == 0 || n >= MAX_OP_TENSORS {
+    let is_get_rows = tensor.op as u64 == config(config::GET_ROWS_OP);
+    // Source i always goes to record i + 1, so no register depends on which
+    // sources were present: a running count would multiply the verifier's
+    // paths by two per source. The count lives in map memory instead.
+    event.n_tensors = 1;
+    for (i, &src) in sources.iter().enumerate() {
+        let record = &mut event.tensors[i + 1];
+        if src == 0 || read_user(addr_of_mut!(*tensor), src).is_err() {
+            record.slot = SLOT_ABSENT;
             continue;
         }
-        if read_user(addr_of_mut!(*tensor), src).is_err() {
-            continue;
-        }
-        copy_record(&mut event.tensors[n], src, tensor, slot as u32);
+        copy_record(record, src, tensor, i as u32);
+        event.n_tensors = i as u32 + 2;
         // Token ids: GET_ROWS's index source (slot 1) of type I32.
-        if is_get_rows && slot == 1 && tensor.type_ == ggml::TYPE_I32 {
-            let count = (tensor.ne[0].clamp(0, MAX_TOKEN_IDS as i64)) as u32;
+        if i == 1 && is_get_rows && tensor.type_ == ggml::TYPE_I32 {
+            let count = tensor.ne[0].clamp(0, MAX_TOKEN_IDS as i64) as u32;
             if read_user(&mut event.token_ids, tensor.data).is_ok() {
                 event.n_token_ids = count;
             }
         }
-        n += 1;
     }
-    event.n_tensors = n as u32;
-    let len = OP_EVENT_FIXED + n * TENSOR_RECORD_SIZE;
-    if len > size_of::<OpEvent>() {
+    let n = event.n_tensors as usize;
+    if n == 0 || n > MAX_OP_TENSORS {
         return Err(());
     }
+    let len = OP_EVENT_FIXED + n * TENSOR_RECORD_SIZE;
     // SAFETY: len is within the scratch slot, checked above.
     let bytes = unsafe { core::slice::from_raw_parts((event as *const OpEvent).cast::<u8>(), len) };
     if EVENTS.output::<[u8]>(bytes, 0).is_err() {

@@ -22,11 +22,35 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a command under tracing: it starts held before exec, the probes
+    /// attach to its ggml/llama libraries, then it runs. Writes the trace
+    /// (default ./ttrace.data) and prints a summary on stderr.
+    #[command(after_help = "Examples:\n  \
+sudo ttrace run -- llama-completion -m model.gguf -p \"hello world\" -n 32 -no-cnv\n  \
+sudo ttrace run -o moe.data --all-threads -- llama-completion -m moe.gguf -p hi -n 8\n  \
+sudo ttrace run --lib ./build/bin/libggml-cpu.so -- python3 client.py\n\n\
+The command runs as the user who invoked sudo (or --user), never as root unless asked.")]
+    Run(RunArgs),
+    /// Attach to a running process and trace it until it exits, Ctrl-C,
+    /// SIGTERM or --duration; detaching leaves it running.
+    #[command(after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data")]
+    Attach(AttachArgs),
+    /// Summarise a trace: run metadata, ubatches per phase, ops, weights
+    /// touched, lost events. Needs no root.
+    #[command(after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'")]
+    Report(ReportArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives
     /// with what was done.
     #[command(after_help = "Examples:\n  sudo ttrace check\n  sudo ttrace check --calls 100000 --pages 256")]
     Check(CheckArgs),
+    /// List a GGUF model's tensors: file offset, size, layer, component, type
+    /// and shape, then a summary. Reads the file only; needs no root.
+    #[command(
+        after_help = "Examples:\n  ttrace gguf model.gguf\n  ttrace gguf model.gguf --format csv > tensors.csv\n  \
+ttrace gguf model-00001-of-00003.gguf --format json --full\n  ttrace gguf model.gguf --extents"
+    )]
+    Gguf(GgufArgs),
 }
 
 #[derive(Debug, Args)]
@@ -37,4 +61,88 @@ pub struct CheckArgs {
     /// Fresh file-backed pages written (one page fault each).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=65_536))]
     pub pages: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GgufFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct GgufArgs {
+    /// The model; any shard of a split model (NAME-0000i-of-0000N.gguf) opens all shards.
+    pub model: std::path::PathBuf,
+    /// Output format. CSV writes the summary to stderr so stdout stays one table.
+    #[arg(long, value_enum, default_value_t = GgufFormat::Table)]
+    pub format: GgufFormat,
+    /// Add each tensor's physical extents on the block device (FIEMAP).
+    #[arg(long)]
+    pub extents: bool,
+    /// JSON: include large metadata arrays (e.g. the vocabulary) in full.
+    #[arg(long)]
+    pub full: bool,
+}
+
+/// Options shared by `run` and `attach`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// Trace file to write.
+    #[arg(short, long, default_value = "ttrace.data")]
+    pub output: std::path::PathBuf,
+    /// Record every worker thread's op calls (per-thread timing and work
+    /// split), not only one record per graph node.
+    #[arg(long)]
+    pub all_threads: bool,
+    /// A library to probe, searched before the program's own (repeatable):
+    /// e.g. a libggml-cpu.so loaded from an unusual place.
+    #[arg(long, value_name = "PATH")]
+    pub lib: Vec<std::path::PathBuf>,
+    /// Ring buffer between kernel and ttrace, in MiB (a power of two).
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    pub ring_mb: u32,
+}
+
+impl TraceArgs {
+    pub fn ring_bytes(&self) -> Result<u32, String> {
+        match self.ring_mb.checked_mul(1 << 20) {
+            Some(bytes) if self.ring_mb.is_power_of_two() => Ok(bytes),
+            _ => Err(format!("--ring-mb {} must be a power of two from 1 to 2048", self.ring_mb)),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: TraceArgs,
+    /// Run the command as this user (default: the user who invoked sudo).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub common: TraceArgs,
+    /// Process to trace.
+    #[arg(long)]
+    pub pid: u32,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Trace file written by `ttrace run` or `ttrace attach`.
+    #[arg(default_value = "ttrace.data")]
+    pub file: std::path::PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }

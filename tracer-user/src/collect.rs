@@ -22,12 +22,17 @@ impl EventStream {
         Ok(Self { ring: register(ring)?, decode_errors: 0 })
     }
 
+    /// Wait until the kernel signals new records. Readiness is cleared
+    /// before the caller drains, so records arriving meanwhile re-arm it.
+    pub async fn readable(&mut self) -> io::Result<()> {
+        self.ring.readable_mut().await?.clear_ready();
+        Ok(())
+    }
+
     /// Wait until records are available, then pass each decoded one to `sink`.
     pub async fn next_batch(&mut self, sink: &mut impl FnMut(Event)) -> io::Result<usize> {
-        let mut guard = self.ring.readable_mut().await?;
-        let n = drain(guard.get_inner_mut(), &mut self.decode_errors, sink);
-        guard.clear_ready();
-        Ok(n)
+        self.readable().await?;
+        Ok(self.drain_now(sink))
     }
 
     /// Take whatever is in the ring now, without waiting.
@@ -77,7 +82,7 @@ pub fn spawn_logger(logger: Logger) -> io::Result<tokio::task::JoinHandle<()>> {
     }))
 }
 
-fn register<T: std::os::fd::AsRawFd>(owner: T) -> io::Result<AsyncFd<T>> {
+pub(crate) fn register<T: std::os::fd::AsRawFd>(owner: T) -> io::Result<AsyncFd<T>> {
     // SAFETY: ring buffers and the logger own their map fd for their whole
     // lifetime and always return the same one.
     unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| e.into_parts().1)

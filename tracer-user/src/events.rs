@@ -3,7 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageFaultEvent, TENSOR_RECORD_SIZE,
+    CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageFaultEvent, SLOT_ABSENT,
+    TENSOR_RECORD_SIZE,
     TensorRecord,
 };
 
@@ -23,7 +24,7 @@ pub struct OpRecord {
     pub nth: u32,
     pub hook: u32,
     pub token_ids: Vec<i32>,
-    /// `tensors[0]` is the destination; the rest are sources in slot order.
+    /// `tensors[0]` is the destination; the rest are the present sources in slot order.
     pub tensors: Vec<TensorRecord>,
 }
 
@@ -82,6 +83,7 @@ fn decode_op(bytes: &[u8]) -> Result<OpRecord, DecodeError> {
         .chunks_exact(TENSOR_RECORD_SIZE)
         // SAFETY: each chunk is exactly one TensorRecord (Pod).
         .map(|chunk| unsafe { ptr::read_unaligned(chunk.as_ptr().cast::<TensorRecord>()) })
+        .filter(|record| record.slot != SLOT_ABSENT)
         .collect();
     let n_ids = (event.n_token_ids as usize).min(event.token_ids.len());
     Ok(OpRecord {

@@ -3,8 +3,12 @@
 pub mod cli;
 pub mod cmd;
 pub mod collect;
+pub mod correlate;
 pub mod events;
 pub mod load;
 pub mod privileges;
+pub mod record;
+pub mod resolve;
 pub mod selftest;
+pub mod target;
 pub mod tracefs;

@@ -31,12 +31,20 @@ fn init_logging(verbose: u8) {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    match cli.command {
+        Command::Check(args) => runtime()?.block_on(cmd::check::run(args)),
+        // Reads files only: no root, no async runtime.
+        Command::Gguf(args) => cmd::gguf::run(args),
+        Command::Run(args) => runtime()?.block_on(cmd::run::run(args)),
+        Command::Attach(args) => runtime()?.block_on(cmd::attach::run(args)),
+        Command::Report(args) => cmd::report::run(args),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the async runtime")?;
-    match cli.command {
-        Command::Check(args) => runtime.block_on(cmd::check::run(args)),
-    }
+        .context("starting the async runtime")
 }

@@ -15,8 +15,13 @@ use crate::{cache, setup::Paths, shell};
 
 /// The sdist that vendors llama.cpp (tools/completion included).
 const LLAMA_CPP_PYTHON: &str = "llama-cpp-python==0.3.36";
-/// The server pulls in a large HTTP library and is never traced.
-const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=OFF";
+/// The server pulls in a large HTTP library and is never traced. AMX is off:
+/// with GGML_NATIVE on this CPU, ggml moves Q4_0/Q8_0 weights into its AMX
+/// buffer, whose matmul crashes here on prompt-sized batches (SIGSEGV/SIGILL);
+/// without it they take the CPU_REPACK path ttrace must handle anyway.
+const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+    -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Llama {
@@ -36,7 +41,10 @@ pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
     let build_dir = cache.join("llama-build");
     let completion = build_dir.join("bin/llama-completion");
     let installed = shell::succeeds(Command::new(python).args(["-c", "import llama_cpp"]));
-    let what = if completion.exists() && installed {
+    // The stamp records what was built, so a change of flags rebuilds.
+    let stamp = build_dir.join(".ttrace-build");
+    let wanted = format!("{LLAMA_CPP_PYTHON}\n{LLAMA_CMAKE_ARGS}\n");
+    let what = if completion.exists() && installed && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         "ok (cached)".to_string()
     } else {
         eprintln!("setup: building llama.cpp from {LLAMA_CPP_PYTHON} (about 7 minutes on 2 cores, once)");
@@ -50,6 +58,7 @@ pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
         if !completion.exists() {
             bail!("the llama.cpp build finished but {} is missing", completion.display());
         }
+        std::fs::write(&stamp, wanted)?;
         "built".to_string()
     };
     let commit = llama_commit(&completion)?;

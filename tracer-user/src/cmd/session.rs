@@ -1,0 +1,341 @@
+//! A tracing session, shared by `ttrace run` and `ttrace attach`: attach the
+//! probes to the target's ggml/llama libraries, record until the target
+//! exits (or Ctrl-C, SIGTERM, the duration), and close the trace cleanly.
+
+use std::{
+    collections::HashSet,
+    fs::File,
+    io::BufWriter,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::process::ExitStatusExt,
+    },
+    path::{Path, PathBuf},
+    process::ExitStatus,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+use tracer_common::{markers, programs};
+
+use crate::{
+    collect::{EventStream, spawn_logger},
+    events::Event,
+    load::{LoadOptions, Tracer},
+    record::{
+        Header, Lost, Trailer, TraceWriter, WriterStats,
+        format::{FORMAT_VERSION, Library, Options},
+        recorder::{Recorder, Resolver},
+    },
+    target::{self, HeldChild, HookLibs, RunningChild, UserSpec},
+};
+
+/// What to trace.
+pub enum Target {
+    /// A child held before exec (`ttrace run`).
+    Run { child: HeldChild, argv: Vec<String> },
+    /// A running process (`ttrace attach`).
+    Attach { pid: u32 },
+}
+
+pub struct SessionSpec {
+    pub output: PathBuf,
+    pub all_threads: bool,
+    /// `--lib` overrides: searched first for hook symbols.
+    pub libs: Vec<PathBuf>,
+    pub duration: Option<Duration>,
+    pub ring_bytes: u32,
+    /// Owner of the trace file (the user behind sudo).
+    pub owner: Option<UserSpec>,
+}
+
+pub struct Outcome {
+    pub stop_reason: String,
+    pub exit: Option<ExitStatus>,
+    pub stats: WriterStats,
+    pub lost: Lost,
+}
+
+/// Hook symbol → program and cookie. The graph-compute hook gets both an
+/// entry and a return probe: its return closes the ubatch.
+const HOOKS: [(&str, &str, u64); 7] = [
+    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, 0),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP_FUSED, 0),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
+    ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
+    ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
+    ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
+];
+
+/// How often the trace is flushed (so a SIGKILLed tracer leaves a readable
+/// file) and the maps are rescanned for libraries loaded with dlopen.
+const TICK: Duration = Duration::from_millis(20);
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// After Ctrl-C in `run`, how long the child may take to exit before SIGKILL.
+const CHILD_GRACE: Duration = Duration::from_secs(10);
+
+struct Attached {
+    pid: u32,
+    probes: HashSet<(PathBuf, &'static str, u64)>,
+    libraries: Vec<Library>,
+    has_ops: bool,
+}
+
+impl Attached {
+    /// Attach every hook `libs` provides that is not attached yet.
+    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
+        let mut added = 0;
+        for (symbol, program, cookie) in HOOKS {
+            let Some(path) = libs.path_of(symbol) else { continue };
+            if !self.probes.insert((path.to_path_buf(), program, cookie)) {
+                continue;
+            }
+            tracer.attach_uprobe(program, path, symbol, Some(self.pid), cookie)?;
+            added += 1;
+            self.has_ops |= program == programs::GGML_OP;
+            let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
+                .into_iter()
+                .find(|(_, p)| p.as_deref() == Some(path))
+                .map_or("other", |(role, _)| role);
+            if !self.libraries.iter().any(|l| Path::new(&l.path) == path) {
+                self.libraries.push(Library {
+                    path: path.display().to_string(),
+                    role: role.to_string(),
+                    build_id: target::build_id(path),
+                });
+            }
+        }
+        Ok(added)
+    }
+}
+
+pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
+    let (pid, mode, command) = match &target {
+        Target::Run { child, argv } => (child.pid(), "run", argv.clone()),
+        Target::Attach { pid } => (*pid, "attach", proc_cmdline(*pid)),
+    };
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
+    tracer.add_target(pid)?;
+
+    // Hooks known before the target runs: --lib, then the program's own
+    // libraries (run) or what it has mapped (attach).
+    let mut candidates = spec.libs.clone();
+    let program_libs = match &target {
+        Target::Run { child, .. } => match child.exe() {
+            Some(exe) => target::resolve_needed(exe, child.ld_library_path()).unwrap_or_default(),
+            None => Vec::new(),
+        },
+        Target::Attach { pid } => target::mapped_files(*pid)?,
+    };
+    candidates.extend(program_libs);
+    let libs = target::classify(&candidates);
+    if !spec.libs.is_empty() {
+        libs.require(target::HookSource::Libs(&spec.libs))?;
+    }
+    if let Target::Attach { pid } = target {
+        libs.require(target::HookSource::Pid(pid))?;
+    }
+    let mut attached = Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false };
+    let mut recorder = None;
+    if libs.cpu.is_some() {
+        recorder = Some(start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command)?);
+    }
+
+    let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
+    let mut stream = EventStream::new(tracer.take_events()?)?;
+    let (mut child, exited) = match target {
+        Target::Run { child, .. } => {
+            let running = child.release()?;
+            (Some(running), pidfd(pid).context("watching the child for exit")?)
+        }
+        Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("pid {pid} exited while ttrace was attaching"))?),
+    };
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(TICK);
+    let deadline = spec.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut last_flush = Instant::now();
+    let mut interrupted_at: Option<tokio::time::Instant> = None;
+    let mut write_error = None;
+    let stop_reason = loop {
+        let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
+        tokio::select! {
+            biased;
+            _ = sigint.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) { break reason },
+            _ = sigterm.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGTERM, &mut interrupted_at) { break reason },
+            _ = exited.readable() => break if interrupted_at.is_some() { "interrupted".to_string() } else { "target exited".to_string() },
+            _ = sleep_until(deadline) => break "duration elapsed".to_string(),
+            _ = sleep_until(grace_over) => {
+                if let Some(c) = &child { c.kill()?; }
+                break "interrupted (target killed after 10 s)".to_string();
+            }
+            _ = tick.tick() => {
+                if !attached.has_ops {
+                    // dlopen'ed libraries (the Python client) appear in the maps later.
+                    if let Ok(files) = target::mapped_files(pid) {
+                        let mut all = spec.libs.clone();
+                        all.extend(files);
+                        let libs = target::classify(&all);
+                        if libs.cpu.is_some() {
+                            recorder = Some(start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command)?);
+                        }
+                    }
+                }
+                if last_flush.elapsed() >= FLUSH_EVERY {
+                    if let Some(r) = recorder.as_mut() { r.writer.flush()?; }
+                    last_flush = Instant::now();
+                }
+            }
+            ready = stream.readable() => {
+                ready?;
+                stream.drain_now(&mut |event: Event| record(&mut recorder, &event, &mut write_error));
+            }
+        }
+        if let Some(e) = write_error.take() {
+            return Err(e).with_context(|| format!("writing {}", spec.output.display()));
+        }
+    };
+    // Everything submitted before the stop is still in the ring.
+    stream.drain_now(&mut |event: Event| record(&mut recorder, &event, &mut write_error));
+    if let Some(e) = write_error.take() {
+        return Err(e).with_context(|| format!("writing {}", spec.output.display()));
+    }
+    let exit = match child.as_mut() {
+        Some(c) => Some(c.wait()?),
+        None => None,
+    };
+    let l = tracer.lost()?;
+    let lost = Lost { call: l.call, page_fault: l.page_fault, op: l.op };
+    let Some(mut recorder) = recorder else {
+        bail!(
+            "pid {pid} never loaded a ggml CPU library (no mapped file defines ggml_cpu_extra_compute_forward); \
+             nothing was traced. If it loads ggml from an unusual place, pass it with --lib PATH"
+        );
+    };
+    recorder.writer.lost(lost)?;
+    let trailer = Trailer {
+        stop_reason: stop_reason.clone(),
+        exit_code: exit.and_then(|e| e.code()),
+        exit_signal: exit.and_then(|e| e.signal()),
+        end_monotonic_ns: monotonic_ns(),
+        decode_errors: stream.decode_errors,
+    };
+    let stats = recorder.writer.stats;
+    let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
+    Ok(Outcome { stop_reason, exit, stats, lost })
+}
+
+/// First signal: `run` forwards it and waits for the child; `attach` detaches.
+fn on_signal(child: &mut Option<RunningChild>, sig: libc::c_int, interrupted_at: &mut Option<tokio::time::Instant>) -> Option<String> {
+    match child {
+        Some(c) if interrupted_at.is_none() => {
+            let _ = c.signal(sig);
+            *interrupted_at = Some(tokio::time::Instant::now());
+            None
+        }
+        Some(c) => {
+            let _ = c.kill();
+            Some("interrupted twice (target killed)".to_string())
+        }
+        None => Some("interrupted (detached; the target keeps running)".to_string()),
+    }
+}
+
+fn record(recorder: &mut Option<Recorder<BufWriter<File>>>, event: &Event, error: &mut Option<std::io::Error>) {
+    if let Some(r) = recorder.as_mut()
+        && error.is_none()
+        && let Err(e) = r.record(event)
+    {
+        *error = Some(e);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_recording(
+    tracer: &mut Tracer,
+    attached: &mut Attached,
+    libs: &HookLibs,
+    spec: &SessionSpec,
+    pid: u32,
+    mode: &str,
+    command: &[String],
+) -> Result<Recorder<BufWriter<File>>> {
+    let names = match libs.path_of("ggml_op_name") {
+        Some(base) => Some(target::op_names(base)?),
+        None => None,
+    };
+    let get_rows = names.as_ref().and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
+    tracer.configure(spec.all_threads, get_rows)?;
+    attached.attach(tracer, libs)?;
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        ttrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode: mode.to_string(),
+        command: command.to_vec(),
+        pid,
+        start_unix_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+        start_monotonic_ns: monotonic_ns(),
+        kernel: kernel_release(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        libraries: attached.libraries.clone(),
+        llama_commit: None,
+        op_names: names.as_ref().map(|n| n.ops.clone()).unwrap_or_default(),
+        unary_op_names: names.as_ref().map(|n| n.unary.clone()).unwrap_or_default(),
+        glu_op_names: names.as_ref().map(|n| n.glu.clone()).unwrap_or_default(),
+        options: Options { all_threads: spec.all_threads, ring_bytes: spec.ring_bytes },
+        maps: std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
+    };
+    let file = File::create(&spec.output).with_context(|| format!("creating trace file {}", spec.output.display()))?;
+    if let Some(owner) = &spec.owner {
+        std::os::unix::fs::chown(&spec.output, Some(owner.uid), Some(owner.gid))
+            .with_context(|| format!("giving {} to user {}", spec.output.display(), owner.name))?;
+    }
+    let writer = TraceWriter::create(BufWriter::with_capacity(1 << 20, file), &header)?;
+    let mut resolver = Resolver::new(pid);
+    resolver.refresh();
+    Ok(Recorder { writer, resolver })
+}
+
+/// A pidfd, readable once `pid` has exited.
+fn pidfd(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    debug_assert!(owned.as_raw_fd() >= 0);
+    crate::collect::register(owned)
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn proc_cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
+        .unwrap_or_default()
+}

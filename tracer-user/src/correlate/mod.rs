@@ -1,0 +1,254 @@
+//! Stage 4, correlate: from a trace's raw records to decode calls, ubatches
+//! and phases, with the weight tensors each ubatch read.
+//!
+//! Phases follow llama.cpp's own accounting (`llama_context::synchronize`):
+//! a decode of more than one token adds its tokens to "prompt eval", a decode
+//! of exactly one token is one "eval" run, and `llama_perf_context_reset`
+//! restarts both counters, so decodes before the last reset (the warm-up) are
+//! not counted. A ubatch's token count comes from the graph itself: the
+//! GET_ROWS that reads the token-embedding weight, whose index source holds
+//! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
+
+use std::{collections::BTreeMap, io::Read};
+
+use serde::Serialize;
+use tracer_common::markers;
+
+use crate::record::{Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Before llama's last perf-counter reset: warm-up runs.
+    Warmup,
+    Prompt,
+    Generate,
+    /// A graph with no token input (e.g. a KV-cache shift).
+    Aux,
+}
+
+/// How often one ubatch read one weight tensor, and through what memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WeightUse {
+    /// Reads through the model file mapping.
+    pub file_backed: u32,
+    /// Reads of a copy (repacked, or loaded without mmap).
+    pub copy: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Ubatch {
+    pub index: u32,
+    pub start_ns: u64,
+    pub end_ns: Option<u64>,
+    /// The decode call it belongs to.
+    pub decode: Option<u32>,
+    pub n_tokens: Option<u32>,
+    pub token_ids: Vec<i32>,
+    pub phase: Phase,
+    pub ops: u64,
+    /// `(model, tensor)` of each weight read.
+    #[serde(serialize_with = "weights_as_list")]
+    pub weights: BTreeMap<(u32, u32), WeightUse>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Decode {
+    pub index: u32,
+    pub ts_ns: u64,
+    /// `llama_decode` or `llama_process`.
+    pub function: &'static str,
+    pub ubatches: Vec<u32>,
+    pub n_tokens: u32,
+    pub phase: Phase,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Analysis {
+    pub header: Header,
+    pub models: Vec<ModelTable>,
+    pub decodes: Vec<Decode>,
+    pub ubatches: Vec<Ubatch>,
+    pub ops: u64,
+    /// Ops seen outside any ubatch graph (no graph hook in the target).
+    pub ops_outside_ubatches: u64,
+    pub op_counts: BTreeMap<String, u64>,
+    pub faults: u64,
+    pub lost: Lost,
+    pub trailer: Option<Trailer>,
+    pub truncated: bool,
+    pub first_ts_ns: Option<u64>,
+    pub last_ts_ns: Option<u64>,
+    /// Prompt tokens and eval runs, counted as llama.cpp counts them.
+    pub prompt_tokens: u64,
+    pub generate_runs: u64,
+    pub warmup_decodes: u64,
+}
+
+impl Analysis {
+    pub fn op_name(&self, op: i32) -> String {
+        op_name(&self.header, op)
+    }
+
+    pub fn duration_ns(&self) -> u64 {
+        match (self.first_ts_ns, self.last_ts_ns) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => 0,
+        }
+    }
+}
+
+pub fn op_name(header: &Header, op: i32) -> String {
+    usize::try_from(op).ok().and_then(|i| header.op_names.get(i)).cloned().unwrap_or_else(|| format!("op#{op}"))
+}
+
+/// Read the whole trace once, in order, keeping per-ubatch state only.
+pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
+    let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
+    let mut current: Option<usize> = None;
+    let mut decodes_before_reset = 0usize;
+    let get_rows = a.header.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
+    while let Some(record) = reader.next_record()? {
+        let ts = match &record {
+            Record::Op(op) => Some(op.ts_ns),
+            Record::Marker(m) => Some(m.ts_ns),
+            Record::Fault(f) => Some(f.ts_ns),
+            _ => None,
+        };
+        if let Some(ts) = ts {
+            a.first_ts_ns = Some(a.first_ts_ns.map_or(ts, |f| f.min(ts)));
+            a.last_ts_ns = Some(a.last_ts_ns.map_or(ts, |l| l.max(ts)));
+        }
+        match record {
+            Record::Marker(m) => match m.cookie {
+                markers::SCHED_GRAPH_COMPUTE => {
+                    let index = a.ubatches.len() as u32;
+                    let decode = a.decodes.len().checked_sub(1).map(|d| d as u32);
+                    if let Some(d) = decode {
+                        a.decodes[d as usize].ubatches.push(index);
+                    }
+                    a.ubatches.push(Ubatch {
+                        index,
+                        start_ns: m.ts_ns,
+                        end_ns: None,
+                        decode,
+                        n_tokens: None,
+                        token_ids: Vec::new(),
+                        phase: Phase::Aux,
+                        ops: 0,
+                        weights: BTreeMap::new(),
+                    });
+                    current = Some(index as usize);
+                }
+                markers::SCHED_GRAPH_COMPUTE_RETURN => {
+                    if let Some(u) = current.take() {
+                        a.ubatches[u].end_ns = Some(m.ts_ns);
+                    }
+                }
+                // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
+                markers::LLAMA_DECODE | markers::LLAMA_PROCESS
+                    if m.cookie == markers::LLAMA_DECODE || m.args[1] == 1 =>
+                {
+                    let function = if m.cookie == markers::LLAMA_DECODE { "llama_decode" } else { "llama_process" };
+                    let index = a.decodes.len() as u32;
+                    a.decodes.push(Decode {
+                        index,
+                        ts_ns: m.ts_ns,
+                        function,
+                        ubatches: Vec::new(),
+                        n_tokens: 0,
+                        phase: Phase::Aux,
+                    });
+                }
+                markers::LLAMA_PERF_RESET => decodes_before_reset = a.decodes.len(),
+                _ => {}
+            },
+            Record::Op(op) => {
+                a.ops += 1;
+                *a.op_counts.entry(op_name(&a.header, reader.descriptor(op.dst).op)).or_default() += 1;
+                match current {
+                    Some(u) => account_op(&mut a.ubatches[u], &op, &reader, get_rows),
+                    None => a.ops_outside_ubatches += 1,
+                }
+            }
+            Record::Fault(_) => a.faults += 1,
+            Record::Lost(lost) => a.lost = lost,
+            Record::End(trailer) => a.trailer = Some(trailer),
+            Record::Model(_) => {}
+        }
+    }
+    a.truncated = reader.truncated;
+    a.models = reader.models().to_vec();
+    assign_phases(&mut a, decodes_before_reset);
+    Ok(a)
+}
+
+fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>, get_rows: Option<i32>) {
+    ubatch.ops += 1;
+    let dst = reader.descriptor(op.dst);
+    for &(slot, id) in &op.srcs {
+        let src: &Descriptor = reader.descriptor(id);
+        let (model, tensor, copy) = match src.memory {
+            Memory::ModelFile { model, tensor, .. } => (model, tensor, false),
+            Memory::Copy { model, tensor } => (model, tensor, true),
+            _ => continue,
+        };
+        let usage = ubatch.weights.entry((model, tensor)).or_default();
+        if copy {
+            usage.copy += 1;
+        } else {
+            usage.file_backed += 1;
+        }
+        // The token-embedding lookup: GET_ROWS(weight, token ids).
+        if slot == 0 && Some(dst.op) == get_rows && ubatch.n_tokens.is_none() {
+            let ids = op.srcs.iter().find(|(s, _)| *s == 1).map(|&(_, id)| reader.descriptor(id));
+            if let Some(ids) = ids {
+                ubatch.n_tokens = u32::try_from(ids.ne[0]).ok();
+                ubatch.token_ids = op.token_ids.clone();
+            }
+        }
+    }
+}
+
+fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
+    for decode in &mut a.decodes {
+        decode.n_tokens = decode.ubatches.iter().filter_map(|&u| a.ubatches[u as usize].n_tokens).sum();
+        decode.phase = if (decode.index as usize) < decodes_before_reset {
+            Phase::Warmup
+        } else {
+            match decode.n_tokens {
+                0 => Phase::Aux,
+                1 => Phase::Generate,
+                _ => Phase::Prompt,
+            }
+        };
+        match decode.phase {
+            Phase::Prompt => a.prompt_tokens += u64::from(decode.n_tokens),
+            Phase::Generate => a.generate_runs += 1,
+            Phase::Warmup => a.warmup_decodes += 1,
+            Phase::Aux => {}
+        }
+    }
+    for ubatch in &mut a.ubatches {
+        ubatch.phase = match (ubatch.n_tokens, ubatch.decode) {
+            (None, _) => Phase::Aux,
+            (Some(_), Some(d)) => a.decodes[d as usize].phase,
+            (Some(1), None) => Phase::Generate,
+            (Some(_), None) => Phase::Prompt,
+        };
+    }
+}
+
+fn weights_as_list<S: serde::Serializer>(
+    weights: &BTreeMap<(u32, u32), WeightUse>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Entry {
+        model: u32,
+        tensor: u32,
+        #[serde(flatten)]
+        usage: WeightUse,
+    }
+    s.collect_seq(weights.iter().map(|(&(model, tensor), &usage)| Entry { model, tensor, usage }))
+}

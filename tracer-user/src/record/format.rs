@@ -1,0 +1,166 @@
+//! The trace file (`ttrace.data`), format version 1.
+//!
+//! ```text
+//! magic  "TTRACE\0\x01"
+//! u32le  header length, then the header as JSON (run metadata)
+//! frames [kind: u8][payload length: varint][payload] ...
+//! ```
+//! Frames are self-delimiting, so a file cut short (tracer SIGKILLed) reads
+//! up to its last complete frame. Strings, threads and tensor descriptors are
+//! interned: a frame defines each once and later frames refer to it by index
+//! (the definition order is the index). Timestamps are varint deltas from the
+//! previous timed frame, starting at `Header::start_monotonic_ns`.
+
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: &[u8; 8] = b"TTRACE\0\x01";
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Frame kinds.
+pub mod kind {
+    /// Defines the next string index: utf-8 bytes.
+    pub const STRING: u8 = 1;
+    /// Defines the next thread index: tid.
+    pub const THREAD: u8 = 2;
+    /// Defines the next tensor descriptor index.
+    pub const TENSOR: u8 = 3;
+    /// An executed ggml node.
+    pub const OP: u8 = 4;
+    /// A boundary marker (cookie from `tracer_common::markers`).
+    pub const MARKER: u8 = 5;
+    pub const FAULT: u8 = 6;
+    /// JSON [`super::ModelTable`]: a model file the target mapped.
+    pub const MODEL: u8 = 7;
+    /// Lost-event counters so far, per kind.
+    pub const LOST: u8 = 8;
+    /// JSON [`super::Trailer`]: the trace ended cleanly.
+    pub const END: u8 = 9;
+}
+
+/// Run metadata, written before any event.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    pub format_version: u32,
+    pub ttrace_version: String,
+    /// `run` or `attach`.
+    pub mode: String,
+    /// The traced command line (for `attach`, from /proc/PID/cmdline).
+    pub command: Vec<String>,
+    pub pid: u32,
+    pub start_unix_ns: u64,
+    /// CLOCK_MONOTONIC at start: event timestamps are on this clock.
+    pub start_monotonic_ns: u64,
+    pub kernel: String,
+    pub cpus: usize,
+    pub libraries: Vec<Library>,
+    /// llama.cpp commit, when the target reports one.
+    pub llama_commit: Option<String>,
+    /// The target's own op-name tables, indexed by enum value.
+    pub op_names: Vec<String>,
+    pub unary_op_names: Vec<String>,
+    pub glu_op_names: Vec<String>,
+    pub options: Options,
+    /// /proc/PID/maps when tracing started.
+    pub maps: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Library {
+    pub path: String,
+    /// Which hooks it provides: `cpu`, `base`, `llama`.
+    pub role: String,
+    pub build_id: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Options {
+    pub all_threads: bool,
+    pub ring_bytes: u32,
+}
+
+/// Where a tensor's data lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "snake_case")]
+pub enum Memory {
+    /// Inside the mapping of model `model` (index of MODEL frames), tensor
+    /// `tensor` of its table, `offset` bytes into that tensor.
+    ModelFile { model: u32, tensor: u32, offset: u64 },
+    /// A copy of model tensor `tensor` in heap memory (repacked weights,
+    /// non-mmap loads), matched by name.
+    Copy { model: u32, tensor: u32 },
+    /// Anonymous memory: KV cache, compute buffers.
+    Anon,
+    /// Another file's mapping.
+    OtherFile,
+    /// No mapping (or the pointer is null).
+    Unmapped,
+}
+
+/// A tensor as a probe saw it. Identical sightings share one descriptor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Descriptor {
+    /// Address of the `ggml_tensor` struct.
+    pub tensor: u64,
+    pub name: String,
+    pub type_id: i32,
+    pub op: i32,
+    pub op_param0: i32,
+    pub flags: i32,
+    pub ne: [i64; 4],
+    pub nb: [u64; 4],
+    pub data: u64,
+    pub view_src: u64,
+    pub view_offs: u64,
+    pub has_extra: bool,
+    pub memory: Memory,
+}
+
+/// One tensor of a model file, as recorded in a MODEL frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelTensor {
+    pub name: String,
+    /// Index into `ModelTable::files`.
+    pub file: u32,
+    pub file_offset: u64,
+    pub size_bytes: u64,
+    pub type_name: String,
+    pub shape: Vec<u64>,
+    pub layer: Option<u32>,
+    pub component: String,
+    /// Bytes per expert for MoE expert tensors.
+    pub expert_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelTable {
+    /// The model's files (one, or every shard of a split model).
+    pub files: Vec<String>,
+    pub architecture: Option<String>,
+    pub tensors: Vec<ModelTensor>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lost {
+    pub call: u64,
+    pub page_fault: u64,
+    pub op: u64,
+}
+
+impl Lost {
+    pub fn total(&self) -> u64 {
+        self.call + self.page_fault + self.op
+    }
+}
+
+/// Written last; its absence means the trace was cut short.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trailer {
+    /// Why tracing stopped: `target exited`, `interrupted`, `duration`, ...
+    pub stop_reason: String,
+    /// The target's exit code (`run` only), or the signal that ended it.
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub end_monotonic_ns: u64,
+    /// Records the kernel sent that did not decode (layout mismatch).
+    pub decode_errors: u64,
+}

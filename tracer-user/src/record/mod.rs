@@ -1,0 +1,13 @@
+//! Stage 5, record: the trace file format, its writer and its reader.
+pub mod codec;
+pub mod format;
+pub mod reader;
+pub mod recorder;
+pub mod writer;
+
+pub use format::{Descriptor, Header, Lost, Memory, ModelTable, ModelTensor, Trailer};
+pub use reader::{Op, Record, TraceError, TraceReader};
+pub use writer::{TraceWriter, WriterStats};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,330 @@
+//! Reading a trace back, frame by frame, in bounded memory (only the
+//! interning tables are kept). A file cut short ends at its last complete
+//! frame with `truncated` set; anything malformed is an error naming the
+//! byte offset.
+
+use std::{
+    fs::File,
+    io::{self, BufReader, ErrorKind, Read},
+    path::Path,
+};
+
+use super::{
+    codec::{CodecError, Cursor},
+    format::{Descriptor, FORMAT_VERSION, Header, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot read trace {path}: {source}")]
+    Open { path: String, source: io::Error },
+    #[error("reading the trace at byte {offset}: {source}")]
+    Io { offset: u64, source: io::Error },
+    #[error("not a ttrace trace file (bad magic); expected one written by `ttrace run` or `ttrace attach`")]
+    Magic,
+    #[error("trace format version {0} is not supported by this ttrace (which reads version {FORMAT_VERSION})")]
+    Version(u32),
+    #[error("trace header is not valid JSON: {0}")]
+    Header(serde_json::Error),
+    #[error("malformed frame (kind {kind}) at byte {offset}: {detail}")]
+    Frame { offset: u64, kind: u8, detail: String },
+}
+
+/// An op, with descriptor indices resolved by [`TraceReader::descriptor`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub ith: u32,
+    pub nth: u32,
+    pub hook: u32,
+    pub dst: u32,
+    /// `(source slot, descriptor)` pairs.
+    pub srcs: Vec<(u32, u32)>,
+    pub token_ids: Vec<i32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Marker {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub cookie: u64,
+    pub args: [u64; 3],
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub address: u64,
+    pub ip: u64,
+    pub error_code: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Record {
+    Op(Op),
+    Marker(Marker),
+    Fault(Fault),
+    /// A model table was defined; its index in [`TraceReader::models`].
+    Model(u32),
+    Lost(Lost),
+    End(Trailer),
+}
+
+pub struct TraceReader<R: Read> {
+    input: R,
+    offset: u64,
+    header: Header,
+    strings: Vec<String>,
+    threads: Vec<u32>,
+    descriptors: Vec<Descriptor>,
+    models: Vec<ModelTable>,
+    last_ts: u64,
+    payload: Vec<u8>,
+    /// The file ended inside a frame, or without an END frame.
+    pub truncated: bool,
+    ended: bool,
+}
+
+impl TraceReader<BufReader<File>> {
+    pub fn open(path: &Path) -> Result<Self, TraceError> {
+        let file = File::open(path).map_err(|source| TraceError::Open { path: path.display().to_string(), source })?;
+        Self::new(BufReader::with_capacity(1 << 20, file))
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    pub fn new(mut input: R) -> Result<Self, TraceError> {
+        let mut magic = [0u8; 8];
+        read_exact(&mut input, &mut magic, 0)?.then_some(()).ok_or(TraceError::Magic)?;
+        if &magic[..7] != &MAGIC[..7] {
+            return Err(TraceError::Magic);
+        }
+        if magic[7] != MAGIC[7] {
+            return Err(TraceError::Version(u32::from(magic[7])));
+        }
+        let mut len = [0u8; 4];
+        read_exact(&mut input, &mut len, 8)?.then_some(()).ok_or(TraceError::Magic)?;
+        let len = u32::from_le_bytes(len) as usize;
+        let mut json = Vec::new();
+        let got = (&mut input).take(len as u64).read_to_end(&mut json).map_err(|source| TraceError::Io { offset: 12, source })?;
+        if got != len {
+            return Err(TraceError::Frame { offset: 12, kind: 0, detail: format!("header of {len} bytes cut short at {got}") });
+        }
+        let header: Header = serde_json::from_slice(&json).map_err(TraceError::Header)?;
+        if header.format_version != FORMAT_VERSION {
+            return Err(TraceError::Version(header.format_version));
+        }
+        Ok(Self {
+            input,
+            offset: 12 + len as u64,
+            last_ts: header.start_monotonic_ns,
+            header,
+            strings: Vec::new(),
+            threads: Vec::new(),
+            descriptors: Vec::new(),
+            models: Vec::new(),
+            payload: Vec::new(),
+            truncated: false,
+            ended: false,
+        })
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn descriptor(&self, id: u32) -> &Descriptor {
+        &self.descriptors[id as usize]
+    }
+
+    pub fn descriptors(&self) -> &[Descriptor] {
+        &self.descriptors
+    }
+
+    pub fn models(&self) -> &[ModelTable] {
+        &self.models
+    }
+
+    /// The next event record, or `None` at the end (check `truncated`).
+    pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
+        loop {
+            if self.ended {
+                return Ok(None);
+            }
+            let frame_offset = self.offset;
+            let Some(kind) = self.read_frame()? else {
+                self.truncated = true;
+                return Ok(None);
+            };
+            let payload = std::mem::take(&mut self.payload);
+            let parsed = self.parse(kind, &payload);
+            self.payload = payload;
+            match parsed {
+                Ok(Some(record)) => return Ok(Some(record)),
+                Ok(None) => continue,
+                Err(detail) => return Err(TraceError::Frame { offset: frame_offset, kind, detail }),
+            }
+        }
+    }
+
+    /// Reads `[kind][len][payload]` into `self.payload`; `None` on a clean or
+    /// mid-frame end of file.
+    fn read_frame(&mut self) -> Result<Option<u8>, TraceError> {
+        let mut kind = [0u8; 1];
+        if !read_exact(&mut self.input, &mut kind, self.offset)? {
+            return Ok(None);
+        }
+        let mut len = 0u64;
+        let mut prefix = 1u64;
+        for shift in (0..64).step_by(7) {
+            let mut byte = [0u8; 1];
+            if !read_exact(&mut self.input, &mut byte, self.offset + prefix)? {
+                return Ok(None);
+            }
+            prefix += 1;
+            len |= u64::from(byte[0] & 0x7f) << shift;
+            if byte[0] & 0x80 == 0 {
+                break;
+            }
+        }
+        // No frame is anywhere near this big; a larger length is corruption.
+        if len > 1 << 30 {
+            return Err(TraceError::Frame { offset: self.offset, kind: kind[0], detail: format!("length {len}") });
+        }
+        self.payload.clear();
+        let got = (&mut self.input)
+            .take(len)
+            .read_to_end(&mut self.payload)
+            .map_err(|source| TraceError::Io { offset: self.offset, source })?;
+        if got as u64 != len {
+            return Ok(None);
+        }
+        self.offset += prefix + len;
+        Ok(Some(kind[0]))
+    }
+
+    fn parse(&mut self, frame_kind: u8, payload: &[u8]) -> Result<Option<Record>, String> {
+        let mut c = Cursor::new(payload);
+        let e = |e: CodecError| e.to_string();
+        match frame_kind {
+            kind::STRING => {
+                let s = String::from_utf8_lossy(c.bytes().map_err(e)?).into_owned();
+                self.strings.push(s);
+                Ok(None)
+            }
+            kind::THREAD => {
+                let tid = c.u32().map_err(e)?;
+                self.threads.push(tid);
+                Ok(None)
+            }
+            kind::TENSOR => {
+                let d = self.parse_descriptor(&mut c).map_err(e)??;
+                self.descriptors.push(d);
+                Ok(None)
+            }
+            kind::OP => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let [ith, nth, hook, dst, n_src] = [0; 5].map(|_| c.u32());
+                let (ith, nth, hook, dst, n_src) = (ith.map_err(e)?, nth.map_err(e)?, hook.map_err(e)?, dst.map_err(e)?, n_src.map_err(e)?);
+                self.check_descriptor(dst)?;
+                if n_src as usize > tracer_common::ggml::MAX_SRC {
+                    return Err(format!("{n_src} sources"));
+                }
+                let mut srcs = Vec::with_capacity(n_src as usize);
+                for _ in 0..n_src {
+                    let slot = c.u32().map_err(e)?;
+                    let id = c.u32().map_err(e)?;
+                    self.check_descriptor(id)?;
+                    srcs.push((slot, id));
+                }
+                let n_ids = c.u32().map_err(e)?;
+                if n_ids as usize > tracer_common::MAX_TOKEN_IDS {
+                    return Err(format!("{n_ids} token ids"));
+                }
+                let token_ids = (0..n_ids).map(|_| c.i32()).collect::<Result<_, _>>().map_err(e)?;
+                Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs, token_ids })))
+            }
+            kind::MARKER => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let cookie = c.u64().map_err(e)?;
+                let args = [c.u64().map_err(e)?, c.u64().map_err(e)?, c.u64().map_err(e)?];
+                Ok(Some(Record::Marker(Marker { ts_ns, tid, cookie, args })))
+            }
+            kind::FAULT => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let (address, ip, error_code) = (c.u64().map_err(e)?, c.u64().map_err(e)?, c.u64().map_err(e)?);
+                Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code })))
+            }
+            kind::MODEL => {
+                let table: ModelTable = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
+                self.models.push(table);
+                Ok(Some(Record::Model(self.models.len() as u32 - 1)))
+            }
+            kind::LOST => {
+                let lost = Lost { call: c.u64().map_err(e)?, page_fault: c.u64().map_err(e)?, op: c.u64().map_err(e)? };
+                Ok(Some(Record::Lost(lost)))
+            }
+            kind::END => {
+                let trailer: Trailer = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
+                self.ended = true;
+                Ok(Some(Record::End(trailer)))
+            }
+            // Unknown kinds are skipped: newer writers may add frames.
+            _ => Ok(None),
+        }
+    }
+
+    fn ts(&mut self, c: &mut Cursor) -> Result<u64, CodecError> {
+        self.last_ts = self.last_ts.wrapping_add(c.i64()? as u64);
+        Ok(self.last_ts)
+    }
+
+    fn tid(&self, index: u32) -> Result<u32, String> {
+        self.threads.get(index as usize).copied().ok_or_else(|| format!("thread index {index} not defined"))
+    }
+
+    fn check_descriptor(&self, id: u32) -> Result<(), String> {
+        if (id as usize) < self.descriptors.len() { Ok(()) } else { Err(format!("tensor descriptor {id} not defined")) }
+    }
+
+    fn parse_descriptor(&self, c: &mut Cursor) -> Result<Result<Descriptor, String>, CodecError> {
+        let tensor = c.u64()?;
+        let name_id = c.u32()?;
+        let Some(name) = self.strings.get(name_id as usize).cloned() else {
+            return Ok(Err(format!("string {name_id} not defined")));
+        };
+        let (type_id, op, op_param0, flags) = (c.i32()?, c.i32()?, c.i32()?, c.i32()?);
+        let ne = [c.i64()?, c.i64()?, c.i64()?, c.i64()?];
+        let nb = [c.u64()?, c.u64()?, c.u64()?, c.u64()?];
+        let (data, view_src, view_offs, has_extra) = (c.u64()?, c.u64()?, c.u64()?, c.u64()? != 0);
+        let memory = match c.rest() {
+            [0, rest @ ..] => {
+                let mut r = Cursor::new(rest);
+                Memory::ModelFile { model: r.u32()?, tensor: r.u32()?, offset: r.u64()? }
+            }
+            [1, rest @ ..] => {
+                let mut r = Cursor::new(rest);
+                Memory::Copy { model: r.u32()?, tensor: r.u32()? }
+            }
+            [2] => Memory::Anon,
+            [3] => Memory::OtherFile,
+            [4] => Memory::Unmapped,
+            other => return Ok(Err(format!("memory class bytes {other:?}"))),
+        };
+        Ok(Ok(Descriptor { tensor, name, type_id, op, op_param0, flags, ne, nb, data, view_src, view_offs, has_extra, memory }))
+    }
+}
+
+/// `read_exact` that reports a clean end of file as `false`.
+fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64) -> Result<bool, TraceError> {
+    match input.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
+        Err(source) => Err(TraceError::Io { offset, source }),
+    }
+}

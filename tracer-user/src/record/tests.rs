@@ -1,0 +1,151 @@
+use tracer_common::{CallEvent, EventHeader, EventKind, PageFaultEvent, SLOT_DST, TensorRecord};
+
+use super::{format::kind, *};
+use crate::events::OpRecord;
+
+fn header() -> Header {
+    Header {
+        format_version: format::FORMAT_VERSION,
+        ttrace_version: "test".into(),
+        mode: "run".into(),
+        pid: 42,
+        start_monotonic_ns: 1_000,
+        op_names: vec!["NONE".into(), "MUL_MAT".into()],
+        ..Default::default()
+    }
+}
+
+fn tensor(name: &str, data: u64, slot: u32) -> TensorRecord {
+    let mut bytes = [0u8; 64];
+    bytes[..name.len()].copy_from_slice(name.as_bytes());
+    TensorRecord {
+        tensor: data ^ 0xff,
+        data,
+        ne: [64, 64, 1, 1],
+        nb: [2, 128, 8192, 8192],
+        view_src: 0,
+        view_offs: 0,
+        extra: 0,
+        type_: 1,
+        op: if slot == SLOT_DST { 1 } else { 0 },
+        op_param0: 0,
+        flags: 0,
+        slot,
+        _pad: 0,
+        name: bytes,
+    }
+}
+
+fn op(ts: u64, tid: u32, tensors: Vec<TensorRecord>) -> OpRecord {
+    OpRecord {
+        header: EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: ts, tgid: 42, tid },
+        ith: 0,
+        nth: 2,
+        hook: 0,
+        token_ids: vec![1, 290],
+        tensors,
+    }
+}
+
+fn memory_of(r: &TensorRecord) -> Memory {
+    if r.data >= 0x7000 { Memory::ModelFile { model: 0, tensor: 3, offset: r.data - 0x7000 } } else { Memory::Anon }
+}
+
+/// A small trace: a model, two ops sharing a weight, a marker, a fault.
+fn sample() -> Vec<u8> {
+    let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
+    w.model(&ModelTable { files: vec!["m.gguf".into()], ..Default::default() }).unwrap();
+    let weight = tensor("blk.0.attn_q.weight", 0x7040, 0);
+    let call = CallEvent {
+        header: EventHeader { kind: EventKind::Call as u32, cpu: 1, ts_ns: 1_500, tgid: 42, tid: 7 },
+        cookie: 1,
+        args: [0xaa, 0xbb, 0, 0, 0, 0],
+    };
+    w.marker(&call).unwrap();
+    w.op(&op(2_000, 7, vec![tensor("Qcur-0", 0x100, SLOT_DST), weight, tensor("norm-0", 0x200, 1)]), &mut memory_of)
+        .unwrap();
+    // Slightly out-of-order timestamps across CPUs must survive.
+    w.op(&op(1_900, 8, vec![tensor("Kcur-0", 0x300, SLOT_DST), weight]), &mut memory_of).unwrap();
+    let fault = PageFaultEvent {
+        header: EventHeader { kind: EventKind::PageFault as u32, cpu: 0, ts_ns: 2_100, tgid: 42, tid: 7 },
+        address: 0x7040,
+        ip: 0x1234,
+        error_code: 4,
+    };
+    w.fault(&fault).unwrap();
+    w.lost(Lost { call: 0, page_fault: 1, op: 2 }).unwrap();
+    assert_eq!(w.stats.ops, 2);
+    assert_eq!(w.stats.descriptors, 4, "the shared weight is defined once");
+    w.finish(&Trailer { stop_reason: "target exited".into(), exit_code: Some(0), ..Default::default() }).unwrap()
+}
+
+fn read_all(bytes: &[u8]) -> Result<(TraceReader<&[u8]>, Vec<Record>), TraceError> {
+    let mut r = TraceReader::new(bytes)?;
+    let mut records = Vec::new();
+    while let Some(rec) = r.next_record()? {
+        records.push(rec);
+    }
+    Ok((r, records))
+}
+
+#[test]
+fn round_trips_every_frame_kind() {
+    let bytes = sample();
+    let (r, records) = read_all(&bytes).unwrap();
+    assert!(!r.truncated);
+    assert_eq!(r.header(), &header());
+    assert_eq!(records.len(), 7);
+    assert!(matches!(&records[0], Record::Model(0)));
+    let Record::Marker(m) = &records[1] else { panic!("{:?}", records[1]) };
+    assert_eq!((m.ts_ns, m.tid, m.cookie, m.args), (1_500, 7, 1, [0xaa, 0xbb, 0]));
+    let Record::Op(first) = &records[2] else { panic!() };
+    assert_eq!((first.ts_ns, first.tid, first.token_ids.clone()), (2_000, 7, vec![1, 290]));
+    assert_eq!(r.descriptor(first.dst).name, "Qcur-0");
+    let (slot, weight) = first.srcs[0];
+    assert_eq!(slot, 0);
+    assert_eq!(r.descriptor(weight).name, "blk.0.attn_q.weight");
+    assert_eq!(r.descriptor(weight).memory, Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 });
+    assert_eq!(r.descriptor(first.srcs[1].1).memory, Memory::Anon);
+    let Record::Op(second) = &records[3] else { panic!() };
+    assert_eq!((second.ts_ns, second.tid), (1_900, 8));
+    assert_eq!(second.srcs[0].1, weight);
+    assert!(matches!(&records[4], Record::Fault(f) if f.address == 0x7040 && f.ts_ns == 2_100));
+    assert!(matches!(&records[5], Record::Lost(l) if l.total() == 3));
+    assert!(matches!(&records[6], Record::End(t) if t.exit_code == Some(0)));
+}
+
+#[test]
+fn a_trace_cut_at_any_byte_reads_up_to_its_last_complete_frame() {
+    let bytes = sample();
+    let (_, full) = read_all(&bytes).unwrap();
+    let header_len = 12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    for cut in header_len..bytes.len() {
+        let (r, records) = read_all(&bytes[..cut]).unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert!(r.truncated, "cut at {cut}");
+        assert_eq!(records, full[..records.len()], "cut at {cut}: a prefix of the full trace");
+    }
+    for cut in 0..header_len {
+        assert!(read_all(&bytes[..cut]).is_err(), "cut inside the header at {cut} is an error");
+    }
+}
+
+#[test]
+fn rejects_foreign_files_and_dangling_references() {
+    assert!(matches!(TraceReader::new(&b"PERFILE2........"[..]), Err(TraceError::Magic)));
+    let mut newer = sample();
+    newer[7] = 9;
+    assert!(matches!(TraceReader::new(&newer[..]), Err(TraceError::Version(9))));
+
+    // An op frame naming a descriptor that was never defined.
+    let mut bytes = TraceWriter::create(Vec::new(), &header()).unwrap().finish(&Trailer::default()).unwrap();
+    let end = bytes.split_off(bytes.len() - (bytes.len() - find_end(&bytes)));
+    bytes.extend_from_slice(&[kind::THREAD, 1, 7, kind::OP, 8, 0, 0, 0, 0, 0, 5, 0, 0]);
+    bytes.extend_from_slice(&end);
+    let err = read_all(&bytes).err().expect("dangling descriptor");
+    assert!(err.to_string().contains("descriptor 5 not defined"), "{err}");
+}
+
+/// Offset of the END frame in a trace with no other frames.
+fn find_end(bytes: &[u8]) -> usize {
+    12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize
+}

@@ -1,0 +1,228 @@
+//! Writing a trace: interning names, threads and tensor descriptors so an op
+//! frame holds only small indices (the ≤ 32 bytes per op target).
+
+use std::{
+    collections::HashMap,
+    io::{self, Write},
+};
+
+use tracer_common::{CallEvent, PageFaultEvent, SLOT_DST, TensorRecord};
+
+use super::{
+    codec::{put_bytes, put_i64, put_u64},
+    format::{Descriptor, Header, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+};
+use crate::events::OpRecord;
+
+/// Bytes and frames written, for the end-of-run summary and benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WriterStats {
+    pub ops: u64,
+    pub op_bytes: u64,
+    pub descriptors: u64,
+    pub descriptor_bytes: u64,
+    pub markers: u64,
+    pub faults: u64,
+    pub total_bytes: u64,
+}
+
+pub struct TraceWriter<W: Write> {
+    out: W,
+    frame: Vec<u8>,
+    strings: HashMap<String, u32>,
+    threads: HashMap<u32, u32>,
+    descriptors: HashMap<TensorRecord, u32>,
+    last_ts: u64,
+    pub stats: WriterStats,
+}
+
+impl<W: Write> TraceWriter<W> {
+    pub fn create(mut out: W, header: &Header) -> io::Result<Self> {
+        let json = serde_json::to_vec(header).map_err(io::Error::other)?;
+        out.write_all(MAGIC)?;
+        out.write_all(&(json.len() as u32).to_le_bytes())?;
+        out.write_all(&json)?;
+        let total_bytes = (MAGIC.len() + 4 + json.len()) as u64;
+        Ok(Self {
+            out,
+            frame: Vec::with_capacity(256),
+            strings: HashMap::new(),
+            threads: HashMap::new(),
+            descriptors: HashMap::new(),
+            last_ts: header.start_monotonic_ns,
+            stats: WriterStats { total_bytes, ..Default::default() },
+        })
+    }
+
+    fn emit(&mut self, kind: u8) -> io::Result<u64> {
+        let mut prefix = Vec::with_capacity(11);
+        prefix.push(kind);
+        put_u64(&mut prefix, self.frame.len() as u64);
+        self.out.write_all(&prefix)?;
+        self.out.write_all(&self.frame)?;
+        let n = (prefix.len() + self.frame.len()) as u64;
+        self.stats.total_bytes += n;
+        self.frame.clear();
+        Ok(n)
+    }
+
+    fn string(&mut self, s: &str) -> io::Result<u32> {
+        if let Some(&id) = self.strings.get(s) {
+            return Ok(id);
+        }
+        let id = self.strings.len() as u32;
+        put_bytes(&mut self.frame, s.as_bytes());
+        self.emit(kind::STRING)?;
+        self.strings.insert(s.to_string(), id);
+        Ok(id)
+    }
+
+    fn thread(&mut self, tid: u32) -> io::Result<u32> {
+        if let Some(&id) = self.threads.get(&tid) {
+            return Ok(id);
+        }
+        let id = self.threads.len() as u32;
+        put_u64(&mut self.frame, u64::from(tid));
+        self.emit(kind::THREAD)?;
+        self.threads.insert(tid, id);
+        Ok(id)
+    }
+
+    /// Index of the descriptor for `record`, defining it on first sight
+    /// (`resolve` is asked for its memory class only then).
+    fn descriptor(&mut self, record: &TensorRecord, resolve: &mut dyn FnMut(&TensorRecord) -> Memory) -> io::Result<u32> {
+        let key = TensorRecord { slot: 0, _pad: 0, ..*record };
+        if let Some(&id) = self.descriptors.get(&key) {
+            return Ok(id);
+        }
+        let d = descriptor_of(record, resolve(record));
+        let name = self.string(&d.name)?;
+        let f = &mut self.frame;
+        put_u64(f, d.tensor);
+        put_u64(f, u64::from(name));
+        for v in [d.type_id, d.op, d.op_param0, d.flags] {
+            put_i64(f, i64::from(v));
+        }
+        d.ne.iter().for_each(|&v| put_i64(f, v));
+        d.nb.iter().for_each(|&v| put_u64(f, v));
+        for v in [d.data, d.view_src, d.view_offs, u64::from(d.has_extra)] {
+            put_u64(f, v);
+        }
+        put_memory(f, d.memory);
+        self.stats.descriptor_bytes += self.emit(kind::TENSOR)?;
+        self.stats.descriptors += 1;
+        let id = self.descriptors.len() as u32;
+        self.descriptors.insert(key, id);
+        Ok(id)
+    }
+
+    fn timestamp(&mut self, ts: u64) {
+        put_i64(&mut self.frame, ts.wrapping_sub(self.last_ts) as i64);
+        self.last_ts = ts;
+    }
+
+    pub fn model(&mut self, table: &ModelTable) -> io::Result<()> {
+        self.frame = serde_json::to_vec(table).map_err(io::Error::other)?;
+        self.emit(kind::MODEL).map(drop)
+    }
+
+    pub fn op(&mut self, op: &OpRecord, resolve: &mut dyn FnMut(&TensorRecord) -> Memory) -> io::Result<()> {
+        let thread = self.thread(op.header.tid)?;
+        let mut ids = [0u32; tracer_common::MAX_OP_TENSORS];
+        for (id, record) in ids.iter_mut().zip(&op.tensors) {
+            *id = self.descriptor(record, resolve)?;
+        }
+        self.timestamp(op.header.ts_ns);
+        let f = &mut self.frame;
+        for v in [thread, op.ith, op.nth, op.hook, ids[0], op.tensors.len() as u32 - 1] {
+            put_u64(f, u64::from(v));
+        }
+        for (record, &id) in op.tensors.iter().zip(&ids).skip(1) {
+            put_u64(f, u64::from(if record.slot == SLOT_DST { 0 } else { record.slot }));
+            put_u64(f, u64::from(id));
+        }
+        put_u64(f, op.token_ids.len() as u64);
+        op.token_ids.iter().for_each(|&t| put_i64(f, i64::from(t)));
+        self.stats.op_bytes += self.emit(kind::OP)?;
+        self.stats.ops += 1;
+        Ok(())
+    }
+
+    pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {
+        let thread = self.thread(call.header.tid)?;
+        self.timestamp(call.header.ts_ns);
+        let f = &mut self.frame;
+        put_u64(f, u64::from(thread));
+        put_u64(f, call.cookie);
+        call.args[..3].iter().for_each(|&a| put_u64(f, a));
+        self.stats.markers += 1;
+        self.emit(kind::MARKER).map(drop)
+    }
+
+    pub fn fault(&mut self, fault: &PageFaultEvent) -> io::Result<()> {
+        let thread = self.thread(fault.header.tid)?;
+        self.timestamp(fault.header.ts_ns);
+        let f = &mut self.frame;
+        for v in [u64::from(thread), fault.address, fault.ip, fault.error_code] {
+            put_u64(f, v);
+        }
+        self.stats.faults += 1;
+        self.emit(kind::FAULT).map(drop)
+    }
+
+    pub fn lost(&mut self, lost: Lost) -> io::Result<()> {
+        for v in [lost.call, lost.page_fault, lost.op] {
+            put_u64(&mut self.frame, v);
+        }
+        self.emit(kind::LOST).map(drop)
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    pub fn finish(mut self, trailer: &Trailer) -> io::Result<W> {
+        self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
+        self.emit(kind::END)?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {
+    let end = r.name.iter().position(|&b| b == 0).unwrap_or(r.name.len());
+    Descriptor {
+        tensor: r.tensor,
+        name: String::from_utf8_lossy(&r.name[..end]).into_owned(),
+        type_id: r.type_,
+        op: r.op,
+        op_param0: r.op_param0,
+        flags: r.flags,
+        ne: r.ne,
+        nb: r.nb,
+        data: r.data,
+        view_src: r.view_src,
+        view_offs: r.view_offs,
+        has_extra: r.extra != 0,
+        memory,
+    }
+}
+
+fn put_memory(f: &mut Vec<u8>, memory: Memory) {
+    match memory {
+        Memory::ModelFile { model, tensor, offset } => {
+            f.push(0);
+            put_u64(f, u64::from(model));
+            put_u64(f, u64::from(tensor));
+            put_u64(f, offset);
+        }
+        Memory::Copy { model, tensor } => {
+            f.push(1);
+            put_u64(f, u64::from(model));
+            put_u64(f, u64::from(tensor));
+        }
+        Memory::Anon => f.push(2),
+        Memory::OtherFile => f.push(3),
+        Memory::Unmapped => f.push(4),
+    }
+}

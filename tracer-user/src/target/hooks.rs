@@ -1,0 +1,207 @@
+//! Which file provides which hook symbol, among a program's libraries or a
+//! live process's mapped files.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use super::{TargetError, elf::ElfIdent, elf::has_symbols};
+
+pub const CPU_HOOKS: [&str; 3] =
+    ["ggml_cpu_extra_compute_forward", "ggml_compute_forward_rms_norm_mul_fused", "ggml_graph_compute"];
+pub const BASE_HOOKS: [&str; 4] =
+    ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
+pub const LLAMA_HOOKS: [&str; 3] = ["llama_decode", "llama_process", "llama_perf_context_reset"];
+/// Without these ttrace records nothing useful.
+pub const REQUIRED_HOOKS: [&str; 3] =
+    ["ggml_cpu_extra_compute_forward", "ggml_backend_sched_graph_compute_async", "ggml_op_name"];
+
+/// The file each hook comes from. The first path given that defines a symbol
+/// wins, so an explicit `--lib` goes first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HookLibs {
+    /// Defines ggml_cpu_extra_compute_forward (libggml-cpu).
+    pub cpu: Option<PathBuf>,
+    /// Defines ggml_backend_sched_graph_compute_async or ggml_op_name (libggml-base).
+    pub base: Option<PathBuf>,
+    /// Defines llama_decode or llama_process (libllama).
+    pub llama: Option<PathBuf>,
+    /// Every known hook symbol found, with its file.
+    pub symbols: BTreeMap<&'static str, PathBuf>,
+}
+
+impl HookLibs {
+    pub fn path_of(&self, symbol: &str) -> Option<&Path> {
+        self.symbols.get(symbol).map(PathBuf::as_path)
+    }
+
+    /// Turns missing hooks into the error that says where we looked and why
+    /// it matters.
+    pub fn require(&self, source: HookSource<'_>) -> Result<(), TargetError> {
+        let missing = missing_hooks(self);
+        let Some(&symbol) = missing.first() else { return Ok(()) };
+        let role = role_of(symbol);
+        if self.cpu.is_none() && self.base.is_none() {
+            return Err(match source {
+                HookSource::Pid(pid) => TargetError::NoGgmlInPid { pid },
+                HookSource::Program(exe) => TargetError::NoGgmlInProgram { exe: exe.to_path_buf() },
+                HookSource::Libs([lib]) => TargetError::NotHookLib { lib: lib.clone(), symbol, role },
+                HookSource::Libs(libs) => TargetError::MissingHook { symbol, role, searched: list(libs) },
+            });
+        }
+        Err(match source {
+            HookSource::Libs([lib]) => TargetError::NotHookLib { lib: lib.clone(), symbol, role },
+            HookSource::Libs(libs) => TargetError::MissingHook { symbol, role, searched: list(libs) },
+            HookSource::Pid(pid) => {
+                TargetError::MissingHook { symbol, role, searched: format!("pid {pid}'s mapped files") }
+            }
+            HookSource::Program(exe) => {
+                TargetError::MissingHook { symbol, role, searched: format!("{} and its libraries", exe.display()) }
+            }
+        })
+    }
+}
+
+/// Where the paths given to `classify` came from, for error messages.
+#[derive(Debug, Clone, Copy)]
+pub enum HookSource<'a> {
+    Pid(u32),
+    Program(&'a Path),
+    /// Explicit `--lib` paths.
+    Libs(&'a [PathBuf]),
+}
+
+fn role_of(symbol: &str) -> &'static str {
+    if CPU_HOOKS.contains(&symbol) {
+        "a ggml CPU backend (libggml-cpu.so)"
+    } else if BASE_HOOKS.contains(&symbol) {
+        "ggml's core library (libggml-base.so)"
+    } else {
+        "llama.cpp's library (libllama.so)"
+    }
+}
+
+fn list(paths: &[PathBuf]) -> String {
+    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// The required hooks `libs` lacks.
+pub fn missing_hooks(libs: &HookLibs) -> Vec<&'static str> {
+    REQUIRED_HOOKS.into_iter().filter(|s| !libs.symbols.contains_key(s)).collect()
+}
+
+/// Reads each ELF file among `paths` once (by device and inode) and records
+/// which hook symbols it defines. Unreadable and non-ELF files are skipped.
+pub fn classify(paths: &[PathBuf]) -> HookLibs {
+    let all: Vec<&'static str> = CPU_HOOKS.into_iter().chain(BASE_HOOKS).chain(LLAMA_HOOKS).collect();
+    let mut seen = HashSet::new();
+    let mut libs = HookLibs::default();
+    for path in paths {
+        let Ok(meta) = std::fs::metadata(path) else {
+            log::debug!("classify: cannot stat {}", path.display());
+            continue;
+        };
+        if !meta.is_file() || !seen.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        if !matches!(ElfIdent::read(path), Ok(Some(ident)) if ident.class64 && ident.little_endian) {
+            continue;
+        }
+        let found = match has_symbols(path, &all) {
+            Ok(found) => found,
+            Err(e) => {
+                log::debug!("classify: {e}");
+                continue;
+            }
+        };
+        for (&symbol, _) in all.iter().zip(found).filter(|(_, f)| *f) {
+            libs.symbols.entry(symbol).or_insert_with(|| path.clone());
+        }
+    }
+    let first = |names: &[&str]| names.iter().find_map(|n| libs.symbols.get(n).cloned());
+    libs.cpu = first(&["ggml_cpu_extra_compute_forward"]);
+    libs.base = first(&["ggml_backend_sched_graph_compute_async", "ggml_op_name"]);
+    libs.llama = first(&["llama_decode", "llama_process"]);
+    libs
+}
+
+/// Distinct file-backed paths mapped by `pid`, in address order. Deleted
+/// files and pseudo files (`[heap]`, `/memfd:`) are skipped. When the process
+/// lives in another mount namespace, paths are given through
+/// `/proc/PID/root` so that they open the same files from here.
+pub fn mapped_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
+    let maps = format!("/proc/{pid}/maps");
+    let text = std::fs::read(&maps).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => TargetError::NoSuchPid { pid },
+        std::io::ErrorKind::PermissionDenied => TargetError::PidAccess { pid, source },
+        _ => TargetError::Io { path: maps.clone().into(), source },
+    })?;
+    // A process that exited between the open and the read shows an empty map.
+    if text.is_empty() && !Path::new(&format!("/proc/{pid}/exe")).exists() {
+        return Err(TargetError::NoSuchPid { pid });
+    }
+    let vmas = crate::resolve::maps::parse_maps(&text).map_err(|source| TargetError::Maps { pid, source })?;
+    let root = other_mount_namespace(pid).then(|| PathBuf::from(format!("/proc/{pid}/root")));
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for vma in vmas {
+        let path = vma.path.as_path();
+        if vma.deleted || !vma.is_file() || !path.is_absolute() || path.starts_with("/memfd:") {
+            continue;
+        }
+        if seen.insert(path.to_path_buf()) {
+            out.push(match &root {
+                Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+                None => path.to_path_buf(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn other_mount_namespace(pid: u32) -> bool {
+    let ns = |p: String| std::fs::read_link(p).ok();
+    match (ns("/proc/self/ns/mnt".into()), ns(format!("/proc/{pid}/ns/mnt"))) {
+        (Some(mine), Some(theirs)) => mine != theirs,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_maps_hold_own_exe_and_libc() {
+        let files = mapped_files(std::process::id()).unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert!(files.contains(&exe), "{files:?}");
+        assert!(files.iter().any(|p| p.to_string_lossy().contains("libc.so")), "{files:?}");
+        let unique: HashSet<_> = files.iter().collect();
+        assert_eq!(unique.len(), files.len());
+    }
+
+    #[test]
+    fn no_such_pid() {
+        let err = mapped_files(u32::MAX - 1).unwrap_err();
+        assert!(matches!(err, TargetError::NoSuchPid { .. }), "{err}");
+    }
+
+    #[test]
+    fn nothing_hookable_in_plain_files() {
+        let libs = classify(&["/proc/self/exe".into(), "/etc/hostname".into(), "/nonexistent".into()]);
+        assert_eq!(libs, HookLibs::default());
+        assert_eq!(missing_hooks(&libs), REQUIRED_HOOKS);
+        let err = libs.require(HookSource::Pid(42)).unwrap_err();
+        assert!(err.to_string().starts_with("pid 42 has no ggml library loaded"), "{err}");
+        let lib = [PathBuf::from("/usr/lib/libfoo.so")];
+        let err = libs.require(HookSource::Libs(&lib)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("/usr/lib/libfoo.so has no symbol ggml_cpu_extra_compute_forward: not a ggml CPU backend"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! The traced program: which files hold the ggml/llama hooks (found the way
+//! ld.so would, before the program runs, or from a live process's maps), facts
+//! read from those binaries (op-name tables, build ids), and the held child of
+//! `ttrace run`. Needs no root except to switch users.
+
+mod elf;
+mod hooks;
+mod ldcache;
+mod libs;
+mod spawn;
+mod user;
+
+use std::path::PathBuf;
+
+pub use elf::{ElfIdent, OpNames, build_id, has_symbols, op_names};
+pub use hooks::{
+    BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, REQUIRED_HOOKS, classify, mapped_files, missing_hooks,
+};
+pub use ldcache::LdCache;
+pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
+pub use spawn::{HeldChild, RunningChild, SpawnOptions};
+pub use user::UserSpec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not an ELF file", path.display())]
+    NotElf { path: PathBuf },
+    #[error("{}: {what}; ttrace traces 64-bit little-endian ELF programs only", path.display())]
+    UnsupportedElf { path: PathBuf, what: &'static str },
+    #[error("{}: malformed ELF: {source}", path.display())]
+    Elf {
+        path: PathBuf,
+        #[source]
+        source: object::Error,
+    },
+    #[error("{}: more than {max} nested `#!` interpreters", path.display())]
+    InterpreterLoop { path: PathBuf, max: usize },
+    #[error("cannot find `{program}` in PATH")]
+    NotInPath { program: String },
+    #[error("no process with pid {pid}")]
+    NoSuchPid { pid: u32 },
+    #[error("cannot read /proc/{pid}/maps: {source} (run ttrace as root or as the owner of pid {pid})")]
+    PidAccess {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading the memory map of pid {pid}: {source}")]
+    Maps {
+        pid: u32,
+        #[source]
+        source: crate::resolve::MapsError,
+    },
+    #[error(
+        "{}: cannot find the op-name table behind `{function}` ({reason}); \
+         is this a libggml-base from an unusual compiler? Please report it",
+        path.display()
+    )]
+    NoOpTable { path: PathBuf, function: &'static str, reason: &'static str },
+    #[error(
+        "pid {pid} has no ggml library loaded (no mapped file defines ggml_cpu_extra_compute_forward); \
+         Python clients load it at `import llama_cpp`, so attach after that or pass --lib PATH"
+    )]
+    NoGgmlInPid { pid: u32 },
+    #[error(
+        "{} links no ggml library (no DT_NEEDED closure member defines ggml_cpu_extra_compute_forward); \
+         if it loads ggml with dlopen, pass the library with --lib PATH",
+        exe.display()
+    )]
+    NoGgmlInProgram { exe: PathBuf },
+    #[error("{} has no symbol {symbol}: not {role} (pass the right library with --lib PATH)", lib.display())]
+    NotHookLib { lib: PathBuf, symbol: &'static str, role: &'static str },
+    #[error("no library defines {symbol} ({role}); searched: {searched} (pass the right library with --lib PATH)")]
+    MissingHook { symbol: &'static str, role: &'static str, searched: String },
+    #[error("`ttrace run` needs a command to run")]
+    EmptyCommand,
+    #[error("argument or environment entry {0:?} contains a NUL byte")]
+    NulByte(String),
+    #[error("cannot start `{program}`: {step} failed: {source}")]
+    Fork {
+        program: String,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run `{program}`: {reason}")]
+    Exec { program: String, reason: String, errno: i32 },
+    #[error("cannot switch to user {user} ({step}) before running `{program}`: {reason}")]
+    SwitchUser { user: String, program: String, step: &'static str, reason: String },
+    #[error("waiting for pid {pid}: {source}")]
+    Wait {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no user `{name}` in the passwd database (check --user)")]
+    UnknownUser { name: String },
+    #[error("looking up user `{name}`: {source}")]
+    UserLookup {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl TargetError {
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::Io { path: path.to_path_buf(), source }
+    }
+}
+
+/// `strerror` text without std's " (os error N)" suffix.
+pub(crate) fn errno_text(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    match text.rfind(" (os error ") {
+        Some(i) => text[..i].to_string(),
+        None => text,
+    }
+}
