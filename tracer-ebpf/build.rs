@@ -5,8 +5,6 @@ use which::which;
 fn main() {
     match which("bpf-linker") {
         Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
-        Err(_) => println!(
-            "cargo:warning=bpf-linker not on PATH; run `cargo xtask setup` (it installs it)"
-        ),
+        Err(_) => println!("cargo:warning=bpf-linker not on PATH; run `cargo xtask setup` (it installs it)"),
     }
 }

@@ -7,9 +7,8 @@ use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
     let ebpf_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer-ebpf");
-    let ebpf_dir = ebpf_dir
-        .canonicalize()
-        .with_context(|| format!("tracer-ebpf not found at {}", ebpf_dir.display()))?;
+    let ebpf_dir =
+        ebpf_dir.canonicalize().with_context(|| format!("tracer-ebpf not found at {}", ebpf_dir.display()))?;
     let root_dir = ebpf_dir.to_str().context("tracer-ebpf path is not UTF-8")?;
     // aya-build only reruns on changes under root_dir; the layouts live in tracer-common.
     println!("cargo:rerun-if-changed={}", ebpf_dir.join("../tracer-common").display());

@@ -207,7 +207,7 @@ const _: () = {
     assert!(offset_of!(TensorRecord, name) == 128);
     assert!(OP_EVENT_FIXED == 112);
     assert!(size_of::<OpEvent>() == OP_EVENT_FIXED + MAX_OP_TENSORS * TENSOR_RECORD_SIZE);
-    assert!(OP_EVENT_FIXED % 8 == 0 && TENSOR_RECORD_SIZE % 8 == 0);
+    assert!(OP_EVENT_FIXED.is_multiple_of(8) && TENSOR_RECORD_SIZE.is_multiple_of(8));
     assert!(size_of::<PageFaultEvent>() == 48);
     assert!(offset_of!(PageFaultEvent, address) == 24);
     assert!((EventKind::Op as u32) < EVENT_KIND_SLOTS);

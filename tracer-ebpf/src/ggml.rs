@@ -15,8 +15,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     EventKind, MAX_OP_TENSORS, MAX_TOKEN_IDS, OP_EVENT_FIXED, OpEvent, SLOT_ABSENT, SLOT_DST, TENSOR_RECORD_SIZE,
-    TensorRecord,
-    config,
+    TensorRecord, config,
     ggml::{self, GgmlTensor},
     hooks,
 };

@@ -33,11 +33,15 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     Run(RunArgs),
     /// Attach to a running process and trace it until it exits, Ctrl-C,
     /// SIGTERM or --duration; detaching leaves it running.
-    #[command(after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data")]
+    #[command(
+        after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data"
+    )]
     Attach(AttachArgs),
     /// Summarise a trace: run metadata, ubatches per phase, ops, weights
     /// touched, lost events. Needs no root.
-    #[command(after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'")]
+    #[command(
+        after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'"
+    )]
     Report(ReportArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives

@@ -42,7 +42,11 @@ impl EventStream {
 
     /// Collect until `stop` resolves, then drain what is left so nothing
     /// submitted before the stop is lost.
-    pub async fn collect_until(&mut self, stop: impl Future<Output = ()>, sink: &mut impl FnMut(Event)) -> io::Result<()> {
+    pub async fn collect_until(
+        &mut self,
+        stop: impl Future<Output = ()>,
+        sink: &mut impl FnMut(Event),
+    ) -> io::Result<()> {
         tokio::pin!(stop);
         loop {
             tokio::select! {

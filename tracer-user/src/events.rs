@@ -4,8 +4,7 @@ use std::{mem::size_of, ptr};
 
 use tracer_common::{
     CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageFaultEvent, SLOT_ABSENT,
-    TENSOR_RECORD_SIZE,
-    TensorRecord,
+    TENSOR_RECORD_SIZE, TensorRecord,
 };
 
 /// One event from the kernel side.
@@ -177,7 +176,10 @@ mod tests {
         assert_eq!(op.token_ids, vec![7, 7]);
         assert_eq!(op.tensors[0].op, 29);
         // Length and count disagree: rejected, not misread.
-        assert!(matches!(decode(&bytes[..OP_EVENT_FIXED + 2 * TENSOR_RECORD_SIZE]), Err(DecodeError::OpTensors { .. })));
+        assert!(matches!(
+            decode(&bytes[..OP_EVENT_FIXED + 2 * TENSOR_RECORD_SIZE]),
+            Err(DecodeError::OpTensors { .. })
+        ));
         assert!(matches!(decode(&bytes_of(&op_event(0))[..OP_EVENT_FIXED]), Err(DecodeError::OpTensors { .. })));
     }
 }

@@ -8,8 +8,11 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
+use aya::{
+    maps::Array,
+    programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint},
+};
 use aya_log::EbpfLogger;
-use aya::{maps::Array, programs::uprobe::UProbeAttachPoint};
 use tracer_common::{EventKind, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_TARGET_TGIDS, config, markers, programs};
 
 use crate::{
@@ -31,27 +34,27 @@ pub enum LoadError {
     #[error("ring buffer size {0} is not a power of two of at least 4096 bytes")]
     RingSize(u32),
     #[error("loading the eBPF object into the kernel failed: {0}")]
-    Load(#[source] aya::EbpfError),
+    Load(#[source] Box<aya::EbpfError>),
     #[error("the eBPF object has no {what} `{name}`: tracer-common and tracer-ebpf are out of sync")]
     Missing { what: &'static str, name: &'static str },
     #[error("eBPF program `{program}`: {source}")]
     Program {
         program: &'static str,
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
     #[error("eBPF map `{map}`: {source}")]
     Map {
         map: &'static str,
         #[source]
-        source: aya::maps::MapError,
+        source: Box<aya::maps::MapError>,
     },
     #[error("attaching a uprobe to `{symbol}` in {binary}: {source}")]
     Attach {
         symbol: String,
         binary: String,
         #[source]
-        source: aya::programs::ProgramError,
+        source: Box<aya::programs::ProgramError>,
     },
 }
 
@@ -98,34 +101,31 @@ impl Tracer {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(MAP_EVENTS, ring)
             .load(EBPF_OBJECT)
-            .map_err(LoadError::Load)?;
+            .map_err(|e| LoadError::Load(Box::new(e)))?;
         // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
-        let logger = EbpfLogger::init(&mut ebpf)
-            .inspect_err(|e| log::debug!("aya-log not wired: {e}"))
-            .ok();
+        let logger = EbpfLogger::init(&mut ebpf).inspect_err(|e| log::debug!("aya-log not wired: {e}")).ok();
         Ok(Self { ebpf, logger, loaded: HashSet::new() })
     }
 
     /// Record events of process `tgid` (and all its threads).
     pub fn add_target(&mut self, tgid: u32) -> Result<(), LoadError> {
-        let map = self
-            .ebpf
-            .map_mut(MAP_TARGET_TGIDS)
-            .ok_or(LoadError::Missing { what: "map", name: MAP_TARGET_TGIDS })?;
-        let mut targets: HashMap<_, u32, u8> =
-            HashMap::try_from(map).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source })?;
-        targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source })
+        let map =
+            self.ebpf.map_mut(MAP_TARGET_TGIDS).ok_or(LoadError::Missing { what: "map", name: MAP_TARGET_TGIDS })?;
+        let mut targets: HashMap<_, u32, u8> = HashMap::try_from(map)
+            .map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source: Box::new(source) })?;
+        targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source: Box::new(source) })
     }
 
     /// Settings the programs read: record every worker thread or only
     /// `ith == 0`; the target's GET_ROWS op id (where token ids are read).
     pub fn configure(&mut self, all_threads: bool, get_rows_op: Option<u32>) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
-        let mut cfg: Array<_, u64> = Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, source })?;
+        let mut cfg: Array<_, u64> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, source: Box::new(source) })?;
         let flags = if all_threads { config::FLAG_ALL_THREADS } else { 0 };
         let get_rows = get_rows_op.map_or(u64::MAX, u64::from);
         for (slot, value) in [(config::FLAGS, flags), (config::GET_ROWS_OP, get_rows)] {
-            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, source })?;
+            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, source: Box::new(source) })?;
         }
         Ok(())
     }
@@ -146,16 +146,34 @@ impl Tracer {
         pid: Option<u32>,
         cookie: u64,
     ) -> Result<(), LoadError> {
+        self.attach_uprobe_at(program, binary, symbol, None, pid, cookie)
+    }
+
+    /// As `attach_uprobe`, at a known file offset of `symbol` when given
+    /// (saves aya a parse of the whole library per probe).
+    pub fn attach_uprobe_at(
+        &mut self,
+        program: &'static str,
+        binary: &Path,
+        symbol: &str,
+        file_offset: Option<u64>,
+        pid: Option<u32>,
+        cookie: u64,
+    ) -> Result<(), LoadError> {
         let probe: &mut UProbe = self.program(program)?;
         let scope = match pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
             None => UProbeScope::AllProcesses,
         };
-        let point = UProbeAttachPoint { location: symbol.into(), cookie: Some(cookie) };
+        let location = match file_offset {
+            Some(offset) => UProbeAttachLocation::AbsoluteOffset(offset),
+            None => UProbeAttachLocation::Symbol(symbol),
+        };
+        let point = UProbeAttachPoint { location, cookie: Some(cookie) };
         probe.attach(point, binary, scope).map(drop).map_err(|source| LoadError::Attach {
             symbol: symbol.to_string(),
             binary: binary.display().to_string(),
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -163,7 +181,10 @@ impl Tracer {
         use tracer_common::tracepoints::page_fault_user as tp;
         let name = programs::PAGE_FAULT_USER;
         let program: &mut TracePoint = self.program(name)?;
-        program.attach(tp::GROUP, tp::NAME).map(drop).map_err(|source| LoadError::Program { program: name, source })
+        program
+            .attach(tp::GROUP, tp::NAME)
+            .map(drop)
+            .map_err(|source| LoadError::Program { program: name, source: Box::new(source) })
     }
 
     /// Look a program up by name and load it into the kernel on first use.
@@ -174,9 +195,12 @@ impl Tracer {
     {
         let first_use = self.loaded.insert(name);
         let program = self.ebpf.program_mut(name).ok_or(LoadError::Missing { what: "program", name })?;
-        let program: &mut P = program.try_into().map_err(|source| LoadError::Program { program: name, source })?;
+        let program: &mut P =
+            program.try_into().map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
         if first_use {
-            program.load_into_kernel().map_err(|source| LoadError::Program { program: name, source })?;
+            program
+                .load_into_kernel()
+                .map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
         }
         Ok(program)
     }
@@ -185,18 +209,24 @@ impl Tracer {
     pub fn lost(&self) -> Result<LostCounts, LoadError> {
         let map = self.ebpf.map(MAP_LOST).ok_or(LoadError::Missing { what: "map", name: MAP_LOST })?;
         let lost: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, source })?;
+            PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, source: Box::new(source) })?;
         let count = |kind: EventKind| -> Result<u64, LoadError> {
-            let values = lost.get(&(kind as u32), 0).map_err(|source| LoadError::Map { map: MAP_LOST, source })?;
+            let values = lost
+                .get(&(kind as u32), 0)
+                .map_err(|source| LoadError::Map { map: MAP_LOST, source: Box::new(source) })?;
             Ok(values.iter().sum())
         };
-        Ok(LostCounts { call: count(EventKind::Call)?, page_fault: count(EventKind::PageFault)?, op: count(EventKind::Op)? })
+        Ok(LostCounts {
+            call: count(EventKind::Call)?,
+            page_fault: count(EventKind::PageFault)?,
+            op: count(EventKind::Op)?,
+        })
     }
 
     /// Hand the event ring buffer to the collector (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(MAP_EVENTS).ok_or(LoadError::Missing { what: "map", name: MAP_EVENTS })?;
-        RingBuf::try_from(map).map_err(|source| LoadError::Map { map: MAP_EVENTS, source })
+        RingBuf::try_from(map).map_err(|source| LoadError::Map { map: MAP_EVENTS, source: Box::new(source) })
     }
 
     /// Hand the aya-log reader to the collector, if the object logs.

@@ -25,9 +25,7 @@ fn init_logging(verbose: u8) {
         1 => "info",
         _ => "debug",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
-        .format_timestamp(None)
-        .init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).format_timestamp(None).init();
 }
 
 fn run(cli: Cli) -> Result<()> {

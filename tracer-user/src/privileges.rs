@@ -21,11 +21,7 @@ pub enum PrivilegeError {
 /// Effective capability set of this process.
 pub fn effective_caps() -> Result<u64, PrivilegeError> {
     let status = fs::read_to_string("/proc/self/status")?;
-    let hex = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .map(str::trim)
-        .unwrap_or("0");
+    let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:")).map(str::trim).unwrap_or("0");
     Ok(u64::from_str_radix(hex, 16).unwrap_or(0))
 }
 

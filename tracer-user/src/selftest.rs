@@ -3,13 +3,7 @@
 //! `ttrace check` summarises it; the root integration tests assert on the raw
 //! events it returns.
 
-use std::{
-    fs::OpenOptions,
-    io,
-    os::fd::AsRawFd,
-    path::PathBuf,
-    ptr::NonNull,
-};
+use std::{fs::OpenOptions, io, os::fd::AsRawFd, path::PathBuf, ptr::NonNull};
 
 use tokio::sync::oneshot;
 use tracer_common::{CallEvent, PageFaultEvent};
@@ -90,7 +84,14 @@ pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
             let _ = done_tx.send(());
             result
         });
-        stream.collect_until(async { let _ = done_rx.await; }, &mut sink).await?;
+        stream
+            .collect_until(
+                async {
+                    let _ = done_rx.await;
+                },
+                &mut sink,
+            )
+            .await?;
         worker.await???
     } else {
         let touched = work.await??;

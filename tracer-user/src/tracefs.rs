@@ -11,7 +11,9 @@ pub const TRACEFS: &str = "/sys/kernel/tracing";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
-    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`"
+    )]
     Mount(String),
     #[error("cannot read tracepoint format {path}: {source}; does this kernel have that tracepoint?")]
     Format { path: PathBuf, source: std::io::Error },

@@ -225,6 +225,7 @@ fn file_errors_name_the_file_and_the_cli_exits_non_zero() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("bad model.gguf") && stderr.contains(&format!("at byte {type_at}")), "{stderr}");
+    assert_eq!(stderr.matches("at byte").count(), 1, "the cause is printed once: {stderr}");
 
     let missing = ModelMap::open(&dir.join("missing.gguf")).unwrap_err();
     assert!(missing.to_string().contains("missing.gguf"), "{missing}");

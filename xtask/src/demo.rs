@@ -1,17 +1,43 @@
-//! `cargo xtask demo`: set up, build ttrace, and run the main job.
+//! `cargo xtask demo`: set up, build ttrace, and run the main job: trace a
+//! real llama-completion run on a generated model and write its report.
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Context, Result};
 
-use crate::{cache, setup, shell, targets};
+use crate::{cache, setup, shell};
 
 pub fn run() -> Result<()> {
     let paths = setup::run()?;
     let ttrace = build_ttrace()?;
+    let out_dir = cache::repo_root().join("target/demo");
+    std::fs::create_dir_all(&out_dir)?;
     eprintln!("demo: kernel round trip (`ttrace check`)");
     shell::run(Command::new(&ttrace).arg("check"))?;
-    targets::print_paths(&paths)
+
+    let model = paths.models.get("tiny").context("set-up generated no `tiny` model")?;
+    let trace = out_dir.join("ttrace.data");
+    eprintln!("demo: tracing llama-completion on {}", model.display());
+    shell::run(
+        Command::new(&ttrace)
+            .arg("run")
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(&paths.llama.completion)
+            .arg("-m")
+            .arg(model)
+            .args(["-p", "hello world", "-n", "16", "-no-cnv", "--ignore-eos", "--perf", "-t", "2"]),
+    )?;
+    let report = shell::output(Command::new(&ttrace).arg("report").arg(&trace))?;
+    let report_path = out_dir.join("report.txt");
+    std::fs::write(&report_path, &report)?;
+    let json = shell::output(Command::new(&ttrace).arg("report").arg("--json").arg(&trace))?;
+    let json_path = out_dir.join("report.json");
+    std::fs::write(&json_path, json)?;
+    println!("{report}");
+    println!("demo: trace {}\ndemo: report {} and {}", trace.display(), report_path.display(), json_path.display());
+    Ok(())
 }
 
 /// Build the release `ttrace` (with its embedded eBPF object) and return its path.
@@ -25,6 +51,7 @@ pub fn build_ttrace() -> Result<PathBuf> {
 pub fn write_paths_file(paths: &setup::Paths) -> Result<PathBuf> {
     let file = paths.cache.join("paths.json");
     let json = paths.to_json();
-    std::fs::write(&file, serde_json::to_string_pretty(&json)?).with_context(|| format!("writing {}", file.display()))?;
+    std::fs::write(&file, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", file.display()))?;
     Ok(file)
 }

@@ -48,6 +48,13 @@ pub fn run_quiet() -> Result<Paths> {
 fn setup(verbose: bool) -> Result<Paths> {
     let started = Instant::now();
     let cache = cache::dir()?;
+    // Concurrent set-ups (a test run and `cargo xtask paths`, say) would build
+    // llama.cpp into the same directory at once: one at a time.
+    let lock = std::fs::File::create(cache.join(".setup.lock")).context("creating the set-up lock")?;
+    if lock.try_lock().is_err() {
+        eprintln!("setup: another set-up is running; waiting for it");
+        lock.lock().context("waiting for the set-up lock")?;
+    }
     let step = |name: &str, f: &mut dyn FnMut() -> Result<String>| -> Result<()> {
         let t = Instant::now();
         let what = f().with_context(|| format!("set-up step `{name}`"))?;
@@ -60,11 +67,26 @@ fn setup(verbose: bool) -> Result<Paths> {
     step("rust-src", &mut nightly_rust_src)?;
     step("bpf-linker", &mut || bpf_linker(&cache))?;
     let mut venv_python = PathBuf::new();
-    step("python venv", &mut || python_venv(&cache).map(|(p, what)| { venv_python = p; what }))?;
+    step("python venv", &mut || {
+        python_venv(&cache).map(|(p, what)| {
+            venv_python = p;
+            what
+        })
+    })?;
     let mut llama = None;
-    step("llama.cpp", &mut || targets::ensure_llama(&cache, &venv_python).map(|(l, what)| { llama = Some(l); what }))?;
+    step("llama.cpp", &mut || {
+        targets::ensure_llama(&cache, &venv_python).map(|(l, what)| {
+            llama = Some(l);
+            what
+        })
+    })?;
     let mut models = None;
-    step("models", &mut || targets::ensure_models(&cache, &venv_python).map(|(m, what)| { models = Some(m); what }))?;
+    step("models", &mut || {
+        targets::ensure_models(&cache, &venv_python).map(|(m, what)| {
+            models = Some(m);
+            what
+        })
+    })?;
     if verbose {
         eprintln!("setup: done in {:.1}s; cache {}", started.elapsed().as_secs_f64(), cache.display());
     }
@@ -84,7 +106,11 @@ fn apt_packages() -> Result<String> {
         return Ok("ok (installed)".into());
     }
     if !shell::is_root() {
-        bail!("missing Debian packages {}; install them with `sudo apt-get install {}`", missing.join(", "), missing.join(" "));
+        bail!(
+            "missing Debian packages {}; install them with `sudo apt-get install {}`",
+            missing.join(", "),
+            missing.join(" ")
+        );
     }
     shell::run(Command::new("apt-get").arg("update").arg("-q"))?;
     shell::run(Command::new("apt-get").args(["install", "-y", "-q", "--no-install-recommends"]).args(&missing))?;
@@ -99,7 +125,15 @@ fn nightly_sysroot() -> Result<PathBuf> {
 
 fn nightly_rust_src() -> Result<String> {
     if !shell::succeeds(Command::new("rustc").args(["+nightly", "-V"])) {
-        shell::run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal", "--component", "rust-src"]))?;
+        shell::run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
         return Ok("installed nightly with rust-src".into());
     }
     if nightly_sysroot()?.join("lib/rustlib/src/rust/library/core").is_dir() {
@@ -163,7 +197,8 @@ fn python_venv(cache: &Path) -> Result<(PathBuf, String)> {
     let venv = cache.join("venv");
     let python = venv.join("bin/python");
     let requirements = cache::repo_root().join("scripts/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    let wanted =
+        std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
     let stamp = venv.join(".ttrace-requirements");
     if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok((python, "ok (cached)".into()));

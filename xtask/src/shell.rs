@@ -18,10 +18,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Run and capture stdout; stderr is passed through.
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    let out = cmd.stderr(Stdio::inherit()).output().with_context(|| format!("cannot start {}", describe(cmd)))?;
     if !out.status.success() {
         bail!("{} failed ({})", describe(cmd), out.status);
     }

@@ -68,7 +68,10 @@ pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
 
 /// `llama-completion --version` prints `version: X (build N, commit abcdef0)`.
 fn llama_commit(completion: &Path) -> Result<String> {
-    let out = Command::new(completion).arg("--version").output().with_context(|| format!("running {}", completion.display()))?;
+    let out = Command::new(completion)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {}", completion.display()))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     text.split("commit ")
         .nth(1)
@@ -84,7 +87,8 @@ pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
     let out_dir = cache.join("models");
     let script = cache::repo_root().join("scripts/gen_models.py");
     let manifest = shell::output(Command::new(python).arg(&script).arg("--out").arg(&out_dir))?;
-    let models: Models = serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))?;
+    let models: Models =
+        serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))?;
     let names: Vec<&str> = models.keys().map(String::as_str).collect();
     Ok((models.clone(), format!("ok ({})", names.join(", "))))
 }

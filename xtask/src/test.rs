@@ -19,7 +19,11 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
 
     let mut failures = Vec::new();
     let mut cargo = Command::new("cargo");
-    cargo.current_dir(&root).args(["test", "--workspace", "--exclude", "tracer-ebpf"]).args(cargo_args).env("TTRACE_PATHS", &paths_json);
+    cargo
+        .current_dir(&root)
+        .args(["test", "--workspace", "--exclude", "tracer-ebpf"])
+        .args(cargo_args)
+        .env("TTRACE_PATHS", &paths_json);
     if let Err(e) = shell::run(&mut cargo) {
         failures.push(e.to_string());
     }

@@ -13,8 +13,10 @@ use crate::{cli::AttachArgs, privileges::require_tracing_privileges, target::Use
 
 pub async fn run(args: AttachArgs) -> Result<()> {
     require_tracing_privileges()?;
-    if !std::path::Path::new(&format!("/proc/{}", args.pid)).exists() {
-        anyhow::bail!("no process with pid {} (check `ps -p {}`)", args.pid, args.pid);
+    match process_state(args.pid) {
+        None => anyhow::bail!("no process with pid {} (check `ps -p {}`)", args.pid, args.pid),
+        Some('Z' | 'X') => anyhow::bail!("pid {} has already exited (a zombie waiting for its parent)", args.pid),
+        Some(_) => {}
     }
     let spec = SessionSpec {
         output: args.common.output.clone(),
@@ -26,4 +28,11 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     };
     let outcome = session::trace(Target::Attach { pid: args.pid }, &spec).await?;
     report::print_summary(&spec.output, Some(&outcome.stats))
+}
+
+/// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }

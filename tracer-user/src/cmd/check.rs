@@ -28,10 +28,26 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     let fault_addrs: std::collections::HashSet<u64> = observed.faults.iter().map(|f| f.address).collect();
     let faulted = observed.touched.iter().filter(|a| fault_addrs.contains(a)).count();
 
-    println!("uprobe   ttrace_selftest_probe: {} calls, {} events, {good_calls} with the expected arguments", args.calls, observed.calls.len());
-    println!("faults   exceptions:page_fault_user: {} pages written, {faulted} faulted at the written address ({} fault events in all)", observed.touched.len(), observed.faults.len());
-    println!("lost     call {}, page_fault {}; undecodable records {}", observed.lost.call, observed.lost.page_fault, observed.decode_errors);
-    if good_calls as u64 != args.calls || observed.calls.len() as u64 != args.calls || faulted != observed.touched.len() || observed.lost.total() != 0 || observed.decode_errors != 0 {
+    println!(
+        "uprobe   ttrace_selftest_probe: {} calls, {} events, {good_calls} with the expected arguments",
+        args.calls,
+        observed.calls.len()
+    );
+    println!(
+        "faults   exceptions:page_fault_user: {} pages written, {faulted} faulted at the written address ({} fault events in all)",
+        observed.touched.len(),
+        observed.faults.len()
+    );
+    println!(
+        "lost     call {}, page_fault {}; undecodable records {}",
+        observed.lost.call, observed.lost.page_fault, observed.decode_errors
+    );
+    if good_calls as u64 != args.calls
+        || observed.calls.len() as u64 != args.calls
+        || faulted != observed.touched.len()
+        || observed.lost.total() != 0
+        || observed.decode_errors != 0
+    {
         bail!("the kernel round trip did not deliver what was done (see the lines above)");
     }
     println!("ok: eBPF uprobes, tracepoints and the ring buffer work on this machine");

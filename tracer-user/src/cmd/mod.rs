@@ -1,7 +1,7 @@
 //! One module per subcommand; `main.rs` dispatches to them.
+pub mod attach;
 pub mod check;
 pub mod gguf;
-pub mod attach;
 pub mod report;
 pub mod run;
 pub mod session;

@@ -6,7 +6,11 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::summary;
-use crate::{cli::ReportArgs, correlate, record::{TraceReader, WriterStats}};
+use crate::{
+    cli::ReportArgs,
+    correlate,
+    record::{TraceReader, WriterStats},
+};
 
 pub fn run(args: ReportArgs) -> Result<()> {
     let analysis = analyze(&args.file)?;

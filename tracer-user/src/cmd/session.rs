@@ -27,7 +27,7 @@ use crate::{
     events::Event,
     load::{LoadOptions, Tracer},
     record::{
-        Header, Lost, Trailer, TraceWriter, WriterStats,
+        Header, Lost, TraceWriter, Trailer, WriterStats,
         format::{FORMAT_VERSION, Library, Options},
         recorder::{Recorder, Resolver},
     },
@@ -60,16 +60,18 @@ pub struct Outcome {
     pub lost: Lost,
 }
 
-/// Hook symbol → program and cookie. The graph-compute hook gets both an
-/// entry and a return probe: its return closes the ubatch.
+/// Hook symbol → program and cookie. Boundary markers come first, so a
+/// process attached while running never has op probes without them. The
+/// graph-compute hook gets both an entry and a return probe: its return
+/// closes the ubatch.
 const HOOKS: [(&str, &str, u64); 7] = [
-    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, 0),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP_FUSED, 0),
-    ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
-    ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
+    ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
     ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
-    ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP_FUSED, 0),
+    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, 0),
 ];
 
 /// How often the trace is flushed (so a SIGKILLed tracer leaves a readable
@@ -90,12 +92,23 @@ impl Attached {
     /// Attach every hook `libs` provides that is not attached yet.
     fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
         let mut added = 0;
+        // One ELF parse per library for all its hook offsets.
+        let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
         for (symbol, program, cookie) in HOOKS {
             let Some(path) = libs.path_of(symbol) else { continue };
             if !self.probes.insert((path.to_path_buf(), program, cookie)) {
                 continue;
             }
-            tracer.attach_uprobe(program, path, symbol, Some(self.pid), cookie)?;
+            let i = match offsets.iter().position(|(p, _)| p == path) {
+                Some(i) => i,
+                None => {
+                    let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
+                    offsets.push((path.to_path_buf(), target::symbol_file_offsets(path, &symbols)?));
+                    offsets.len() - 1
+                }
+            };
+            let offset = HOOKS.iter().position(|h| h.0 == symbol).and_then(|k| offsets[i].1[k]);
+            tracer.attach_uprobe_at(program, path, symbol, offset, Some(self.pid), cookie)?;
             added += 1;
             self.has_ops |= program == programs::GGML_OP;
             let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
@@ -153,7 +166,9 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
             let running = child.release()?;
             (Some(running), pidfd(pid).context("watching the child for exit")?)
         }
-        Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("pid {pid} exited while ttrace was attaching"))?),
+        Target::Attach { pid } => {
+            (None, pidfd(pid).with_context(|| format!("pid {pid} exited while ttrace was attaching"))?)
+        }
     };
 
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -183,7 +198,14 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
                         all.extend(files);
                         let libs = target::classify(&all);
                         if libs.cpu.is_some() {
-                            recorder = Some(start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command)?);
+                            // The child is ours: hold it still while probing, so no
+                            // decode runs half-instrumented.
+                            let held = child.as_ref().is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
+                            let started = start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command);
+                            if held && let Some(c) = &child {
+                                c.signal(libc::SIGCONT)?;
+                            }
+                            recorder = Some(started?);
                         }
                     }
                 }
@@ -233,7 +255,11 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
 }
 
 /// First signal: `run` forwards it and waits for the child; `attach` detaches.
-fn on_signal(child: &mut Option<RunningChild>, sig: libc::c_int, interrupted_at: &mut Option<tokio::time::Instant>) -> Option<String> {
+fn on_signal(
+    child: &mut Option<RunningChild>,
+    sig: libc::c_int,
+    interrupted_at: &mut Option<tokio::time::Instant>,
+) -> Option<String> {
     match child {
         Some(c) if interrupted_at.is_none() => {
             let _ = c.signal(sig);
@@ -280,7 +306,9 @@ fn start_recording(
         mode: mode.to_string(),
         command: command.to_vec(),
         pid,
-        start_unix_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+        start_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
         start_monotonic_ns: monotonic_ns(),
         kernel: kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -336,6 +364,8 @@ fn kernel_release() -> String {
 
 fn proc_cmdline(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
+        .map(|b| {
+            b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        })
         .unwrap_or_default()
 }

@@ -46,9 +46,11 @@ pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
         generate.iter().map(|u| u.weights.keys().map(|&k| size_of(k)).sum::<u64>()).sum::<u64>() as f64
             / generate.len() as f64
     };
-    let (file, copy) = a.ubatches.iter().flat_map(|u| u.weights.values()).fold((0u64, 0u64), |(f, c), w| {
-        (f + u64::from(w.file_backed), c + u64::from(w.copy))
-    });
+    let (file, copy) = a
+        .ubatches
+        .iter()
+        .flat_map(|u| u.weights.values())
+        .fold((0u64, 0u64), |(f, c), w| (f + u64::from(w.file_backed), c + u64::from(w.copy)));
     let share = |n: u64| if file + copy == 0 { 0.0 } else { 100.0 * n as f64 / (file + copy) as f64 };
     let _ = writeln!(
         out,

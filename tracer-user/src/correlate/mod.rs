@@ -239,10 +239,7 @@ fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
     }
 }
 
-fn weights_as_list<S: serde::Serializer>(
-    weights: &BTreeMap<(u32, u32), WeightUse>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
+fn weights_as_list<S: serde::Serializer>(weights: &BTreeMap<(u32, u32), WeightUse>, s: S) -> Result<S::Ok, S::Error> {
     #[derive(Serialize)]
     struct Entry {
         model: u32,

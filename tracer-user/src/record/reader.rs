@@ -98,7 +98,7 @@ impl<R: Read> TraceReader<R> {
     pub fn new(mut input: R) -> Result<Self, TraceError> {
         let mut magic = [0u8; 8];
         read_exact(&mut input, &mut magic, 0)?.then_some(()).ok_or(TraceError::Magic)?;
-        if &magic[..7] != &MAGIC[..7] {
+        if magic[..7] != MAGIC[..7] {
             return Err(TraceError::Magic);
         }
         if magic[7] != MAGIC[7] {
@@ -108,9 +108,16 @@ impl<R: Read> TraceReader<R> {
         read_exact(&mut input, &mut len, 8)?.then_some(()).ok_or(TraceError::Magic)?;
         let len = u32::from_le_bytes(len) as usize;
         let mut json = Vec::new();
-        let got = (&mut input).take(len as u64).read_to_end(&mut json).map_err(|source| TraceError::Io { offset: 12, source })?;
+        let got = (&mut input)
+            .take(len as u64)
+            .read_to_end(&mut json)
+            .map_err(|source| TraceError::Io { offset: 12, source })?;
         if got != len {
-            return Err(TraceError::Frame { offset: 12, kind: 0, detail: format!("header of {len} bytes cut short at {got}") });
+            return Err(TraceError::Frame {
+                offset: 12,
+                kind: 0,
+                detail: format!("header of {len} bytes cut short at {got}"),
+            });
         }
         let header: Header = serde_json::from_slice(&json).map_err(TraceError::Header)?;
         if header.format_version != FORMAT_VERSION {
@@ -228,7 +235,8 @@ impl<R: Read> TraceReader<R> {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let [ith, nth, hook, dst, n_src] = [0; 5].map(|_| c.u32());
-                let (ith, nth, hook, dst, n_src) = (ith.map_err(e)?, nth.map_err(e)?, hook.map_err(e)?, dst.map_err(e)?, n_src.map_err(e)?);
+                let (ith, nth, hook, dst, n_src) =
+                    (ith.map_err(e)?, nth.map_err(e)?, hook.map_err(e)?, dst.map_err(e)?, n_src.map_err(e)?);
                 self.check_descriptor(dst)?;
                 if n_src as usize > tracer_common::ggml::MAX_SRC {
                     return Err(format!("{n_src} sources"));
@@ -316,7 +324,21 @@ impl<R: Read> TraceReader<R> {
             [4] => Memory::Unmapped,
             other => return Ok(Err(format!("memory class bytes {other:?}"))),
         };
-        Ok(Ok(Descriptor { tensor, name, type_id, op, op_param0, flags, ne, nb, data, view_src, view_offs, has_extra, memory }))
+        Ok(Ok(Descriptor {
+            tensor,
+            name,
+            type_id,
+            op,
+            op_param0,
+            flags,
+            ne,
+            nb,
+            data,
+            view_src,
+            view_offs,
+            has_extra,
+            memory,
+        }))
     }
 }
 

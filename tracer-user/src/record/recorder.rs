@@ -116,7 +116,8 @@ impl Resolver {
     /// Refresh the snapshot (rate-limited) when a pointer of `op` is not
     /// covered by it: new mappings (the model, grown heaps) since the last read.
     pub fn prepare(&mut self, op: &crate::events::OpRecord) {
-        let stale = op.tensors.iter().any(|t| t.data != 0 && matches!(self.space.resolve(t.data), Resolution::Unmapped));
+        let stale =
+            op.tensors.iter().any(|t| t.data != 0 && matches!(self.space.resolve(t.data), Resolution::Unmapped));
         if stale && self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL) {
             self.refresh();
         }

@@ -90,7 +90,11 @@ impl<W: Write> TraceWriter<W> {
 
     /// Index of the descriptor for `record`, defining it on first sight
     /// (`resolve` is asked for its memory class only then).
-    fn descriptor(&mut self, record: &TensorRecord, resolve: &mut dyn FnMut(&TensorRecord) -> Memory) -> io::Result<u32> {
+    fn descriptor(
+        &mut self,
+        record: &TensorRecord,
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<u32> {
         let key = TensorRecord { slot: 0, _pad: 0, ..*record };
         if let Some(&id) = self.descriptors.get(&key) {
             return Ok(id);

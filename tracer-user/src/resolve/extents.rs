@@ -31,12 +31,13 @@ const FLAG_NAMES: &[(u32, &str)] = &[
     (0x2000, "shared"),
 ];
 
+// Causes are in the message, not `source`s, so anyhow prints them once.
 #[derive(Debug, thiserror::Error)]
 pub enum ExtentError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: the filesystem does not support FIEMAP ({source}), so physical extents are unknown", path.display())]
-    Unsupported { path: PathBuf, source: std::io::Error },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("{}: the filesystem does not support FIEMAP ({error}), so physical extents are unknown", path.display())]
+    Unsupported { path: PathBuf, error: std::io::Error },
 }
 
 /// The block device a file lives on, as block-layer tracepoints name it.
@@ -134,12 +135,12 @@ pub struct FileExtents {
 
 impl FileExtents {
     pub fn read(path: &Path) -> Result<FileExtents, ExtentError> {
-        let io = |source| ExtentError::Io { path: path.to_owned(), source };
+        let io = |error| ExtentError::Io { path: path.to_owned(), error };
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         let extents = fiemap(&file).map_err(|e| match e.raw_os_error() {
             Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL) => {
-                ExtentError::Unsupported { path: path.to_owned(), source: e }
+                ExtentError::Unsupported { path: path.to_owned(), error: e }
             }
             _ => io(e),
         })?;

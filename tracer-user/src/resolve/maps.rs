@@ -19,8 +19,9 @@ use super::model::{Index, ModelMap, expert_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
-    #[error("cannot read /proc/{pid}/maps: {source}")]
-    Read { pid: u32, source: std::io::Error },
+    // The cause is in the message, not a `source`, so anyhow prints it once.
+    #[error("cannot read /proc/{pid}/maps: {error}")]
+    Read { pid: u32, error: std::io::Error },
     #[error("maps line {line}: {what}: {text:?}")]
     Parse { line: usize, what: &'static str, text: String },
 }
@@ -131,7 +132,7 @@ fn unescape_newlines(path: &[u8]) -> Vec<u8> {
 /// so a read that races with mmap/munmap can be torn.
 pub fn read_maps(pid: u32) -> Result<Vec<u8>, MapsError> {
     let path = format!("/proc/{pid}/maps");
-    let read = || std::fs::read(&path).map_err(|source| MapsError::Read { pid, source });
+    let read = || std::fs::read(&path).map_err(|error| MapsError::Read { pid, error });
     let mut prev = read()?;
     for _ in 0..4 {
         let next = read()?;

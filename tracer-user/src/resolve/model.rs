@@ -18,12 +18,14 @@ use super::{
     gguf::{GgufHeader, KeyValue, ParseError, Value},
 };
 
+// The cause is part of the message (not a `source`), so that anyhow's `{:#}`
+// prints it once.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: {source}", path.display())]
-    Parse { path: PathBuf, source: ParseError },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("{}: {error}", path.display())]
+    Parse { path: PathBuf, error: ParseError },
     #[error("{}: split model: {what}", path.display())]
     Split { path: PathBuf, what: String },
 }
@@ -282,14 +284,14 @@ impl ModelMap {
 type OpenedFile = (PathBuf, GgufHeader, (u64, u64));
 
 fn read_file(path: &Path) -> Result<OpenedFile, GgufError> {
-    let io_err = |source| GgufError::Io { path: path.to_owned(), source };
+    let io_err = |error| GgufError::Io { path: path.to_owned(), error };
     let file = File::open(path).map_err(io_err)?;
     let meta = file.metadata().map_err(io_err)?;
     if !meta.is_file() {
         return Err(io_err(std::io::Error::other("not a regular file")));
     }
     let header = GgufHeader::read(BufReader::with_capacity(1 << 16, file), meta.len())
-        .map_err(|source| GgufError::Parse { path: path.to_owned(), source })?;
+        .map_err(|error| GgufError::Parse { path: path.to_owned(), error })?;
     Ok((path.to_owned(), header, (meta.dev(), meta.ino())))
 }
 

@@ -160,6 +160,29 @@ pub fn has_symbols(path: &Path, names: &[&str]) -> Result<Vec<bool>, TargetError
     with_elf(path, |file| Ok(find_symbols(file, names).iter().map(Option::is_some).collect()))
 }
 
+/// File offsets of `names` (what uprobes attach to), from one parse of
+/// `path`: the symbol's address mapped through its PT_LOAD segment.
+pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
+    use object::read::elf::ProgramHeader as _;
+    with_elf(path, |file| {
+        let endian = file.endian();
+        let loads: Vec<(u64, u64, u64)> = file
+            .elf_program_headers()
+            .iter()
+            .filter(|ph| ph.p_type(endian) == elf::PT_LOAD)
+            .map(|ph| (ph.p_vaddr(endian), ph.p_filesz(endian), ph.p_offset(endian)))
+            .collect();
+        Ok(find_symbols(file, names)
+            .iter()
+            .map(|sym| {
+                let addr = sym.as_ref()?.addr;
+                let &(vaddr, _, offset) = loads.iter().find(|&&(v, size, _)| addr >= v && addr - v < size)?;
+                Some(addr - vaddr + offset)
+            })
+            .collect())
+    })
+}
+
 /// Hex of the NT_GNU_BUILD_ID note, for the trace header.
 pub fn build_id(path: &Path) -> Option<String> {
     let id = with_elf(path, |file| Ok(file.build_id().ok().flatten().map(<[u8]>::to_vec))).ok()??;

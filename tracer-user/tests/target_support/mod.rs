@@ -76,3 +76,17 @@ pub fn cc(args: &[&str], cwd: &Path) {
         .unwrap_or_else(|e| panic!("cannot run cc ({e}): these tests build small ELF fixtures with a C compiler"));
     assert!(out.status.success(), "cc {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Path of generated model `name` (from the same paths file).
+pub fn model(name: &str) -> PathBuf {
+    let file = match std::env::var_os("TTRACE_PATHS") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default().join(".cache/ttrace/paths.json"),
+    };
+    let json: serde_json::Value = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| panic!("cannot read {}: run `cargo xtask test`", file.display()));
+    let p = json["models"][name].as_str().unwrap_or_else(|| panic!("{} lists no model `{name}`", file.display()));
+    PathBuf::from(p)
+}
