@@ -70,6 +70,11 @@ pub struct Analysis {
     pub decodes: Vec<Decode>,
     pub ubatches: Vec<Ubatch>,
     pub ops: u64,
+    /// Time per op name: each op lasts until the next op on the same thread,
+    /// the last one of a graph until the graph returns. (A uretprobe could
+    /// not do this: the hook returns before the op runs unless an extra
+    /// buffer type computes it.)
+    pub op_time_ns: BTreeMap<String, u64>,
     /// Ops seen outside any ubatch graph (no graph hook in the target).
     pub ops_outside_ubatches: u64,
     pub op_counts: BTreeMap<String, u64>,
@@ -107,6 +112,8 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
     let mut current: Option<usize> = None;
     let mut decodes_before_reset = 0usize;
+    // Per thread: the op still running (its name and start).
+    let mut running: BTreeMap<u32, (String, u64)> = BTreeMap::new();
     let get_rows = a.header.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
     while let Some(record) = reader.next_record()? {
         let ts = match &record {
@@ -144,6 +151,9 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                     if let Some(u) = current.take() {
                         a.ubatches[u].end_ns = Some(m.ts_ns);
                     }
+                    for (_, (name, start)) in std::mem::take(&mut running) {
+                        *a.op_time_ns.entry(name).or_default() += m.ts_ns.saturating_sub(start);
+                    }
                 }
                 // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
                 markers::LLAMA_DECODE | markers::LLAMA_PROCESS
@@ -165,7 +175,11 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             },
             Record::Op(op) => {
                 a.ops += 1;
-                *a.op_counts.entry(op_name(&a.header, reader.descriptor(op.dst).op)).or_default() += 1;
+                let name = op_name(&a.header, reader.descriptor(op.dst).op);
+                *a.op_counts.entry(name.clone()).or_default() += 1;
+                if let Some((prev, start)) = running.insert(op.tid, (name, op.ts_ns)) {
+                    *a.op_time_ns.entry(prev).or_default() += op.ts_ns.saturating_sub(start);
+                }
                 match current {
                     Some(u) => account_op(&mut a.ubatches[u], &op, &reader, get_rows),
                     None => a.ops_outside_ubatches += 1,
