@@ -33,7 +33,8 @@ def trace_run(ttrace, out: Path, argv: list, preload: Path | None = None, timeou
     env = dict(os.environ)
     if preload:
         env["LD_PRELOAD"] = str(preload)
-    proc = subprocess.run([ttrace, "run", "-o", out, "--", *argv], capture_output=True, text=True, env=env, timeout=timeout)
+    # The random models print arbitrary bytes: decode leniently.
+    proc = subprocess.run([ttrace, "run", "-o", out, "--", *argv], capture_output=True, text=True, errors="replace", env=env, timeout=timeout)
     assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return proc
 
@@ -53,9 +54,9 @@ def weight_names(a: dict, ubatch: dict) -> dict[str, dict]:
     return {a["models"][w["model"]]["tensors"][w["tensor"]]["name"]: w for w in ubatch["weights"]}
 
 
-def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model: Path, n: int):
+def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model: Path, n: int, *extra):
     out = tmp_path / "trace.data"
-    argv = [llama_completion, "-m", model, "-p", "hello world", "-n", str(n), "-no-cnv", "--ignore-eos", "--perf", "-t", "2", "--seed", "1"]
+    argv = [llama_completion, "-m", model, "-p", "hello world", "-n", str(n), "-no-cnv", "--ignore-eos", "--perf", "-t", "2", "--seed", "1", *extra]
     proc = trace_run(ttrace, out, argv, flush_log_preload)
     prompt, runs = PERF_PROMPT.findall(proc.stderr), PERF_EVAL.findall(proc.stderr)
     assert len(prompt) == 1 and len(runs) == 1, f"llama's perf lines missing:\n{proc.stderr[-2000:]}"
@@ -68,7 +69,7 @@ def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, 
     assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs) == (3, 7)
     generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
     assert len(generate) == eval_runs
-    assert a["lost"] == {"call": 0, "page_fault": 0, "op": 0}
+    assert set(a["lost"].values()) == {0}, a["lost"]
     assert a["trailer"]["stop_reason"] == "target exited" and not a["truncated"]
 
     # The model table ttrace recorded is the reference reader's, name for name.
@@ -105,7 +106,8 @@ def test_repacked_q4_weights_are_copies_resolved_by_name(ttrace, tmp_path, llama
 
 def test_python_client_matches_llama_completion_per_ubatch(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths):
     model = models["tiny"]
-    cli, *_ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model, 4)
+    # The Python client does not turn flash attention on by default; llama-completion's "auto" does.
+    cli, *_ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model, 4, "-fa", "off")
     client = tmp_path / "client.py"
     client.write_text(
         "import sys\nfrom llama_cpp import Llama\n"

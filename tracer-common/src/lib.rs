@@ -18,6 +18,13 @@ pub const MAP_LOST: &str = "LOST";
 pub const MAP_TARGET_TGIDS: &str = "TARGET_TGIDS";
 /// Array `u64`, indexed by the `config` constants: settings from user space.
 pub const MAP_CONFIG: &str = "CONFIG";
+/// Hash [`FileKey`] -> `u8`: the model files whose page-cache events are recorded.
+pub const MAP_MODEL_FILES: &str = "MODEL_FILES";
+/// Hash `u32` dev_t (kernel encoding, `major << 20 | minor`) -> `u8`: the
+/// block devices whose requests are recorded.
+pub const MAP_BLOCK_DEVICES: &str = "BLOCK_DEVICES";
+/// Capacity of [`MAP_MODEL_FILES`] and [`MAP_BLOCK_DEVICES`].
+pub const MAX_MODEL_FILES: u32 = 256;
 
 /// Slots of [`MAP_CONFIG`].
 pub mod config {
@@ -42,12 +49,19 @@ pub mod programs {
     pub const CALL_ARGS: &str = "call_args";
     /// Uretprobe twin of [`CALL_ARGS`]: the return value.
     pub const CALL_RETURN: &str = "call_return";
-    /// `ggml_cpu_extra_compute_forward(params, tensor)`: every executed node.
+    /// Every executed ggml node: `ggml_cpu_extra_compute_forward(params,
+    /// tensor)`, and `ggml_compute_forward_rms_norm_mul_fused(params, rms,
+    /// mul)` attached twice; the attach cookie (a [`hooks`] value) says which.
     pub const GGML_OP: &str = "ggml_op";
-    /// `ggml_compute_forward_rms_norm_mul_fused(params, rms, mul)`.
-    pub const GGML_OP_FUSED: &str = "ggml_op_fused";
     /// `exceptions:page_fault_user` tracepoint.
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
+    /// `filemap:mm_filemap_add_to_page_cache`: a page of a model file filled.
+    pub const PAGE_CACHE_ADD: &str = "page_cache_add";
+    /// `filemap:mm_filemap_fault`: a fault served from a model file's page cache.
+    pub const FILEMAP_FAULT: &str = "filemap_fault";
+    /// `block:block_rq_issue` / `block:block_rq_complete`.
+    pub const BLOCK_RQ_ISSUE: &str = "block_rq_issue";
+    pub const BLOCK_RQ_COMPLETE: &str = "block_rq_complete";
 }
 
 /// Attach cookies of `call_args`/`call_return`: which function fired.
@@ -71,19 +85,24 @@ pub enum EventKind {
     Call = 1,
     PageFault = 2,
     Op = 3,
+    PageCache = 4,
+    Block = 5,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
 pub const EVENT_KIND_SLOTS: u32 = 16;
 
 impl EventKind {
-    pub const ALL: [EventKind; 3] = [EventKind::Call, EventKind::PageFault, EventKind::Op];
+    pub const ALL: [EventKind; 5] =
+        [EventKind::Call, EventKind::PageFault, EventKind::Op, EventKind::PageCache, EventKind::Block];
 
     pub const fn from_u32(raw: u32) -> Option<Self> {
         match raw {
             1 => Some(Self::Call),
             2 => Some(Self::PageFault),
             3 => Some(Self::Op),
+            4 => Some(Self::PageCache),
+            5 => Some(Self::Block),
             _ => None,
         }
     }
@@ -93,6 +112,8 @@ impl EventKind {
             Self::Call => "call",
             Self::PageFault => "page_fault",
             Self::Op => "op",
+            Self::PageCache => "page_cache",
+            Self::Block => "block",
         }
     }
 }
@@ -122,6 +143,65 @@ pub struct CallEvent {
     /// A [`markers`] value: which function.
     pub cookie: u64,
     pub args: [u64; 6],
+}
+
+/// Identifies a file in page-cache tracepoints: the superblock's dev_t
+/// (kernel encoding) and the inode number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u32,
+    pub _pad: u32,
+    pub ino: u64,
+}
+
+/// `PageCacheEvent::kind`.
+pub mod page_cache {
+    /// A page was added to the page cache (read from disk, or readahead).
+    pub const ADD: u32 = 0;
+    /// `filemap_fault` ran for the page.
+    pub const FAULT: u32 = 1;
+}
+
+/// A page-cache event on a model file. Not filtered by process: readahead
+/// and prefetch may run in another task.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageCacheEvent {
+    pub header: EventHeader,
+    pub file: FileKey,
+    /// Page index: file offset / 4096.
+    pub index: u64,
+    /// A [`page_cache`] value.
+    pub kind: u32,
+    /// Folio order (2^order pages added at once); 0 for faults.
+    pub order: u32,
+}
+
+/// `BlockEvent::kind`.
+pub mod block {
+    pub const ISSUE: u32 = 0;
+    pub const COMPLETE: u32 = 1;
+}
+
+/// A block request on a watched device.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockEvent {
+    pub header: EventHeader,
+    /// dev_t in kernel encoding.
+    pub dev: u32,
+    pub nr_sector: u32,
+    /// 512-byte sectors from the start of the whole disk.
+    pub sector: u64,
+    /// A [`block`] value.
+    pub kind: u32,
+    /// Completion status (0 = ok); 0 on issue.
+    pub error: i32,
+    /// Read/write/barrier flags as blktrace prints them, NUL-padded.
+    pub rwbs: [u8; 16],
+    /// Issuing task's command (issue only).
+    pub comm: [u8; 16],
 }
 
 /// Tensors recorded per op: dst plus up to `ggml::MAX_SRC` sources.
@@ -210,7 +290,12 @@ const _: () = {
     assert!(OP_EVENT_FIXED.is_multiple_of(8) && TENSOR_RECORD_SIZE.is_multiple_of(8));
     assert!(size_of::<PageFaultEvent>() == 48);
     assert!(offset_of!(PageFaultEvent, address) == 24);
-    assert!((EventKind::Op as u32) < EVENT_KIND_SLOTS);
+    assert!((EventKind::Block as u32) < EVENT_KIND_SLOTS);
+    assert!(size_of::<FileKey>() == 16);
+    assert!(size_of::<PageCacheEvent>() == 56);
+    assert!(offset_of!(PageCacheEvent, index) == 40);
+    assert!(size_of::<BlockEvent>() == 80);
+    assert!(offset_of!(BlockEvent, rwbs) == 48);
 };
 
 #[cfg(feature = "user")]
@@ -221,5 +306,8 @@ mod user {
     unsafe impl aya::Pod for CallEvent {}
     unsafe impl aya::Pod for PageFaultEvent {}
     unsafe impl aya::Pod for TensorRecord {}
+    unsafe impl aya::Pod for FileKey {}
+    unsafe impl aya::Pod for PageCacheEvent {}
+    unsafe impl aya::Pod for BlockEvent {}
     unsafe impl aya::Pod for OpEvent {}
 }

@@ -5,10 +5,16 @@
 //! stack) and sent up to the last source present, so a node with two sources
 //! costs 112 + 3 * 192 bytes of ring, not the full 2224.
 
-use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of_mut, read_volatile},
+};
 
 use aya_ebpf::{
-    helpers::generated::bpf_probe_read_user,
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::generated::{bpf_get_attach_cookie, bpf_probe_read_user},
     macros::{map, uprobe},
     maps::PerCpuArray,
     programs::ProbeContext,
@@ -28,25 +34,28 @@ static OP_SCRATCH: PerCpuArray<OpEvent> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static TENSOR_SCRATCH: PerCpuArray<GgmlTensor> = PerCpuArray::with_max_entries(1, 0);
 
-/// `ggml_cpu_extra_compute_forward(params, tensor)`: called for every
-/// executed node by every worker thread, before the op dispatch.
+/// One program for every node hook, told apart by its attach cookie (a
+/// `hooks` value), so the verifier checks the node recorder once:
+/// - `EXTRA`: `ggml_cpu_extra_compute_forward(params, tensor)`, called for
+///   every executed node by every worker thread, before the op dispatch;
+/// - `FUSED_RMS_NORM` / `FUSED_MUL`: `ggml_compute_forward_rms_norm_mul_fused(
+///   params, rms, mul)`, attached twice: fused nodes bypass the dispatcher.
 #[uprobe]
 pub fn ggml_op(ctx: ProbeContext) -> u32 {
-    let (Some(params), Some(node)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) else { return 0 };
-    let _ = record_node(params, node, hooks::EXTRA);
-    0
-}
-
-/// `ggml_compute_forward_rms_norm_mul_fused(params, rms, mul)`: fused nodes
-/// bypass the dispatcher, so the generic hook never sees them.
-#[uprobe]
-pub fn ggml_op_fused(ctx: ProbeContext) -> u32 {
-    let (Some(params), Some(rms), Some(mul)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<u64>(2)) else {
-        return 0;
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let (hook, params, second, third) = unsafe {
+        let regs = ctx.as_ptr() as *const pt_regs;
+        // Volatile: LLVM would otherwise fold the choice into one load at a
+        // computed context offset, which the verifier rejects.
+        (
+            bpf_get_attach_cookie(ctx.as_ptr()) as u32,
+            read_volatile(&(*regs).rdi),
+            read_volatile(&(*regs).rsi),
+            read_volatile(&(*regs).rdx),
+        )
     };
-    if record_node(params, rms, hooks::FUSED_RMS_NORM).is_ok() {
-        let _ = record_node(params, mul, hooks::FUSED_MUL);
-    }
+    let node = if hook == hooks::FUSED_MUL { third } else { second };
+    let _ = record_node(params, node, hook);
     0
 }
 

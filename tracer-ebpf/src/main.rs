@@ -3,10 +3,12 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod block;
 mod calls;
 mod faults;
 mod ggml;
 mod maps;
+mod pagecache;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

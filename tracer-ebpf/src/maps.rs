@@ -7,7 +7,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
-use tracer_common::{DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, MAX_TARGET_TGIDS, config};
+use tracer_common::{
+    DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, FileKey, MAX_MODEL_FILES, MAX_TARGET_TGIDS, config,
+};
 
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
@@ -17,6 +19,12 @@ pub static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(EVENT_KIND_SLO
 
 #[map]
 pub static CONFIG: Array<u64> = Array::with_max_entries(config::SLOTS, 0);
+
+#[map]
+pub static MODEL_FILES: HashMap<FileKey, u8> = HashMap::with_max_entries(MAX_MODEL_FILES, 0);
+
+#[map]
+pub static BLOCK_DEVICES: HashMap<u32, u8> = HashMap::with_max_entries(MAX_MODEL_FILES, 0);
 
 #[map]
 pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET_TGIDS, 0);

@@ -43,6 +43,20 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
         after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'"
     )]
     Report(ReportArgs),
+    /// Export a trace for other tools: Perfetto, Chrome JSON, JSONL/CSV/Parquet
+    /// rows, per-token JSON for the thesis web UI, or one ubatch's graph.
+    /// Needs no root.
+    #[command(after_help = "Examples:\n  \
+ttrace export ttrace.data --format perfetto -o run.pftrace     (open in ui.perfetto.dev)\n  \
+ttrace export ttrace.data --format parquet -o events.parquet\n  \
+ttrace export ttrace.data --format tokens-json -o tokens/\n  \
+ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
+Rows (jsonl, csv, parquet): one per op, marker and page fault, columns seq, kind, ts_ns, rel_ns, dur_ns, \
+tid, ubatch, phase, token_index, name, layer, dst, dst_memory, srcs, n_srcs, weights_file, weights_copy, \
+weight_bytes, ith, nth, address, ip, error_code, fault_tensor, file_offset, op_seq.\n\n\
+tokens-json: token-NNNNN.json per generated token (generate-phase ubatch, in order), prompt-NNNNN.json \
+per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs are not written.")]
+    Export(ExportArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives
     /// with what was done.
@@ -106,6 +120,14 @@ pub struct TraceArgs {
     /// Ring buffer between kernel and ttrace, in MiB (a power of two).
     #[arg(long, default_value_t = 16, value_name = "MIB")]
     pub ring_mb: u32,
+    /// A GGUF model whose page-cache fills and disk reads are watched from
+    /// the start (repeatable). `run` also takes the command's own `-m` /
+    /// `--model`; models the target maps later are found in its maps.
+    #[arg(long, value_name = "GGUF")]
+    pub model: Vec<std::path::PathBuf>,
+    /// Trace only ops: no page faults, page-cache or block events.
+    #[arg(long)]
+    pub no_io: bool,
 }
 
 impl TraceArgs {
@@ -124,6 +146,13 @@ pub struct RunArgs {
     /// Run the command as this user (default: the user who invoked sudo).
     #[arg(long, value_name = "NAME")]
     pub user: Option<String>,
+    /// Sync and drop the page cache before starting: a cold-cache run.
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// Run the command in a memory cgroup with this limit (e.g. 512M, 2G),
+    /// so a model larger than it is streamed from disk while generating.
+    #[arg(long, value_name = "SIZE")]
+    pub mem_limit: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -149,4 +178,23 @@ pub struct ReportArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML page (heatmap of the model file per
+    /// token, per-layer bytes, the summary).
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Trace file written by `ttrace run` or `ttrace attach`.
+    #[arg(default_value = "ttrace.data")]
+    pub file: std::path::PathBuf,
+    #[arg(long, value_enum)]
+    pub format: crate::export::Format,
+    /// Output file (a directory for tokens-json).
+    #[arg(short, long)]
+    pub output: std::path::PathBuf,
+    /// dot: the ubatch to draw (default: the first generate ubatch).
+    #[arg(long, value_name = "K")]
+    pub ubatch: Option<u32>,
 }

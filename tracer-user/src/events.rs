@@ -3,8 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageFaultEvent, SLOT_ABSENT,
-    TENSOR_RECORD_SIZE, TensorRecord,
+    BlockEvent, CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageCacheEvent,
+    PageFaultEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE, TensorRecord,
 };
 
 /// One event from the kernel side.
@@ -13,6 +13,8 @@ pub enum Event {
     Call(CallEvent),
     PageFault(PageFaultEvent),
     Op(Box<OpRecord>),
+    PageCache(PageCacheEvent),
+    Block(BlockEvent),
 }
 
 /// An executed ggml node with only the tensors the probe sent.
@@ -33,6 +35,8 @@ impl Event {
             Event::Call(e) => &e.header,
             Event::PageFault(e) => &e.header,
             Event::Op(e) => &e.header,
+            Event::PageCache(e) => &e.header,
+            Event::Block(e) => &e.header,
         }
     }
 }
@@ -62,6 +66,8 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Call => read::<CallEvent>(kind, bytes).map(Event::Call),
         EventKind::PageFault => read::<PageFaultEvent>(kind, bytes).map(Event::PageFault),
         EventKind::Op => decode_op(bytes).map(|op| Event::Op(Box::new(op))),
+        EventKind::PageCache => read::<PageCacheEvent>(kind, bytes).map(Event::PageCache),
+        EventKind::Block => read::<BlockEvent>(kind, bytes).map(Event::Block),
     }
 }
 

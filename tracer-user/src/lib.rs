@@ -5,6 +5,7 @@ pub mod cmd;
 pub mod collect;
 pub mod correlate;
 pub mod events;
+pub mod export;
 pub mod load;
 pub mod privileges;
 pub mod record;

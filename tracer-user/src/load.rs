@@ -13,7 +13,10 @@ use aya::{
     programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint},
 };
 use aya_log::EbpfLogger;
-use tracer_common::{EventKind, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_TARGET_TGIDS, config, markers, programs};
+use tracer_common::{
+    EventKind, FileKey, MAP_BLOCK_DEVICES, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_MODEL_FILES, MAP_TARGET_TGIDS, config,
+    markers, programs,
+};
 
 use crate::{
     privileges::{PrivilegeError, require_tracing_privileges},
@@ -75,11 +78,13 @@ pub struct LostCounts {
     pub call: u64,
     pub page_fault: u64,
     pub op: u64,
+    pub page_cache: u64,
+    pub block: u64,
 }
 
 impl LostCounts {
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op
+        self.call + self.page_fault + self.op + self.page_cache + self.block
     }
 }
 
@@ -177,6 +182,39 @@ impl Tracer {
         })
     }
 
+    /// Record page-cache events of this file (`dev` in kernel encoding).
+    pub fn watch_file(&mut self, file: FileKey) -> Result<(), LoadError> {
+        self.insert_key(MAP_MODEL_FILES, file)
+    }
+
+    /// Record block requests on this device (`dev` in kernel encoding).
+    pub fn watch_block_device(&mut self, dev: u32) -> Result<(), LoadError> {
+        self.insert_key(MAP_BLOCK_DEVICES, dev)
+    }
+
+    fn insert_key<K: aya::Pod>(&mut self, name: &'static str, key: K) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing { what: "map", name })?;
+        let mut set: HashMap<_, K, u8> =
+            HashMap::try_from(map).map_err(|source| LoadError::Map { map: name, source: Box::new(source) })?;
+        set.insert(key, 1, 0).map_err(|source| LoadError::Map { map: name, source: Box::new(source) })
+    }
+
+    /// Page-cache and block-request tracepoints (filtered by the watched
+    /// files and devices).
+    pub fn attach_io(&mut self) -> Result<(), LoadError> {
+        use tracer_common::tracepoints::{block_rq_complete, block_rq_issue, filemap_add_to_page_cache, filemap_fault};
+        for (program, group, event) in [
+            (programs::PAGE_CACHE_ADD, filemap_add_to_page_cache::GROUP, filemap_add_to_page_cache::NAME),
+            (programs::FILEMAP_FAULT, filemap_fault::GROUP, filemap_fault::NAME),
+            (programs::BLOCK_RQ_ISSUE, block_rq_issue::GROUP, block_rq_issue::NAME),
+            (programs::BLOCK_RQ_COMPLETE, block_rq_complete::GROUP, block_rq_complete::NAME),
+        ] {
+            let tp: &mut TracePoint = self.program(program)?;
+            tp.attach(group, event).map_err(|source| LoadError::Program { program, source: Box::new(source) })?;
+        }
+        Ok(())
+    }
+
     pub fn attach_page_faults(&mut self) -> Result<(), LoadError> {
         use tracer_common::tracepoints::page_fault_user as tp;
         let name = programs::PAGE_FAULT_USER;
@@ -198,9 +236,11 @@ impl Tracer {
         let program: &mut P =
             program.try_into().map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
         if first_use {
+            let started = std::time::Instant::now();
             program
                 .load_into_kernel()
                 .map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
+            log::debug!("program {name} verified and loaded in {:?}", started.elapsed());
         }
         Ok(program)
     }
@@ -220,6 +260,8 @@ impl Tracer {
             call: count(EventKind::Call)?,
             page_fault: count(EventKind::PageFault)?,
             op: count(EventKind::Op)?,
+            page_cache: count(EventKind::PageCache)?,
+            block: count(EventKind::Block)?,
         })
     }
 

@@ -36,6 +36,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => runtime()?.block_on(cmd::run::run(args)),
         Command::Attach(args) => runtime()?.block_on(cmd::attach::run(args)),
         Command::Report(args) => cmd::report::run(args),
+        Command::Export(args) => cmd::export::run(args),
     }
 }
 

@@ -15,8 +15,27 @@ use ttrace::record::{Memory, Record, TraceReader};
 mod common;
 mod target_support;
 
+/// The release binary `cargo xtask test` built (TTRACE_BIN), else this build's.
 fn ttrace() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ttrace"))
+    Command::new(std::env::var_os("TTRACE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_ttrace").into()))
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Kernel timestamp (CLOCK_MONOTONIC) of the first op in a trace.
+fn first_op_ns(path: &Path) -> Option<u64> {
+    let mut reader = TraceReader::open(path).ok()?;
+    while let Ok(Some(record)) = reader.next_record() {
+        if let Record::Op(op) = record {
+            return Some(op.ts_ns);
+        }
+    }
+    None
 }
 
 fn stderr(out: &Output) -> String {
@@ -139,24 +158,31 @@ fn attach_records_within_a_second_and_detaches_leaving_target_running() {
     let pid = target.id();
     wait_for_mapping(pid, "libggml-cpu");
     let out = scratch_trace("attach");
+    let spawned = monotonic_ns();
     let tracer =
         ttrace().args(["attach", "--pid", &pid.to_string(), "-o"]).arg(&out).stderr(Stdio::piped()).spawn().unwrap();
-    let first_op = wait_for_ops(&out, Duration::from_secs(5));
+    wait_for_ops(&out, Duration::from_secs(10));
+    // When the kernel recorded the first op, counted from ttrace's start.
+    let first_op = Duration::from_nanos(first_op_ns(&out).unwrap() - spawned);
+    // Other tests run ttrace in parallel: follow this one's programs and links.
+    let (progs, links) = (bpf_objects_of("prog", tracer.id()), bpf_objects_of("link", tracer.id()));
     sleep(Duration::from_millis(300));
     signal(tracer.id(), libc::SIGINT);
     let done = tracer.wait_with_output().unwrap();
     let still_running = alive(pid);
-    let progs = Command::new("bpftool").args(["prog", "show"]).output().unwrap();
+    let (progs_after, links_after) = (bpf_ids("prog"), bpf_ids("link"));
     let uprobe_events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
     target.kill().unwrap();
     target.wait().unwrap();
 
     assert!(done.status.success(), "{}", stderr(&done));
-    assert!(first_op < Duration::from_secs(1), "first op flushed after {first_op:?}");
+    println!("first op recorded {first_op:?} after `ttrace attach` started");
+    assert!(first_op < Duration::from_secs(1), "first op recorded {first_op:?} after ttrace started");
     assert!(still_running, "the target must survive the detach");
     assert!(stderr(&done).contains("detached; the target keeps running"), "{}", stderr(&done));
-    let progs = String::from_utf8_lossy(&progs.stdout);
-    assert!(!progs.contains("ggml_op") && !progs.contains("call_args"), "programs left loaded:\n{progs}");
+    assert!(progs.len() >= 3 && !links.is_empty(), "ttrace held programs {progs:?} and links {links:?}");
+    assert!(progs.iter().all(|id| !progs_after.contains(id)), "programs {progs:?} still loaded: {progs_after:?}");
+    assert!(links.iter().all(|id| !links_after.contains(id)), "links {links:?} still attached: {links_after:?}");
     assert!(!uprobe_events.contains("libggml"), "uprobes left behind:\n{uprobe_events}");
     assert!(count_ops(&out) > 0);
 }
@@ -202,7 +228,7 @@ fn not_root_is_a_one_line_error() {
     for args in [&["run", "--", "true"][..], &["attach", "--pid", "1"], &["check"]] {
         let out = Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
-            .arg(env!("CARGO_BIN_EXE_ttrace"))
+            .arg(ttrace().get_program())
             .args(args)
             .output()
             .unwrap();
@@ -268,6 +294,35 @@ fn tracer_killed_leaves_a_readable_trace() {
     assert!(text.contains("trace cut short"), "{text}");
     let analysis = ttrace::correlate::analyze(TraceReader::open(&out).unwrap()).unwrap();
     assert!(analysis.truncated && analysis.ops > 0);
+}
+
+/// Ids of the BPF programs or links (`kind`) process `pid` holds open, from
+/// its fdinfo (this bpftool does not report owning pids).
+fn bpf_objects_of(kind: &str, pid: u32) -> Vec<u64> {
+    let key = format!("{kind}_id:");
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
+    let mut ids: Vec<u64> = dir
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix(&key))
+                .filter_map(|v| v.trim().parse().ok())
+                .collect::<Vec<u64>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn bpf_ids(kind: &str) -> Vec<u64> {
+    bpftool_json(kind).into_iter().filter_map(|o| o["id"].as_u64()).collect()
+}
+
+fn bpftool_json(kind: &str) -> Vec<serde_json::Value> {
+    let out = Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (installed by set-up)");
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
 }
 
 /// The one child process of `pid` (ttrace run's target).

@@ -20,6 +20,11 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     }
     let spec = SessionSpec {
         output: args.common.output.clone(),
+        models: args.common.model.clone(),
+        io: !args.common.no_io,
+        drop_caches: false,
+        mem_limit: None,
+        cgroup: None,
         all_threads: args.common.all_threads,
         libs: args.common.lib.clone(),
         duration: args.duration.map(Duration::from_secs_f64),

@@ -1,24 +1,48 @@
 //! `ttrace report FILE`: the summary a researcher reads first (`--json` for
-//! scripts: per-ubatch phases, token ids and weight tensors read).
+//! scripts: the analysis — per-ubatch phases, token ids and weight tensors
+//! read — plus `stats`: per token, phase, layer, component and tensor;
+//! `--html` for a page to look at).
 
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use serde::Serialize;
 
 use super::summary;
 use crate::{
     cli::ReportArgs,
     correlate,
+    export::{self, stats::Stats},
     record::{TraceReader, WriterStats},
 };
 
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    analysis: &'a correlate::Analysis,
+    stats: &'a Stats,
+}
+
 pub fn run(args: ReportArgs) -> Result<()> {
     let analysis = analyze(&args.file)?;
+    let progress = export::progress_bar(export::walk::event_total(&analysis), "summarising");
+    let stats = export::stats::collect(&args.file, &analysis, &progress)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    progress.finish_and_clear();
+    let path = args.file.display().to_string();
+    let text = summary::render(&analysis, &path, None);
+    if let Some(html) = &args.html {
+        let mut pairs = summary::pairs(&text);
+        pairs.push(("details".into(), summary::render_details(&analysis, &stats)));
+        export::html::write(&analysis, &stats, &pairs, html)
+            .with_context(|| format!("writing the HTML report {}", html.display()))?;
+        eprintln!("ttrace: wrote {}", html.display());
+    }
     if args.json {
-        serde_json::to_writer_pretty(std::io::stdout().lock(), &analysis)?;
+        serde_json::to_writer_pretty(std::io::stdout().lock(), &Report { analysis: &analysis, stats: &stats })?;
         println!();
     } else {
-        print!("{}", summary::render(&analysis, &args.file.display().to_string(), None));
+        print!("{text}{}", summary::render_details(&analysis, &stats));
     }
     Ok(())
 }

@@ -20,8 +20,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let user = UserSpec::for_run(args.user.as_deref())?;
     let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
     let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new() })?;
+    let mut models = args.common.model.clone();
+    models.extend(models_in_command(&args.command));
     let spec = SessionSpec {
         output: args.common.output.clone(),
+        models,
+        io: !args.common.no_io,
+        drop_caches: args.drop_caches,
+        mem_limit: None,
+        cgroup: None,
         all_threads: args.common.all_threads,
         libs: args.common.lib.clone(),
         duration: None,
@@ -40,5 +47,53 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         _ => Ok(()),
+    }
+}
+
+/// GGUF files named by the command's `-m PATH`, `--model PATH` or
+/// `--model=PATH` (llama.cpp's tools), so their load-time reads are watched.
+fn models_in_command(argv: &[String]) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut args = argv.iter().skip(1);
+    while let Some(arg) = args.next() {
+        let value = match arg.as_str() {
+            "-m" | "--model" => args.next().cloned(),
+            other => other.strip_prefix("--model=").map(str::to_string),
+        };
+        if let Some(path) = value.map(std::path::PathBuf::from)
+            && is_gguf(&path)
+        {
+            out.push(path);
+        }
+    }
+    out
+}
+
+fn is_gguf(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_models_in_llama_command_lines() {
+        let dir = std::env::temp_dir().join(format!("ttrace-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let gguf = dir.join("m.gguf");
+        std::fs::write(&gguf, b"GGUF\x03\0\0\0").unwrap();
+        let text = dir.join("prompt.txt");
+        std::fs::write(&text, b"hello").unwrap();
+        let g = gguf.display().to_string();
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(models_in_command(&argv(&["llama-completion", "-m", &g, "-p", "hi"])), vec![gguf.clone()]);
+        assert_eq!(models_in_command(&argv(&["x", &format!("--model={g}")])), vec![gguf.clone()]);
+        // Not a GGUF, a missing file, and `-m` as the program name are ignored.
+        assert!(models_in_command(&argv(&["x", "-m", &text.display().to_string(), "--model", "/nope"])).is_empty());
+        assert!(models_in_command(&argv(&["-m", &g])).is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

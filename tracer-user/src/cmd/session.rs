@@ -20,18 +20,18 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::{markers, programs};
+use tracer_common::{hooks, markers, programs};
 
 use crate::{
     collect::{EventStream, spawn_logger},
     events::Event,
     load::{LoadOptions, Tracer},
     record::{
-        Header, Lost, TraceWriter, Trailer, WriterStats,
+        Header, Hooks, Lost, TraceWriter, Trailer, WriterStats,
         format::{FORMAT_VERSION, Library, Options},
         recorder::{Recorder, Resolver},
     },
-    target::{self, HeldChild, HookLibs, RunningChild, UserSpec},
+    target::{self, HeldChild, HookLibs, OpNames, RunningChild, UserSpec},
 };
 
 /// What to trace.
@@ -44,6 +44,14 @@ pub enum Target {
 
 pub struct SessionSpec {
     pub output: PathBuf,
+    /// Model files watched from the start (page cache, block I/O).
+    pub models: Vec<PathBuf>,
+    /// Record page faults, page-cache fills and block requests.
+    pub io: bool,
+    /// Recorded in the header: the experiment's conditions.
+    pub drop_caches: bool,
+    pub mem_limit: Option<u64>,
+    pub cgroup: Option<String>,
     pub all_threads: bool,
     /// `--lib` overrides: searched first for hook symbols.
     pub libs: Vec<PathBuf>,
@@ -64,14 +72,15 @@ pub struct Outcome {
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-const HOOKS: [(&str, &str, u64); 7] = [
+const HOOKS: [(&str, &str, u64); 8] = [
     ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
     ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP_FUSED, 0),
-    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, 0),
+    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
 ];
 
 /// How often the trace is flushed (so a SIGKILLed tracer leaves a readable
@@ -108,7 +117,9 @@ impl Attached {
                 }
             };
             let offset = HOOKS.iter().position(|h| h.0 == symbol).and_then(|k| offsets[i].1[k]);
+            let t = Instant::now();
             tracer.attach_uprobe_at(program, path, symbol, offset, Some(self.pid), cookie)?;
+            log::debug!("uprobe {program} on {symbol} attached in {:?}", t.elapsed());
             added += 1;
             self.has_ops |= program == programs::GGML_OP;
             let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
@@ -132,8 +143,10 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
         Target::Run { child, argv } => (child.pid(), "run", argv.clone()),
         Target::Attach { pid } => (*pid, "attach", proc_cmdline(*pid)),
     };
+    let started = Instant::now();
     let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
     tracer.add_target(pid)?;
+    log::info!("eBPF object loaded in {:?}", started.elapsed());
 
     // Hooks known before the target runs: --lib, then the program's own
     // libraries (run) or what it has mapped (attach).
@@ -153,11 +166,34 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     if let Target::Attach { pid } = target {
         libs.require(target::HookSource::Pid(pid))?;
     }
-    let mut attached = Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false };
-    let mut recorder = None;
-    if libs.cpu.is_some() {
-        recorder = Some(start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command)?);
+
+    // Models known up front are watched before the target maps them, so
+    // load-time reads (llama.cpp's MAP_POPULATE prefetch) are seen.
+    let mut resolver = Resolver::new(pid);
+    for model in &spec.models {
+        resolver.add_model(model).with_context(|| format!("reading model {}", model.display()))?;
     }
+    resolver.refresh();
+    if spec.io {
+        tracer.attach_page_faults()?;
+        tracer.attach_io()?;
+    }
+    log::info!("I/O tracepoints attached {:?} after start", started.elapsed());
+    let names = match libs.path_of("ggml_op_name") {
+        Some(base) => Some(target::op_names(base)?),
+        None => None,
+    };
+    let header = header(spec, pid, mode, &command, names.as_ref());
+    let mut session = Session {
+        attached: Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false },
+        recorder: Recorder { writer: create_trace(spec, &header)?, resolver },
+        spec,
+    };
+    if libs.cpu.is_some() {
+        session.start_ops(&mut tracer, &libs, names.as_ref(), false)?;
+    }
+    session.sync_watches(&mut tracer)?;
+    log::info!("probes attached {:?} after start", started.elapsed());
 
     let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
     let mut stream = EventStream::new(tracer.take_events()?)?;
@@ -191,32 +227,18 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
                 break "interrupted (target killed after 10 s)".to_string();
             }
             _ = tick.tick() => {
-                if !attached.has_ops {
-                    // dlopen'ed libraries (the Python client) appear in the maps later.
-                    if let Ok(files) = target::mapped_files(pid) {
-                        let mut all = spec.libs.clone();
-                        all.extend(files);
-                        let libs = target::classify(&all);
-                        if libs.cpu.is_some() {
-                            // The child is ours: hold it still while probing, so no
-                            // decode runs half-instrumented.
-                            let held = child.as_ref().is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
-                            let started = start_recording(&mut tracer, &mut attached, &libs, spec, pid, mode, &command);
-                            if held && let Some(c) = &child {
-                                c.signal(libc::SIGCONT)?;
-                            }
-                            recorder = Some(started?);
-                        }
-                    }
+                if !session.attached.has_ops {
+                    session.find_late_hooks(&mut tracer, child.as_ref())?;
                 }
+                session.sync_watches(&mut tracer)?;
                 if last_flush.elapsed() >= FLUSH_EVERY {
-                    if let Some(r) = recorder.as_mut() { r.writer.flush()?; }
+                    session.recorder.writer.flush()?;
                     last_flush = Instant::now();
                 }
             }
             ready = stream.readable() => {
                 ready?;
-                stream.drain_now(&mut |event: Event| record(&mut recorder, &event, &mut write_error));
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
             }
         }
         if let Some(e) = write_error.take() {
@@ -224,7 +246,7 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
         }
     };
     // Everything submitted before the stop is still in the ring.
-    stream.drain_now(&mut |event: Event| record(&mut recorder, &event, &mut write_error));
+    stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
     if let Some(e) = write_error.take() {
         return Err(e).with_context(|| format!("writing {}", spec.output.display()));
     }
@@ -232,14 +254,18 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
         Some(c) => Some(c.wait()?),
         None => None,
     };
-    let l = tracer.lost()?;
-    let lost = Lost { call: l.call, page_fault: l.page_fault, op: l.op };
-    let Some(mut recorder) = recorder else {
+    if !session.attached.has_ops && spec.models.is_empty() {
+        drop(session);
+        let _ = std::fs::remove_file(&spec.output);
         bail!(
             "pid {pid} never loaded a ggml CPU library (no mapped file defines ggml_cpu_extra_compute_forward); \
              nothing was traced. If it loads ggml from an unusual place, pass it with --lib PATH"
         );
-    };
+    }
+    let l = tracer.lost()?;
+    let lost = Lost { call: l.call, page_fault: l.page_fault, op: l.op, page_cache: l.page_cache, block: l.block };
+    let mut recorder = session.recorder;
+    recorder.flush_models()?;
     recorder.writer.lost(lost)?;
     let trailer = Trailer {
         stop_reason: stop_reason.clone(),
@@ -252,6 +278,70 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
     file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
     Ok(Outcome { stop_reason, exit, stats, lost })
+}
+
+struct Session<'a> {
+    attached: Attached,
+    recorder: Recorder<BufWriter<File>>,
+    spec: &'a SessionSpec,
+}
+
+impl Session<'_> {
+    /// Configure and attach the op probes; a HOOKS frame announces hooks
+    /// found after the header was written.
+    fn start_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>, late: bool) -> Result<()> {
+        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
+        tracer.configure(self.spec.all_threads, get_rows)?;
+        let before = self.attached.libraries.len();
+        self.attached.attach(tracer, libs)?;
+        if late {
+            let hooks = Hooks {
+                libraries: self.attached.libraries[before..].to_vec(),
+                op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
+                unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
+                glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
+            };
+            self.recorder.writer.hooks(&hooks)?;
+        }
+        Ok(())
+    }
+
+    /// dlopen'ed libraries (the Python client) appear in the maps later. The
+    /// child is ours: hold it still while probing, so no decode runs
+    /// half-instrumented.
+    fn find_late_hooks(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
+        let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
+        let mut all = self.spec.libs.clone();
+        all.extend(files);
+        let libs = target::classify(&all);
+        if libs.cpu.is_none() {
+            return Ok(());
+        }
+        let names = match libs.path_of("ggml_op_name") {
+            Some(base) => Some(target::op_names(base)?),
+            None => None,
+        };
+        let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
+        let started = self.start_ops(tracer, &libs, names.as_ref(), true);
+        if held && let Some(c) = child {
+            c.signal(libc::SIGCONT)?;
+        }
+        started
+    }
+
+    /// Hand model files found since the last call to the kernel's filters.
+    fn sync_watches(&mut self, tracer: &mut Tracer) -> Result<()> {
+        if !self.spec.io {
+            return Ok(());
+        }
+        for watched in self.recorder.resolver.take_new_watched() {
+            tracer.watch_file(watched.key)?;
+            if let Some(dev) = watched.disk_dev {
+                tracer.watch_block_device(dev)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// First signal: `run` forwards it and waits for the child; `attach` detaches.
@@ -274,33 +364,16 @@ fn on_signal(
     }
 }
 
-fn record(recorder: &mut Option<Recorder<BufWriter<File>>>, event: &Event, error: &mut Option<std::io::Error>) {
-    if let Some(r) = recorder.as_mut()
-        && error.is_none()
-        && let Err(e) = r.record(event)
+fn record(recorder: &mut Recorder<BufWriter<File>>, event: &Event, error: &mut Option<std::io::Error>) {
+    if error.is_none()
+        && let Err(e) = recorder.record(event)
     {
         *error = Some(e);
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start_recording(
-    tracer: &mut Tracer,
-    attached: &mut Attached,
-    libs: &HookLibs,
-    spec: &SessionSpec,
-    pid: u32,
-    mode: &str,
-    command: &[String],
-) -> Result<Recorder<BufWriter<File>>> {
-    let names = match libs.path_of("ggml_op_name") {
-        Some(base) => Some(target::op_names(base)?),
-        None => None,
-    };
-    let get_rows = names.as_ref().and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-    tracer.configure(spec.all_threads, get_rows)?;
-    attached.attach(tracer, libs)?;
-    let header = Header {
+fn header(spec: &SessionSpec, pid: u32, mode: &str, command: &[String], names: Option<&OpNames>) -> Header {
+    Header {
         format_version: FORMAT_VERSION,
         ttrace_version: env!("CARGO_PKG_VERSION").to_string(),
         mode: mode.to_string(),
@@ -312,23 +385,30 @@ fn start_recording(
         start_monotonic_ns: monotonic_ns(),
         kernel: kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        libraries: attached.libraries.clone(),
+        libraries: Vec::new(),
         llama_commit: None,
-        op_names: names.as_ref().map(|n| n.ops.clone()).unwrap_or_default(),
-        unary_op_names: names.as_ref().map(|n| n.unary.clone()).unwrap_or_default(),
-        glu_op_names: names.as_ref().map(|n| n.glu.clone()).unwrap_or_default(),
-        options: Options { all_threads: spec.all_threads, ring_bytes: spec.ring_bytes },
+        op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
+        unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
+        glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
+        options: Options {
+            all_threads: spec.all_threads,
+            ring_bytes: spec.ring_bytes,
+            io: spec.io,
+            drop_caches: spec.drop_caches,
+            mem_limit: spec.mem_limit,
+            cgroup: spec.cgroup.clone(),
+        },
         maps: std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
-    };
+    }
+}
+
+fn create_trace(spec: &SessionSpec, header: &Header) -> Result<TraceWriter<BufWriter<File>>> {
     let file = File::create(&spec.output).with_context(|| format!("creating trace file {}", spec.output.display()))?;
     if let Some(owner) = &spec.owner {
         std::os::unix::fs::chown(&spec.output, Some(owner.uid), Some(owner.gid))
             .with_context(|| format!("giving {} to user {}", spec.output.display(), owner.name))?;
     }
-    let writer = TraceWriter::create(BufWriter::with_capacity(1 << 20, file), &header)?;
-    let mut resolver = Resolver::new(pid);
-    resolver.refresh();
-    Ok(Recorder { writer, resolver })
+    Ok(TraceWriter::create(BufWriter::with_capacity(1 << 20, file), header)?)
 }
 
 /// A pidfd, readable once `pid` has exited.

@@ -5,6 +5,7 @@ use std::{collections::BTreeSet, fmt::Write as _};
 
 use crate::{
     correlate::{Analysis, Phase},
+    export::stats::Stats,
     record::WriterStats,
 };
 
@@ -99,4 +100,110 @@ pub fn human_bytes(n: u64) -> String {
         unit += 1;
     }
     if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+/// The summary's `key   value` lines as pairs (for the HTML table).
+pub fn pairs(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(|line| {
+            let line = line.trim_start();
+            match line.find("  ") {
+                Some(i) => (line[..i].to_string(), line[i..].trim().to_string()),
+                None => (String::new(), line.to_string()),
+            }
+        })
+        .collect()
+}
+
+/// `ttrace report`'s sections after the summary: phases, per generated
+/// token, per layer and component, hot and cold weights.
+pub fn render_details(a: &Analysis, s: &Stats) -> String {
+    let mut out = String::new();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let _ = writeln!(out, "\nphases         ubatches  tokens      time       ops  weight bytes   faults");
+    for p in &s.phases {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>8} {:>7} {:>9.2} ms {:>9} {:>13} {:>8}",
+            p.phase,
+            p.ubatches,
+            p.tokens,
+            ms(p.duration_ns),
+            p.ops,
+            human_bytes(p.weight_bytes),
+            p.faults
+        );
+    }
+    let generate: Vec<_> = s.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).collect();
+    if !generate.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nper generated token   id      time     ops  weight bytes  tensors  file/copy accesses  faults (model)  disk"
+        );
+        const SHOWN: usize = 40;
+        for u in generate.iter().take(SHOWN) {
+            let _ = writeln!(
+                out,
+                "  token {:<6} {:>9} {:>7.2} ms {:>7} {:>12}{} {:>8} {:>9}/{:<9} {:>6} ({:>5})  n/a",
+                u.token_index.unwrap_or(0),
+                u.token_ids.first().map_or_else(|| "-".to_string(), |t| t.to_string()),
+                ms(u.duration_ns),
+                u.ops,
+                human_bytes(u.weight_bytes),
+                if u.upper_bound { "*" } else { " " },
+                u.weight_tensors,
+                u.file_backed_accesses,
+                u.copy_accesses,
+                u.faults,
+                u.model_faults
+            );
+        }
+        if generate.len() > SHOWN {
+            let _ = writeln!(out, "  … {} more tokens (`--json` has all)", generate.len() - SHOWN);
+        }
+    }
+    let _ = writeln!(out, "\nper layer       tensors        size   bytes/token");
+    for l in &s.layers {
+        let key = if l.key == "-" { "non-layer".to_string() } else { format!("layer {}", l.key) };
+        let _ = writeln!(
+            out,
+            "  {key:<12} {:>8} {:>11} {:>12}{}",
+            l.tensors,
+            human_bytes(l.size_bytes),
+            human_bytes(l.bytes_per_token as u64),
+            if l.upper_bound { "*" } else { "" }
+        );
+    }
+    let _ = writeln!(out, "\nper component   tensors        size   bytes/token");
+    for c in s.components.iter().filter(|c| c.tensors > 0) {
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>6} {:>11} {:>12}{}",
+            c.key,
+            c.tensors,
+            human_bytes(c.size_bytes),
+            human_bytes(c.bytes_per_token as u64),
+            if c.upper_bound { "*" } else { "" }
+        );
+    }
+    let n_gen = generate.len() as u64;
+    let mut hot: Vec<_> = s.tensors.iter().collect();
+    hot.sort_by_key(|t| (std::cmp::Reverse(t.tokens_touched), std::cmp::Reverse(t.size_bytes)));
+    let _ = writeln!(out, "\nhot weights (tokens of {n_gen} that read them)    size   faults");
+    for t in hot.iter().take(10) {
+        let _ =
+            writeln!(out, "  {:<36} {:>5} {:>10} {:>8}", t.name, t.tokens_touched, human_bytes(t.size_bytes), t.faults);
+    }
+    let cold: Vec<_> = hot.iter().rev().filter(|t| t.tokens_touched < n_gen).take(10).collect();
+    let never = s.tensors.iter().filter(|t| t.ubatches_touched == 0).count();
+    let _ = writeln!(out, "\ncold weights ({never} never read by any graph)");
+    for t in cold {
+        let _ =
+            writeln!(out, "  {:<36} {:>5} {:>10} {:>8}", t.name, t.tokens_touched, human_bytes(t.size_bytes), t.faults);
+    }
+    for note in &s.notes {
+        let _ = writeln!(out, "\nnote: {note}{}", if note.starts_with("MoE") { " (marked *)" } else { "" });
+    }
+    let _ = a;
+    out
 }

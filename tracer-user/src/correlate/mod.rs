@@ -9,6 +9,8 @@
 //! GET_ROWS that reads the token-embedding weight, whose index source holds
 //! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
 
+pub mod io;
+
 use std::{collections::BTreeMap, io::Read};
 
 use serde::Serialize;
@@ -47,6 +49,11 @@ pub struct Ubatch {
     pub token_ids: Vec<i32>,
     pub phase: Phase,
     pub ops: u64,
+    /// Model-file bytes read from disk while this graph ran, and its faults.
+    pub disk_bytes: u64,
+    pub disk_requests: u64,
+    pub faults_major: u64,
+    pub faults_minor: u64,
     /// `(model, tensor)` of each weight read.
     #[serde(serialize_with = "weights_as_list")]
     pub weights: BTreeMap<(u32, u32), WeightUse>,
@@ -88,6 +95,8 @@ pub struct Analysis {
     pub prompt_tokens: u64,
     pub generate_runs: u64,
     pub warmup_decodes: u64,
+    /// Page faults, page-cache fills and disk reads of the model files.
+    pub io: io::IoAnalysis,
 }
 
 impl Analysis {
@@ -114,7 +123,9 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     let mut decodes_before_reset = 0usize;
     // Per thread: the op still running (its name and start).
     let mut running: BTreeMap<u32, (String, u64)> = BTreeMap::new();
-    let get_rows = a.header.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
+    let mut io = io::IoCorrelator::default();
+    // Op names may arrive late (a HOOKS frame, for dlopen'ed libraries).
+    let get_rows = |h: &Header| h.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
     while let Some(record) = reader.next_record()? {
         let ts = match &record {
             Record::Op(op) => Some(op.ts_ns),
@@ -143,6 +154,10 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                         token_ids: Vec::new(),
                         phase: Phase::Aux,
                         ops: 0,
+                        disk_bytes: 0,
+                        disk_requests: 0,
+                        faults_major: 0,
+                        faults_minor: 0,
                         weights: BTreeMap::new(),
                     });
                     current = Some(index as usize);
@@ -175,26 +190,51 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             },
             Record::Op(op) => {
                 a.ops += 1;
-                let name = op_name(&a.header, reader.descriptor(op.dst).op);
+                io.on_op(op.tid);
+                let name = op_name(reader.header(), reader.descriptor(op.dst).op);
                 *a.op_counts.entry(name.clone()).or_default() += 1;
                 if let Some((prev, start)) = running.insert(op.tid, (name, op.ts_ns)) {
                     *a.op_time_ns.entry(prev).or_default() += op.ts_ns.saturating_sub(start);
                 }
                 match current {
-                    Some(u) => account_op(&mut a.ubatches[u], &op, &reader, get_rows),
+                    Some(u) => account_op(&mut a.ubatches[u], &op, &reader, get_rows(reader.header())),
                     None => a.ops_outside_ubatches += 1,
                 }
             }
-            Record::Fault(_) => a.faults += 1,
+            Record::Fault(fault) => {
+                a.faults += 1;
+                io.on_fault(&fault, when(current, &a.ubatches));
+            }
+            Record::PageCache(event) => io.on_page_cache(&event),
+            Record::Block(event) => {
+                io.on_block(&event, when(current, &a.ubatches));
+            }
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
-            Record::Model(_) => {}
+            Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
         }
     }
+    a.header = reader.header().clone();
     a.truncated = reader.truncated;
+    a.io = io.finish();
+    for u in &mut a.ubatches {
+        if let Some(w) = a.io.by_when.get(&format!("ubatch {}", u.index)) {
+            (u.disk_bytes, u.disk_requests) = (w.disk.bytes, w.disk.requests);
+            (u.faults_major, u.faults_minor) = (w.faults_major, w.faults_minor);
+        }
+    }
     a.models = reader.models().to_vec();
     assign_phases(&mut a, decodes_before_reset);
     Ok(a)
+}
+
+/// When an I/O event happened relative to the ubatch graphs.
+pub fn when(current: Option<usize>, ubatches: &[Ubatch]) -> io::When {
+    match current {
+        Some(u) => io::When::Ubatch(u as u32),
+        None if ubatches.is_empty() => io::When::Load,
+        None => io::When::Between,
+    }
 }
 
 fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>, get_rows: Option<i32>) {

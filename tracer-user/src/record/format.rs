@@ -35,6 +35,22 @@ pub mod kind {
     pub const LOST: u8 = 8;
     /// JSON [`super::Trailer`]: the trace ended cleanly.
     pub const END: u8 = 9;
+    /// A page-cache event on a model file.
+    pub const PAGE_CACHE: u8 = 10;
+    /// A block request (issue or complete) overlapping a model file.
+    pub const BLOCK: u8 = 11;
+    /// JSON [`super::Hooks`]: libraries probed after the header was written
+    /// (dlopen), with their op-name tables; readers merge it into the header.
+    pub const HOOKS: u8 = 12;
+}
+
+/// Late-found hooks (see `kind::HOOKS`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Hooks {
+    pub libraries: Vec<Library>,
+    pub op_names: Vec<String>,
+    pub unary_op_names: Vec<String>,
+    pub glu_op_names: Vec<String>,
 }
 
 /// Run metadata, written before any event.
@@ -76,6 +92,17 @@ pub struct Library {
 pub struct Options {
     pub all_threads: bool,
     pub ring_bytes: u32,
+    /// Page faults, page-cache fills and block requests recorded.
+    #[serde(default)]
+    pub io: bool,
+    /// The page cache was dropped before the run (cold cache).
+    #[serde(default)]
+    pub drop_caches: bool,
+    /// Memory limit of the target's cgroup, bytes, and the cgroup version.
+    #[serde(default)]
+    pub mem_limit: Option<u64>,
+    #[serde(default)]
+    pub cgroup: Option<String>,
 }
 
 /// Where a tensor's data lives.
@@ -131,10 +158,40 @@ pub struct ModelTensor {
     pub expert_bytes: Option<u64>,
 }
 
+/// Where a model file lives on disk, for turning block sectors into file
+/// offsets and page-cache events into files.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// Superblock dev_t in kernel encoding (`major << 20 | minor`), as
+    /// page-cache tracepoints report it.
+    pub dev: u32,
+    pub ino: u64,
+    pub size: u64,
+    /// The whole disk holding it, kernel encoding, as block tracepoints report it.
+    pub disk_dev: Option<u32>,
+    pub disk_name: Option<String>,
+    /// Sector of the partition's start on the whole disk.
+    pub partition_start_sector: u64,
+    /// FIEMAP extents; empty when the filesystem has none (tmpfs).
+    pub extents: Vec<FileExtent>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileExtent {
+    /// Byte offset in the file.
+    pub logical: u64,
+    /// Byte offset in the partition.
+    pub physical: u64,
+    pub length: u64,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelTable {
     /// The model's files (one, or every shard of a split model).
     pub files: Vec<String>,
+    /// Per file, same order as `files`.
+    #[serde(default)]
+    pub file_info: Vec<FileInfo>,
     pub architecture: Option<String>,
     pub tensors: Vec<ModelTensor>,
 }
@@ -144,12 +201,22 @@ pub struct Lost {
     pub call: u64,
     pub page_fault: u64,
     pub op: u64,
+    pub page_cache: u64,
+    pub block: u64,
 }
 
 impl Lost {
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op
+        self.call + self.page_fault + self.op + self.page_cache + self.block
     }
+}
+
+/// A byte of a model file: model index, file index in it, offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FilePos {
+    pub model: u32,
+    pub file: u32,
+    pub offset: u64,
 }
 
 /// Written last; its absence means the trace was cut short.

@@ -5,8 +5,10 @@ pub mod reader;
 pub mod recorder;
 pub mod writer;
 
-pub use format::{Descriptor, Header, Lost, Memory, ModelTable, ModelTensor, Trailer};
-pub use reader::{Op, Record, TraceError, TraceReader};
+pub use format::{
+    Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, ModelTable, ModelTensor, Trailer,
+};
+pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterStats};
 
 #[cfg(test)]

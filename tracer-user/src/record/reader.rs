@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     codec::{CodecError, Cursor},
-    format::{Descriptor, FORMAT_VERSION, Header, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    format::{Descriptor, FORMAT_VERSION, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +59,40 @@ pub struct Fault {
     pub address: u64,
     pub ip: u64,
     pub error_code: u64,
+    /// The model-file byte the address maps, when it is in a model mapping.
+    pub file: Option<FilePos>,
+    pub memory: Memory,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PageCache {
+    pub ts_ns: u64,
+    pub tid: u32,
+    /// `tracer_common::page_cache::{ADD, FAULT}`.
+    pub kind: u32,
+    pub dev: u32,
+    pub ino: u64,
+    /// Page index (file offset / 4096) and folio order.
+    pub index: u64,
+    pub order: u32,
+    /// `(model, file)` from the MODEL frames' (dev, ino).
+    pub file: Option<(u32, u32)>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    pub cpu: u32,
+    /// `tracer_common::block::{ISSUE, COMPLETE}`.
+    pub kind: u32,
+    pub dev: u32,
+    pub sector: u64,
+    pub nr_sector: u32,
+    pub error: i32,
+    pub rwbs: String,
+    pub comm: String,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +100,8 @@ pub enum Record {
     Op(Op),
     Marker(Marker),
     Fault(Fault),
+    PageCache(PageCache),
+    Block(Block),
     /// A model table was defined; its index in [`TraceReader::models`].
     Model(u32),
     Lost(Lost),
@@ -80,6 +116,7 @@ pub struct TraceReader<R: Read> {
     threads: Vec<u32>,
     descriptors: Vec<Descriptor>,
     models: Vec<ModelTable>,
+    files: std::collections::HashMap<(u32, u64), (u32, u32)>,
     last_ts: u64,
     payload: Vec<u8>,
     /// The file ended inside a frame, or without an END frame.
@@ -132,6 +169,7 @@ impl<R: Read> TraceReader<R> {
             threads: Vec::new(),
             descriptors: Vec::new(),
             models: Vec::new(),
+            files: std::collections::HashMap::new(),
             payload: Vec::new(),
             truncated: false,
             ended: false,
@@ -266,16 +304,71 @@ impl<R: Read> TraceReader<R> {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (address, ip, error_code) = (c.u64().map_err(e)?, c.u64().map_err(e)?, c.u64().map_err(e)?);
-                Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code })))
+                let file = match c.u64().map_err(e)? {
+                    0 => None,
+                    _ => Some(FilePos {
+                        model: c.u32().map_err(e)?,
+                        file: c.u32().map_err(e)?,
+                        offset: c.u64().map_err(e)?,
+                    }),
+                };
+                let memory = parse_memory(&mut c).map_err(e)??;
+                Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code, file, memory })))
+            }
+            kind::PAGE_CACHE => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let (kind, dev, ino) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u64().map_err(e)?);
+                let (index, order) = (c.u64().map_err(e)?, c.u32().map_err(e)?);
+                let file = self.files.get(&(dev, ino)).copied();
+                Ok(Some(Record::PageCache(PageCache { ts_ns, tid, kind, dev, ino, index, order, file })))
+            }
+            kind::BLOCK => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let (tgid, cpu, kind, dev) =
+                    (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
+                let (sector, nr_sector, error) = (c.u64().map_err(e)?, c.u32().map_err(e)?, c.i32().map_err(e)?);
+                let rwbs = self.string(c.u32().map_err(e)?)?;
+                let comm = self.string(c.u32().map_err(e)?)?;
+                Ok(Some(Record::Block(Block {
+                    ts_ns,
+                    tid,
+                    tgid,
+                    cpu,
+                    kind,
+                    dev,
+                    sector,
+                    nr_sector,
+                    error,
+                    rwbs,
+                    comm,
+                })))
             }
             kind::MODEL => {
                 let table: ModelTable = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
+                let model = self.models.len() as u32;
+                for (file, info) in table.file_info.iter().enumerate() {
+                    self.files.insert((info.dev, info.ino), (model, file as u32));
+                }
                 self.models.push(table);
-                Ok(Some(Record::Model(self.models.len() as u32 - 1)))
+                Ok(Some(Record::Model(model)))
             }
             kind::LOST => {
-                let lost = Lost { call: c.u64().map_err(e)?, page_fault: c.u64().map_err(e)?, op: c.u64().map_err(e)? };
+                let mut next = || c.u64().map_err(e);
+                let lost =
+                    Lost { call: next()?, page_fault: next()?, op: next()?, page_cache: next()?, block: next()? };
                 Ok(Some(Record::Lost(lost)))
+            }
+            kind::HOOKS => {
+                let hooks: Hooks = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
+                self.header.libraries.extend(hooks.libraries);
+                if self.header.op_names.is_empty() {
+                    self.header.op_names = hooks.op_names;
+                    self.header.unary_op_names = hooks.unary_op_names;
+                    self.header.glu_op_names = hooks.glu_op_names;
+                }
+                Ok(None)
             }
             kind::END => {
                 let trailer: Trailer = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
@@ -296,6 +389,10 @@ impl<R: Read> TraceReader<R> {
         self.threads.get(index as usize).copied().ok_or_else(|| format!("thread index {index} not defined"))
     }
 
+    fn string(&self, id: u32) -> Result<String, String> {
+        self.strings.get(id as usize).cloned().ok_or_else(|| format!("string {id} not defined"))
+    }
+
     fn check_descriptor(&self, id: u32) -> Result<(), String> {
         if (id as usize) < self.descriptors.len() { Ok(()) } else { Err(format!("tensor descriptor {id} not defined")) }
     }
@@ -310,19 +407,9 @@ impl<R: Read> TraceReader<R> {
         let ne = [c.i64()?, c.i64()?, c.i64()?, c.i64()?];
         let nb = [c.u64()?, c.u64()?, c.u64()?, c.u64()?];
         let (data, view_src, view_offs, has_extra) = (c.u64()?, c.u64()?, c.u64()?, c.u64()? != 0);
-        let memory = match c.rest() {
-            [0, rest @ ..] => {
-                let mut r = Cursor::new(rest);
-                Memory::ModelFile { model: r.u32()?, tensor: r.u32()?, offset: r.u64()? }
-            }
-            [1, rest @ ..] => {
-                let mut r = Cursor::new(rest);
-                Memory::Copy { model: r.u32()?, tensor: r.u32()? }
-            }
-            [2] => Memory::Anon,
-            [3] => Memory::OtherFile,
-            [4] => Memory::Unmapped,
-            other => return Ok(Err(format!("memory class bytes {other:?}"))),
+        let memory = match parse_memory(c)? {
+            Ok(memory) => memory,
+            Err(e) => return Ok(Err(e)),
         };
         Ok(Ok(Descriptor {
             tensor,
@@ -340,6 +427,19 @@ impl<R: Read> TraceReader<R> {
             memory,
         }))
     }
+}
+
+/// The memory class as the writer's `put_memory` encodes it (tags < 128 are
+/// one-byte varints).
+fn parse_memory(c: &mut Cursor) -> Result<Result<Memory, String>, CodecError> {
+    Ok(Ok(match c.u64()? {
+        0 => Memory::ModelFile { model: c.u32()?, tensor: c.u32()?, offset: c.u64()? },
+        1 => Memory::Copy { model: c.u32()?, tensor: c.u32()? },
+        2 => Memory::Anon,
+        3 => Memory::OtherFile,
+        4 => Memory::Unmapped,
+        tag => return Ok(Err(format!("memory class tag {tag}"))),
+    }))
 }
 
 /// `read_exact` that reports a clean end of file as `false`.

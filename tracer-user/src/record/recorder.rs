@@ -12,19 +12,34 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_common::TensorRecord;
+use tracer_common::{FileKey, TensorRecord};
 
 use super::{
-    format::{Memory, ModelTable, ModelTensor},
+    format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor},
     writer::TraceWriter,
 };
 use crate::{
     events::Event,
     resolve::{
-        AddressSpace, ModelMap, Resolution,
+        AddressSpace, FileExtents, ModelMap, Resolution,
         maps::{parse_maps, read_maps},
     },
 };
+
+/// A model file whose page-cache and block events are recorded.
+#[derive(Clone, Debug)]
+pub struct WatchedFile {
+    pub key: FileKey,
+    /// Whole disk holding it, kernel dev_t encoding.
+    pub disk_dev: Option<u32>,
+    /// Byte ranges on the whole disk: `(start, end)`, sorted.
+    disk_ranges: Vec<(u64, u64)>,
+}
+
+/// dev_t as the kernel's tracepoints print it (`MKDEV`: major << 20 | minor).
+pub fn kernel_dev(major: u32, minor: u32) -> u32 {
+    (major << 20) | (minor & 0xfffff)
+}
 
 /// Maps are re-read at most this often (a refresh costs a /proc read).
 const REFRESH_INTERVAL: Duration = Duration::from_millis(5);
@@ -37,7 +52,12 @@ pub struct Resolver {
     last_refresh: Option<Instant>,
     /// Model tables found since the last call to `take_new_models`.
     new_models: Vec<ModelTable>,
+    watched: Vec<WatchedFile>,
+    /// Watched files not yet handed to the kernel side.
+    new_watched: Vec<WatchedFile>,
     pub maps_errors: u64,
+    /// Block requests on watched devices outside every model file.
+    pub blocks_elsewhere: u64,
 }
 
 impl Resolver {
@@ -49,7 +69,67 @@ impl Resolver {
             checked_files: HashSet::new(),
             last_refresh: None,
             new_models: Vec::new(),
+            watched: Vec::new(),
+            new_watched: Vec::new(),
             maps_errors: 0,
+            blocks_elsewhere: 0,
+        }
+    }
+
+    /// Start from a model known before the target maps it (`ttrace run`
+    /// finds it on the command line), so its load-time reads are watched.
+    pub fn add_model(&mut self, path: &Path) -> Result<(), crate::resolve::GgufError> {
+        if !self.covers(path) {
+            let model = ModelMap::open(path)?;
+            self.push_model(model);
+        }
+        Ok(())
+    }
+
+    fn push_model(&mut self, model: ModelMap) {
+        let (table, watched) = model_table(&model);
+        self.new_models.push(table);
+        self.new_watched.extend(watched.iter().cloned());
+        self.watched.extend(watched);
+        // The address space picks the model up at the next refresh.
+        self.models.push(model);
+    }
+
+    /// Files the kernel side should start watching.
+    pub fn take_new_watched(&mut self) -> Vec<WatchedFile> {
+        std::mem::take(&mut self.new_watched)
+    }
+
+    /// Whether a block request's sectors touch a model file.
+    pub fn block_in_model(&self, dev: u32, sector: u64, nr_sector: u32) -> bool {
+        // Flushes carry sector u64::MAX: saturate rather than wrap.
+        let start = sector.saturating_mul(512);
+        let end = sector.saturating_add(u64::from(nr_sector)).saturating_mul(512);
+        self.watched.iter().filter(|w| w.disk_dev == Some(dev)).any(|w| {
+            let i = w.disk_ranges.partition_point(|&(_, e)| e <= start);
+            w.disk_ranges.get(i).is_some_and(|&(s, _)| s < end)
+        })
+    }
+
+    /// What a faulting address maps: the model-file byte, and the tensor.
+    pub fn resolve_fault(&mut self, address: u64) -> (Memory, Option<FilePos>) {
+        if matches!(self.space.resolve(address), Resolution::Unmapped)
+            && self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL)
+        {
+            self.refresh();
+        }
+        match self.space.resolve(address) {
+            Resolution::ModelFile { model, file, file_offset, tensor } => {
+                let memory = tensor.map_or(Memory::OtherFile, |t| Memory::ModelFile {
+                    model,
+                    tensor: t.tensor,
+                    offset: t.offset_in_tensor,
+                });
+                (memory, Some(FilePos { model, file, offset: file_offset }))
+            }
+            Resolution::Anon { .. } => (Memory::Anon, None),
+            Resolution::OtherFile { .. } => (Memory::OtherFile, None),
+            Resolution::Unmapped => (Memory::Unmapped, None),
         }
     }
 
@@ -72,10 +152,7 @@ impl Resolver {
         for vma in vmas.iter().filter(|v| v.is_file() && !v.deleted) {
             if self.checked_files.insert(vma.path.clone()) && is_gguf(&vma.path) && !self.covers(&vma.path) {
                 match ModelMap::open(&vma.path) {
-                    Ok(model) => {
-                        self.new_models.push(model_table(&model));
-                        self.models.push(model);
-                    }
+                    Ok(model) => self.push_model(model),
                     Err(e) => log::warn!("the target maps {}, but it does not read as GGUF: {e}", vma.path.display()),
                 }
             }
@@ -135,16 +212,35 @@ impl<W: Write> Recorder<W> {
         match event {
             Event::Op(op) => {
                 self.resolver.prepare(op);
-                // Models are defined before the first frame that refers to them.
-                for table in self.resolver.take_new_models() {
-                    self.writer.model(&table)?;
-                }
+                self.flush_models()?;
                 let resolver = &mut self.resolver;
                 self.writer.op(op, &mut |r| resolver.memory_of(r))
             }
             Event::Call(call) => self.writer.marker(call),
-            Event::PageFault(fault) => self.writer.fault(fault),
+            Event::PageFault(fault) => {
+                let (memory, file) = self.resolver.resolve_fault(fault.address);
+                self.flush_models()?;
+                self.writer.fault(fault, memory, file)
+            }
+            Event::PageCache(event) => self.writer.page_cache(event),
+            Event::Block(event) => {
+                if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
+                    self.writer.block(event)
+                } else {
+                    self.resolver.blocks_elsewhere += 1;
+                    Ok(())
+                }
+            }
         }
+    }
+
+    /// Write model tables found since the last frame (before any frame that
+    /// refers to them).
+    pub fn flush_models(&mut self) -> io::Result<()> {
+        for table in self.resolver.take_new_models() {
+            self.writer.model(&table)?;
+        }
+        Ok(())
     }
 }
 
@@ -158,9 +254,45 @@ fn is_gguf(path: &Path) -> bool {
     File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
 }
 
-pub fn model_table(model: &ModelMap) -> ModelTable {
-    ModelTable {
+/// The trace's view of a model: its tensor table, and per file where it
+/// lives on disk (FIEMAP needs root; without it the extents stay empty).
+pub fn model_table(model: &ModelMap) -> (ModelTable, Vec<WatchedFile>) {
+    let mut file_info = Vec::new();
+    let mut watched = Vec::new();
+    for f in model.files() {
+        let key = FileKey { dev: kernel_dev(libc::major(f.dev), libc::minor(f.dev)), _pad: 0, ino: f.ino };
+        let extents = FileExtents::read(&f.path)
+            .inspect_err(|e| {
+                log::warn!("no physical extents for {}: {e}; block reads cannot be attributed", f.path.display())
+            })
+            .ok();
+        let device = extents.as_ref().map(|x| &x.device);
+        let disk_dev = device.and_then(|d| Some(kernel_dev(d.disk_major?, d.disk_minor?)));
+        let partition_start = device.map_or(0, |d| d.partition_start_sector);
+        let list: Vec<FileExtent> = extents
+            .iter()
+            .flat_map(|x| &x.extents)
+            .map(|e| FileExtent { logical: e.logical, physical: e.physical, length: e.length })
+            .collect();
+        let mut disk_ranges: Vec<(u64, u64)> = list
+            .iter()
+            .map(|e| (partition_start * 512 + e.physical, partition_start * 512 + e.physical + e.length))
+            .collect();
+        disk_ranges.sort_unstable();
+        watched.push(WatchedFile { key, disk_dev, disk_ranges });
+        file_info.push(FileInfo {
+            dev: key.dev,
+            ino: f.ino,
+            size: f.size,
+            disk_dev,
+            disk_name: device.and_then(|d| d.disk.clone()),
+            partition_start_sector: partition_start,
+            extents: list,
+        });
+    }
+    let table = ModelTable {
         files: model.files().iter().map(|f| f.path.display().to_string()).collect(),
+        file_info,
         architecture: model.info().architecture,
         tensors: model
             .tensors()
@@ -177,5 +309,6 @@ pub fn model_table(model: &ModelMap) -> ModelTable {
                 expert_bytes: t.expert_bytes,
             })
             .collect(),
-    }
+    };
+    (table, watched)
 }

@@ -72,8 +72,9 @@ fn sample() -> Vec<u8> {
         ip: 0x1234,
         error_code: 4,
     };
-    w.fault(&fault).unwrap();
-    w.lost(Lost { call: 0, page_fault: 1, op: 2 }).unwrap();
+    let pos = FilePos { model: 0, file: 0, offset: 0x40 };
+    w.fault(&fault, Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 }, Some(pos)).unwrap();
+    w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0 }).unwrap();
     assert_eq!(w.stats.ops, 2);
     assert_eq!(w.stats.descriptors, 4, "the shared weight is defined once");
     w.finish(&Trailer { stop_reason: "target exited".into(), exit_code: Some(0), ..Default::default() }).unwrap()
@@ -109,7 +110,9 @@ fn round_trips_every_frame_kind() {
     let Record::Op(second) = &records[3] else { panic!() };
     assert_eq!((second.ts_ns, second.tid), (1_900, 8));
     assert_eq!(second.srcs[0].1, weight);
-    assert!(matches!(&records[4], Record::Fault(f) if f.address == 0x7040 && f.ts_ns == 2_100));
+    assert!(matches!(&records[4], Record::Fault(f) if f.address == 0x7040 && f.ts_ns == 2_100
+        && f.file == Some(FilePos { model: 0, file: 0, offset: 0x40 })
+        && f.memory == Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 }));
     assert!(matches!(&records[5], Record::Lost(l) if l.total() == 3));
     assert!(matches!(&records[6], Record::End(t) if t.exit_code == Some(0)));
 }

@@ -6,11 +6,11 @@ use std::{
     io::{self, Write},
 };
 
-use tracer_common::{CallEvent, PageFaultEvent, SLOT_DST, TensorRecord};
+use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
 
 use super::{
     codec::{put_bytes, put_i64, put_u64},
-    format::{Descriptor, Header, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    format::{Descriptor, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
 };
 use crate::events::OpRecord;
 
@@ -23,6 +23,10 @@ pub struct WriterStats {
     pub descriptor_bytes: u64,
     pub markers: u64,
     pub faults: u64,
+    pub page_cache: u64,
+    pub block: u64,
+    /// I/O frames (faults, page cache, block) bytes, for the per-record figure.
+    pub io_bytes: u64,
     pub total_bytes: u64,
 }
 
@@ -125,6 +129,11 @@ impl<W: Write> TraceWriter<W> {
         self.last_ts = ts;
     }
 
+    pub fn hooks(&mut self, hooks: &Hooks) -> io::Result<()> {
+        self.frame = serde_json::to_vec(hooks).map_err(io::Error::other)?;
+        self.emit(kind::HOOKS).map(drop)
+    }
+
     pub fn model(&mut self, table: &ModelTable) -> io::Result<()> {
         self.frame = serde_json::to_vec(table).map_err(io::Error::other)?;
         self.emit(kind::MODEL).map(drop)
@@ -163,19 +172,67 @@ impl<W: Write> TraceWriter<W> {
         self.emit(kind::MARKER).map(drop)
     }
 
-    pub fn fault(&mut self, fault: &PageFaultEvent) -> io::Result<()> {
+    /// A page fault with what its address resolved to.
+    pub fn fault(&mut self, fault: &PageFaultEvent, memory: Memory, file: Option<FilePos>) -> io::Result<()> {
         let thread = self.thread(fault.header.tid)?;
         self.timestamp(fault.header.ts_ns);
         let f = &mut self.frame;
         for v in [u64::from(thread), fault.address, fault.ip, fault.error_code] {
             put_u64(f, v);
         }
+        match file {
+            Some(p) => {
+                f.push(1);
+                put_u64(f, u64::from(p.model));
+                put_u64(f, u64::from(p.file));
+                put_u64(f, p.offset);
+            }
+            None => f.push(0),
+        }
+        put_memory(f, memory);
         self.stats.faults += 1;
-        self.emit(kind::FAULT).map(drop)
+        self.stats.io_bytes += self.emit(kind::FAULT)?;
+        Ok(())
+    }
+
+    pub fn page_cache(&mut self, event: &PageCacheEvent) -> io::Result<()> {
+        let thread = self.thread(event.header.tid)?;
+        self.timestamp(event.header.ts_ns);
+        let f = &mut self.frame;
+        put_u64(f, u64::from(thread));
+        put_u64(f, u64::from(event.kind));
+        put_u64(f, u64::from(event.file.dev));
+        put_u64(f, event.file.ino);
+        put_u64(f, event.index);
+        put_u64(f, u64::from(event.order));
+        self.stats.page_cache += 1;
+        self.stats.io_bytes += self.emit(kind::PAGE_CACHE)?;
+        Ok(())
+    }
+
+    pub fn block(&mut self, event: &BlockEvent) -> io::Result<()> {
+        let thread = self.thread(event.header.tid)?;
+        let rwbs = self.string(c_str(&event.rwbs))?;
+        let comm = self.string(c_str(&event.comm))?;
+        self.timestamp(event.header.ts_ns);
+        let f = &mut self.frame;
+        put_u64(f, u64::from(thread));
+        put_u64(f, u64::from(event.header.tgid));
+        put_u64(f, u64::from(event.header.cpu));
+        put_u64(f, u64::from(event.kind));
+        put_u64(f, u64::from(event.dev));
+        put_u64(f, event.sector);
+        put_u64(f, u64::from(event.nr_sector));
+        put_i64(f, i64::from(event.error));
+        put_u64(f, u64::from(rwbs));
+        put_u64(f, u64::from(comm));
+        self.stats.block += 1;
+        self.stats.io_bytes += self.emit(kind::BLOCK)?;
+        Ok(())
     }
 
     pub fn lost(&mut self, lost: Lost) -> io::Result<()> {
-        for v in [lost.call, lost.page_fault, lost.op] {
+        for v in [lost.call, lost.page_fault, lost.op, lost.page_cache, lost.block] {
             put_u64(&mut self.frame, v);
         }
         self.emit(kind::LOST).map(drop)
@@ -210,6 +267,11 @@ fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {
         has_extra: r.extra != 0,
         memory,
     }
+}
+
+fn c_str(bytes: &[u8]) -> &str {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::str::from_utf8(&bytes[..end]).unwrap_or("?")
 }
 
 fn put_memory(f: &mut Vec<u8>, memory: Memory) {

@@ -3,6 +3,7 @@
 //! read from those binaries (op-name tables, build ids), and the held child of
 //! `ttrace run`. Needs no root except to switch users.
 
+pub mod cgroup;
 mod elf;
 mod hooks;
 mod ldcache;
@@ -12,6 +13,7 @@ mod user;
 
 use std::path::PathBuf;
 
+pub use cgroup::{CgroupError, CgroupVersion, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{ElfIdent, OpNames, build_id, has_symbols, op_names, symbol_file_offsets};
 pub use hooks::{
     BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, REQUIRED_HOOKS, classify, mapped_files, missing_hooks,

@@ -1,0 +1,264 @@
+"""`ttrace export` and `ttrace report --html` on real llama.cpp traces, read
+back by the tools users open them with: the official Perfetto protobuf
+bindings (PyPI `perfetto`), pyarrow, the csv/json modules, the PyPI `gguf`
+reader for offsets, and headless Chromium for the HTML page. Every figure
+is checked against `ttrace report --json` of the same trace. Needs root:
+the traces are recorded here."""
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import gguf
+import pyarrow.parquet as pq
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+# The documented row schema (tracer-user/src/export/rows.rs), in order.
+COLUMNS = [
+    "seq", "kind", "ts_ns", "rel_ns", "dur_ns", "tid", "ubatch", "phase", "token_index", "name", "layer", "dst",
+    "dst_memory", "srcs", "n_srcs", "weights_file", "weights_copy", "weight_bytes", "ith", "nth", "address", "ip",
+    "error_code", "fault_tensor", "file_offset", "op_seq",
+]
+UNSIGNED = {"seq": "uint64", "ts_ns": "uint64", "tid": "uint32", "weight_bytes": "uint64", "ubatch": "uint32"}
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic", "--enable-logging=stderr", "--v=0",
+]
+
+
+@pytest.fixture(scope="module")
+def ttrace() -> Path:
+    if os.geteuid() != 0:
+        pytest.fail("these tests record traces (eBPF) and need root: run `sudo -E cargo xtask test`", pytrace=False)
+    p = Path(os.environ.get("TTRACE_BIN", REPO / "target/release/ttrace"))
+    if not os.access(p, os.X_OK):
+        pytest.fail(f"no ttrace binary at {p}: run through `cargo xtask test` (it sets TTRACE_BIN)", pytrace=False)
+    return p
+
+
+def record(ttrace, out: Path, llama_completion, model: Path, preload: Path, extra=()) -> Path:
+    argv = [ttrace, "run", "-o", out, *extra, "--", llama_completion, "-m", model, "-p", "hello world", "-n", "8",
+            "-no-cnv", "--ignore-eos", "-t", "2", "--seed", "1"]
+    env = dict(os.environ, LD_PRELOAD=str(preload))
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
+    assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-q4-all-threads"])
+def trace(request, ttrace, tmp_path_factory, llama_completion, models, flush_log_preload):
+    """(trace path, report --json) of a small run: plain, and with repacked
+    copies and one record per worker thread."""
+    d = tmp_path_factory.mktemp(request.param)
+    if request.param == "tiny":
+        path = record(ttrace, d / "t.data", llama_completion, models["tiny"], flush_log_preload)
+    else:
+        path = record(ttrace, d / "t.data", llama_completion, models["tiny-q4"], flush_log_preload, ["--all-threads"])
+    a = json.loads(subprocess.run([ttrace, "report", path, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert a["lost"] == {k: 0 for k in a["lost"]}, "events were lost; the checks below would be unfair"
+    return path, a
+
+
+def export(ttrace, trace: Path, fmt: str, out: Path, *extra) -> Path:
+    proc = subprocess.run([ttrace, "export", trace, "--format", fmt, "-o", out, *extra], capture_output=True, text=True)
+    assert proc.returncode == 0, f"export {fmt} failed:\n{proc.stderr}"
+    return out
+
+
+def gguf_offsets(path: Path) -> dict[str, tuple[int, int]]:
+    r = gguf.GGUFReader(path)
+    return {t.name: (int(t.data_offset), int(t.n_bytes)) for t in r.tensors}
+
+
+def expected_rows(a: dict):
+    ops_per_ubatch = {u["index"]: u["ops"] for u in a["ubatches"]}
+    file_backed = sum(w["file_backed"] for u in a["ubatches"] for w in u["weights"])
+    copies = sum(w["copy"] for u in a["ubatches"] for w in u["weights"])
+    return ops_per_ubatch, file_backed, copies
+
+
+def check_rows(rows: list[dict], a: dict):
+    """Rows (any format, values as Python ints/str/None) against the report."""
+    kinds = collections.Counter(r["kind"] for r in rows)
+    assert kinds["op"] == a["ops"] and kinds["fault"] == a["faults"]
+    ops_per_ubatch, file_backed, copies = expected_rows(a)
+    got = collections.Counter(r["ubatch"] for r in rows if r["kind"] == "op" and r["ubatch"] is not None)
+    assert dict(got) == {k: v for k, v in ops_per_ubatch.items() if v}
+    in_graph = [r for r in rows if r["kind"] == "op" and r["ubatch"] is not None]
+    assert sum(r["weights_file"] for r in in_graph) == file_backed
+    assert sum(r["weights_copy"] for r in in_graph) == copies
+    phases = {u["index"]: u["phase"] for u in a["ubatches"]}
+    assert all(r["phase"] == phases[r["ubatch"]] for r in in_graph)
+    ops = collections.Counter(r["name"] for r in rows if r["kind"] == "op")
+    assert dict(ops) == a["op_counts"]
+    assert sorted(r["seq"] for r in rows) == list(range(len(rows))), "seq numbers every row once"
+
+
+def test_jsonl_csv_parquet_match_report(ttrace, trace, tmp_path):
+    path, a = trace
+    jsonl = [json.loads(line) for line in export(ttrace, path, "jsonl", tmp_path / "e.jsonl").read_text().splitlines()]
+    assert all(list(r) == COLUMNS for r in jsonl)
+    check_rows(jsonl, a)
+
+    with export(ttrace, path, "csv", tmp_path / "e.csv").open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        ints = {"seq", "ubatch", "weights_file", "weights_copy"}
+        rows = [{k: (int(v) if k in ints and v != "" else (None if v == "" else v)) for k, v in r.items()} for r in reader]
+    check_rows(rows, a)
+    assert len(rows) == len(jsonl)
+
+    table = pq.read_table(export(ttrace, path, "parquet", tmp_path / "e.parquet"))
+    assert table.column_names == COLUMNS
+    for name, ty in UNSIGNED.items():
+        assert str(table.schema.field(name).type) == ty, name
+    check_rows(table.to_pylist(), a)
+    assert table.num_rows == len(jsonl)
+    assert sum(table.column("weight_bytes").to_pylist()) == sum(r["weight_bytes"] for r in jsonl)
+
+
+def test_perfetto_tracks_slices_and_counters(ttrace, trace, tmp_path, models):
+    path, a = trace
+    t = pb.Trace()
+    t.ParseFromString(export(ttrace, path, "perfetto", tmp_path / "t.pftrace").read_bytes())
+    tracks, parents, names = {}, {}, {}
+    begins, ends, slice_names = collections.Counter(), collections.Counter(), collections.defaultdict(list)
+    counters = collections.defaultdict(list)
+    for p in t.packet:
+        assert p.trusted_packet_sequence_id == 1
+        for n in p.interned_data.event_names:
+            assert names.setdefault(n.iid, n.name) == n.name, "an interned id is redefined"
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            tracks[d.uuid] = d.name
+            parents[d.uuid] = d.parent_uuid
+        if p.HasField("track_event"):
+            e = p.track_event
+            assert e.track_uuid in tracks, "events only on described tracks"
+            if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+                begins[e.track_uuid] += 1
+                slice_names[e.track_uuid].append(names[e.name_iid] if e.name_iid else e.name)
+            elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+                ends[e.track_uuid] += 1
+            elif e.type == pb.TrackEvent.TYPE_COUNTER:
+                counters[e.track_uuid].append(e.counter_value)
+    assert begins == ends, "every slice is closed"
+    by_name = {v: k for k, v in tracks.items()}
+
+    # Ubatch track: one slice per ubatch, in order, named with its phase.
+    ub = slice_names[by_name["ubatches"]]
+    assert len(ub) == len(a["ubatches"])
+    assert all(f"({u['phase']}" in s for s, u in zip(ub, a["ubatches"]))
+
+    # Thread tracks: op slices, per op name as many as the report counts.
+    threads = [u for u, n in tracks.items() if n.startswith("thread ")]
+    ops = collections.Counter(n for u in threads for n in slice_names[u] if n != "page_fault")
+    assert dict(ops) == a["op_counts"]
+    assert sum(begins[u] for u in threads) == a["ops"]
+
+    # Model group: a track per layer of the model table, slices named by that layer's weights.
+    (model,) = a["models"]
+    group = by_name[f"model: {Path(model['files'][0]).name}"]
+    layer_of = {x["name"]: x["layer"] for x in model["tensors"]}
+    expected = {f"layer {l}" for l in layer_of.values() if l is not None} | {"non-layer"}
+    children = {tracks[u]: u for u, p in parents.items() if p == group}
+    assert set(children) == expected
+    for name, uuid in children.items():
+        layer = None if name == "non-layer" else int(name.split()[1])
+        assert slice_names[uuid], f"{name}: no weight reads"
+        assert all(layer_of[s] == layer for s in slice_names[uuid]), name
+
+    # Counter: page faults per 10 ms sums to the trace's faults.
+    assert sum(counters[by_name["page faults per 10 ms"]]) == a["faults"]
+
+
+def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
+    path, a = trace
+    out = export(ttrace, path, "tokens-json", tmp_path / "tokens")
+    generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
+    files = sorted(out.glob("token-*.json"))
+    assert [f.name for f in files] == [f"token-{k:05d}.json" for k in range(a["generate_runs"])]
+    assert len(files) == len(generate)
+    (model,) = a["models"]
+    reference = gguf_offsets(Path(model["files"][0]))
+    checked = 0
+    for f, u in zip(files, generate):
+        doc = json.loads(f.read_text())
+        assert doc["token_id"] == u["token_ids"][-1]
+        assert doc["metadata"]["total_entries"] == len(doc["entries"]) == u["ops"]
+        assert {"duration_ms", "timestamp_start_ns", "format_version"} <= set(doc["metadata"])
+        for e in doc["entries"]:
+            assert e["num_sources"] == len(e["sources"])
+            for s in e["sources"]:
+                int(s["tensor_ptr"], 16)
+                assert s["memory_source"] in ("DISK", "BUFFER")
+                if s["memory_source"] == "DISK":
+                    start, size = reference[s["model_tensor"]]
+                    assert start <= s["disk_offset"] < start + size
+                    if s["name"] == s["model_tensor"]:
+                        assert s["disk_offset"] == start
+                    checked += 1
+                else:
+                    assert "disk_offset" not in s and s["buffer_id"]
+    assert checked > 0 or a["models"][0]["tensors"], "weights were read from the file"
+    mm = json.loads((out / "memory-map.json").read_text())
+    assert {t["name"]: t["offset_start"] for t in mm["tensors"]} == {k: v[0] for k, v in reference.items()}
+    assert all(t["offset_end"] - t["offset_start"] == t["size_bytes"] for t in mm["tensors"])
+
+
+def test_dot_graph_of_one_ubatch(ttrace, trace, tmp_path):
+    path, a = trace
+    k = next(u["index"] for u in a["ubatches"] if u["phase"] == "generate")
+    text = export(ttrace, path, "dot", tmp_path / "g.dot", "--ubatch", str(k)).read_text()
+    assert text.startswith(f"digraph ubatch_{k} {{") and text.rstrip().endswith("}")
+    ops = text.count("shape=box]")
+    if a["header"]["options"]["all_threads"]:
+        # One record per worker: each node is drawn once.
+        assert 0 < ops < a["ubatches"][k]["ops"]
+    else:
+        assert ops == a["ubatches"][k]["ops"]
+    bad = subprocess.run([ttrace, "export", path, "--format", "dot", "--ubatch", "99999", "-o", tmp_path / "x.dot"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--ubatch 99999" in bad.stderr and "panicked" not in bad.stderr
+
+
+def test_report_text_and_html_in_chromium(ttrace, trace, tmp_path):
+    path, a = trace
+    text = subprocess.run([ttrace, "report", path], capture_output=True, text=True, check=True).stdout
+    for section in ("phases", "per generated token", "per layer", "per component", "hot weights", "cold weights"):
+        assert section in text
+    assert text.count("\n  token ") == a["generate_runs"]
+
+    html = tmp_path / "report.html"
+    subprocess.run([ttrace, "report", path, "--html", html], capture_output=True, text=True, check=True)
+    page = html.read_text()
+    assert "http://" not in page and "https://" not in page, "the page is self-contained"
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.fail("chromium is not installed: `apt-get install chromium` (cargo xtask setup does)", pytrace=False)
+
+    def run(tag: str, *args):
+        flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / ('profile-' + tag)}", "--window-size=1400,1100"]
+        return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120)
+
+    # The console detector works: a page with an error is caught.
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>console.error('boom'); nope();</script></body></html>")
+    assert "CONSOLE" in run("bad", "--dump-dom", bad.as_uri()).stderr
+
+    dom = run("dom", "--dump-dom", html.as_uri())
+    assert dom.returncode == 0
+    assert 'data-rendered="ok"' in dom.stdout, "the page script ran to the end"
+    assert "CONSOLE" not in dom.stderr, [l for l in dom.stderr.splitlines() if "CONSOLE" in l]
+    assert dom.stdout.count("<canvas") >= 2
+    shot = Path(os.environ.get("TTRACE_SCREENSHOT_DIR", tmp_path)) / f"report-{path.parent.name}.png"
+    got = run("shot", f"--screenshot={shot}", html.as_uri())
+    assert got.returncode == 0 and shot.stat().st_size > 10_000
+    assert "CONSOLE" not in got.stderr

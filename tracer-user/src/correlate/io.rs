@@ -1,0 +1,320 @@
+//! I/O correlation: page faults, page-cache fills and block requests tied to
+//! model files, tensors, ubatches and phases.
+//!
+//! Major or minor is decided by correlation, not by the kernel's flag: a
+//! fault on a model-file page is **major** when the same thread added that
+//! very page to the page cache (read it from disk) before its next fault or
+//! op, i.e. the fault had to wait for I/O; otherwise the page was already
+//! cached (an earlier fault's readahead, the load-time prefetch) and the
+//! fault is **minor**. Block requests are turned into file byte ranges
+//! through the files' FIEMAP extents (tracepoint sectors are whole-disk
+//! sectors; extents are partition-relative, so the partition start is added),
+//! then into tensors through the model table.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use tracer_common::{block, page_cache};
+
+use crate::record::{Block, Fault, ModelTable, PageCache};
+
+const PAGE: u64 = 4096;
+
+/// Where in the run an I/O event happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    /// Before the first ubatch graph: model loading (llama.cpp's prefetch).
+    Load,
+    /// Inside ubatch graph `k` (index into `Analysis::ubatches`).
+    Ubatch(u32),
+    /// Between graphs (sampling, tokenizing, after the last graph).
+    Between,
+}
+
+/// A byte range of one model tensor read by one block request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct TensorBytes {
+    pub model: u32,
+    pub tensor: u32,
+    pub file_offset: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FaultCounts {
+    pub total: u64,
+    /// Faults on a model file's pages.
+    pub model_file: u64,
+    pub major: u64,
+    pub minor: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DiskTotals {
+    /// Read requests overlapping a model file (issued; a requeued request
+    /// issued again counts once).
+    pub requests: u64,
+    /// Issue events and their model-file bytes, re-issues included: what
+    /// blktrace counts as `D` records.
+    pub issues: u64,
+    pub issue_bytes: u64,
+    /// Bytes of those requests inside model files.
+    pub bytes: u64,
+    /// Issue→complete latencies in microseconds: p50, p90, p99, max.
+    pub latency_us: [u64; 4],
+    #[serde(skip)]
+    latencies_ns: Vec<u64>,
+}
+
+impl DiskTotals {
+    fn add(&mut self, bytes: u64) {
+        self.requests += 1;
+        self.bytes += bytes;
+    }
+
+    fn finish(&mut self) {
+        let v = &mut self.latencies_ns;
+        v.sort_unstable();
+        if !v.is_empty() {
+            let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize] / 1000;
+            self.latency_us = [at(0.5), at(0.9), at(0.99), v[v.len() - 1] / 1000];
+        }
+    }
+}
+
+/// Per tensor: how often and how much of it came from disk.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TensorIo {
+    pub model: u32,
+    pub tensor: u32,
+    pub bytes_read: u64,
+    pub times_read: u64,
+    pub first_read: Option<When>,
+    pub last_read: Option<When>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct IoAnalysis {
+    pub faults: FaultCounts,
+    pub page_cache_adds: u64,
+    pub page_cache_bytes: u64,
+    pub disk: DiskTotals,
+    /// Disk totals and faults by when they happened.
+    pub by_when: BTreeMap<String, WhenIo>,
+    /// Per ubatch: disk bytes by layer (`None` = outside any layer).
+    pub ubatch_layer_bytes: BTreeMap<u32, BTreeMap<String, u64>>,
+    pub tensors: Vec<TensorIo>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WhenIo {
+    pub disk: DiskTotals,
+    pub faults_major: u64,
+    pub faults_minor: u64,
+}
+
+/// A fault waiting to be classified: did its thread fill its page?
+struct OpenFault {
+    model: u32,
+    file: u32,
+    page: u64,
+    when: When,
+    major: bool,
+}
+
+#[derive(Default)]
+pub struct IoCorrelator {
+    models: Vec<ModelTable>,
+    /// Per model file: `(disk_start, disk_end, file_offset)` sorted, whole-disk bytes.
+    extents: HashMap<(u32, u32), (Option<u32>, Vec<(u64, u64, u64)>)>,
+    /// Per model file: tensors `(file_offset, end, index)` sorted.
+    spans: HashMap<(u32, u32), Vec<(u64, u64, u32)>>,
+    open: HashMap<u32, OpenFault>,
+    pending: HashMap<(u32, u64), (u64, When)>,
+    tensors: BTreeMap<(u32, u32), TensorIo>,
+    out: IoAnalysis,
+}
+
+impl IoCorrelator {
+    pub fn on_model(&mut self, index: u32, table: &ModelTable) {
+        for (file, info) in table.file_info.iter().enumerate() {
+            // Saturating: these come from the trace file, which may be corrupt.
+            let base = info.partition_start_sector.saturating_mul(512);
+            let mut ranges: Vec<(u64, u64, u64)> = info
+                .extents
+                .iter()
+                .map(|e| {
+                    (
+                        base.saturating_add(e.physical),
+                        base.saturating_add(e.physical).saturating_add(e.length),
+                        e.logical,
+                    )
+                })
+                .collect();
+            ranges.sort_unstable();
+            self.extents.insert((index, file as u32), (info.disk_dev, ranges));
+        }
+        for (i, t) in table.tensors.iter().enumerate() {
+            self.spans.entry((index, t.file)).or_default().push((
+                t.file_offset,
+                t.file_offset + t.size_bytes,
+                i as u32,
+            ));
+        }
+        self.spans.values_mut().for_each(|v| v.sort_unstable());
+        self.models.push(table.clone());
+    }
+
+    /// Ops end a thread's open fault: it did not wait for a fill.
+    pub fn on_op(&mut self, tid: u32) {
+        self.close(tid);
+    }
+
+    pub fn on_fault(&mut self, fault: &Fault, when: When) {
+        self.close(fault.tid);
+        self.out.faults.total += 1;
+        if let Some(pos) = fault.file {
+            self.out.faults.model_file += 1;
+            let open = OpenFault { model: pos.model, file: pos.file, page: pos.offset / PAGE, when, major: false };
+            self.open.insert(fault.tid, open);
+        }
+    }
+
+    pub fn on_page_cache(&mut self, event: &PageCache) {
+        if event.kind != page_cache::ADD {
+            return;
+        }
+        let pages = 1u64 << event.order.min(20);
+        self.out.page_cache_adds += 1;
+        self.out.page_cache_bytes += pages * PAGE;
+        if let (Some((model, file)), Some(open)) = (event.file, self.open.get_mut(&event.tid))
+            && open.model == model
+            && open.file == file
+            && (event.index..event.index + pages).contains(&open.page)
+        {
+            open.major = true;
+        }
+    }
+
+    /// A block request: its model-file bytes and tensors (issues only;
+    /// completions close the latency).
+    pub fn on_block(&mut self, event: &Block, when: When) -> Vec<TensorBytes> {
+        let key = (event.dev, event.sector);
+        if event.kind == block::COMPLETE {
+            if let Some((issued, when)) = self.pending.remove(&key) {
+                let latency = event.ts_ns.saturating_sub(issued);
+                self.out.disk.latencies_ns.push(latency);
+                self.when(when).disk.latencies_ns.push(latency);
+            }
+            return Vec::new();
+        }
+        let hits = self.tensors_of(event.dev, event.sector, event.nr_sector);
+        let bytes: u64 = hits.iter().map(|h| h.bytes).sum();
+        if bytes == 0 || !event.rwbs.contains('R') {
+            return hits;
+        }
+        self.out.disk.issues += 1;
+        self.out.disk.issue_bytes += bytes;
+        let w = self.when(when);
+        w.disk.issues += 1;
+        w.disk.issue_bytes += bytes;
+        // A requeued request is issued again: its bytes were read once.
+        if self.pending.contains_key(&key) {
+            return hits;
+        }
+        self.pending.insert(key, (event.ts_ns, when));
+        self.out.disk.add(bytes);
+        self.when(when).disk.add(bytes);
+        for h in &hits {
+            let t = self.tensors.entry((h.model, h.tensor)).or_insert_with(|| TensorIo {
+                model: h.model,
+                tensor: h.tensor,
+                ..Default::default()
+            });
+            t.bytes_read += h.bytes;
+            t.times_read += 1;
+            t.first_read.get_or_insert(when);
+            t.last_read = Some(when);
+            if let When::Ubatch(u) = when {
+                let layer = self.models[h.model as usize].tensors[h.tensor as usize]
+                    .layer
+                    .map_or_else(|| "none".to_string(), |l| l.to_string());
+                *self.out.ubatch_layer_bytes.entry(u).or_default().entry(layer).or_default() += h.bytes;
+            }
+        }
+        hits
+    }
+
+    /// Model-file bytes a request covers, split by tensor (bytes between
+    /// tensors, e.g. the header, count under tensor `u32::MAX`).
+    pub fn tensors_of(&self, dev: u32, sector: u64, nr_sector: u32) -> Vec<TensorBytes> {
+        // Flushes carry sector u64::MAX: saturate rather than wrap.
+        let start = sector.saturating_mul(512);
+        let end = sector.saturating_add(u64::from(nr_sector)).saturating_mul(512);
+        let mut out = Vec::new();
+        for (&(model, file), (disk, ranges)) in &self.extents {
+            if *disk != Some(dev) {
+                continue;
+            }
+            let first = ranges.partition_point(|&(_, e, _)| e <= start);
+            for &(s, e, logical) in ranges[first..].iter().take_while(|&&(s, _, _)| s < end) {
+                let (from, to) = (logical + start.max(s) - s, logical + end.min(e) - s);
+                self.split_by_tensor(model, file, from, to, &mut out);
+            }
+        }
+        out
+    }
+
+    fn split_by_tensor(&self, model: u32, file: u32, from: u64, to: u64, out: &mut Vec<TensorBytes>) {
+        let spans = self.spans.get(&(model, file)).map_or(&[][..], Vec::as_slice);
+        let mut at = from;
+        let mut i = spans.partition_point(|&(_, e, _)| e <= from);
+        while at < to {
+            match spans.get(i) {
+                Some(&(s, e, tensor)) if s <= at => {
+                    let upto = e.min(to);
+                    out.push(TensorBytes { model, tensor, file_offset: at, bytes: upto - at });
+                    at = upto;
+                    i += 1;
+                }
+                next => {
+                    let upto = next.map_or(to, |&(s, _, _)| s.min(to));
+                    out.push(TensorBytes { model, tensor: u32::MAX, file_offset: at, bytes: upto - at });
+                    at = upto;
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, tid: u32) {
+        if let Some(open) = self.open.remove(&tid) {
+            let w = self.when(open.when);
+            if open.major {
+                w.faults_major += 1;
+                self.out.faults.major += 1;
+            } else {
+                w.faults_minor += 1;
+                self.out.faults.minor += 1;
+            }
+        }
+    }
+
+    fn when(&mut self, when: When) -> &mut WhenIo {
+        let key = match when {
+            When::Load => "load".to_string(),
+            When::Ubatch(u) => format!("ubatch {u}"),
+            When::Between => "between".to_string(),
+        };
+        self.out.by_when.entry(key).or_default()
+    }
+
+    pub fn finish(mut self) -> IoAnalysis {
+        let tids: Vec<u32> = self.open.keys().copied().collect();
+        tids.into_iter().for_each(|t| self.close(t));
+        self.out.disk.finish();
+        self.out.by_when.values_mut().for_each(|w| w.disk.finish());
+        self.out.tensors = self.tensors.into_values().collect();
+        self.out
+    }
+}

@@ -1,0 +1,98 @@
+//! `blkparse`: the trace's block events as blkparse's default text, each
+//! line followed by what ttrace knows about it:
+//!
+//! ```text
+//! 254,0    1        3     0.012345678  1148  D  RA 175328000 + 8192 [llama-completio] tensor=blk.0.attn_q.weight file_off=1048576 ubatch=load layer=0
+//! ```
+//!
+//! Columns are blkparse's `%D %2c %8s %5T.%9t %5p %2a %3d %S + %n [%C]`
+//! (device, cpu, sequence, seconds since trace start, pid, action, RWBS,
+//! sector + sectors, command; a completion's brackets hold its error, as
+//! blkparse prints them). Actions are `D` (issued to the driver) and `C`
+//! (completed). Scripts that read blkparse output can ignore everything
+//! after `]`. The suffix names the first tensor the request read (with
+//! `tensors=N` when it spans several), the file offset where it starts, the
+//! ubatch (`load` before the first graph, `between` outside graphs) and the
+//! tensor's layer.
+
+use std::{collections::HashMap, io::Write};
+
+use tracer_common::{block, markers};
+
+use crate::{
+    correlate::io::IoCorrelator,
+    record::{Record, TraceError, TraceReader},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlkparseError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error("writing blkparse text: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Write every block event of `reader`; returns the number of lines.
+pub fn write<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl Write) -> Result<u64, BlkparseError> {
+    let start = reader.header().start_monotonic_ns;
+    let mut io = IoCorrelator::default();
+    let (mut current, mut graphs) = (None::<u32>, 0u32);
+    let mut sequence: HashMap<u32, u64> = HashMap::new();
+    let mut lines = 0;
+    while let Some(record) = reader.next_record()? {
+        match record {
+            Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
+            Record::Marker(m) if m.cookie == markers::SCHED_GRAPH_COMPUTE => {
+                current = Some(graphs);
+                graphs += 1;
+            }
+            Record::Marker(m) if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN => current = None,
+            Record::Block(b) => {
+                let seq = sequence.entry(b.dev).or_default();
+                *seq += 1;
+                let t = b.ts_ns.saturating_sub(start);
+                let (action, last) =
+                    if b.kind == block::COMPLETE { ('C', b.error.to_string()) } else { ('D', b.comm.clone()) };
+                write!(
+                    out,
+                    "{:>3},{:<3} {:>2} {:>8} {:>5}.{:09} {:>5} {:>2} {:>3} {} + {} [{}]",
+                    b.dev >> 20,
+                    b.dev & 0xfffff,
+                    b.cpu,
+                    seq,
+                    t / 1_000_000_000,
+                    t % 1_000_000_000,
+                    b.tgid,
+                    action,
+                    b.rwbs,
+                    b.sector,
+                    b.nr_sector,
+                    last
+                )?;
+                let hits: Vec<_> = io.tensors_of(b.dev, b.sector, b.nr_sector);
+                if let Some(first) = hits.first() {
+                    let named = hits.iter().find(|h| h.tensor != u32::MAX).unwrap_or(first);
+                    let table = &reader.models()[named.model as usize];
+                    let (name, layer) = match table.tensors.get(named.tensor as usize) {
+                        Some(t) => (t.name.as_str(), t.layer.map_or_else(|| "-".to_string(), |l| l.to_string())),
+                        None => ("(between tensors)", "-".to_string()),
+                    };
+                    let ubatch = match current {
+                        Some(u) => u.to_string(),
+                        None if graphs == 0 => "load".to_string(),
+                        None => "between".to_string(),
+                    };
+                    write!(out, " tensor={name} file_off={} ubatch={ubatch} layer={layer}", first.file_offset)?;
+                    let tensors = hits.iter().filter(|h| h.tensor != u32::MAX).count();
+                    if tensors > 1 {
+                        write!(out, " tensors={tensors}")?;
+                    }
+                }
+                writeln!(out)?;
+                lines += 1;
+            }
+            _ => {}
+        }
+    }
+    Ok(lines)
+}

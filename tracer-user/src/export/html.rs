@@ -1,0 +1,74 @@
+//! `ttrace report FILE --html OUT.html`: one self-contained page (inline
+//! script and style, no network) for looking at a trace: a heatmap of each
+//! model file (tensors by file offset across, ubatches down; colour = read
+//! through the file mapping / faulted / not touched), the same layout for
+//! copies of model tensors, per-layer bytes per generated token, and the
+//! summary table. Tensors narrower than 2 px are widened to 2 px and every
+//! cell has a tooltip.
+
+use std::{fs, path::Path};
+
+use serde_json::json;
+
+use super::{
+    ExportError,
+    rows::phase_name,
+    stats::{Stats, layer_key},
+};
+use crate::correlate::Analysis;
+
+const TEMPLATE: &str = include_str!("report.html");
+
+/// `summary` is the text report, shown as the page's table.
+pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Path) -> Result<(), ExportError> {
+    let ubatches: Vec<_> = stats
+        .ubatches
+        .iter()
+        .map(|u| {
+            let phase = u.phase.map_or("aux", phase_name);
+            let label = match u.token_index {
+                Some(k) => format!("token {k}"),
+                None => format!("{phase} ubatch {}", u.index),
+            };
+            json!({"index": u.index, "phase": phase, "label": label, "ops": u.ops, "weight_bytes": u.weight_bytes,
+                   "faults": u.faults, "token_ids": u.token_ids})
+        })
+        .collect();
+    let models: Vec<_> = a
+        .models
+        .iter()
+        .enumerate()
+        .map(|(m, model)| {
+            let mut tensors: Vec<_> = stats.tensors.iter().filter(|t| t.model == m as u32).collect();
+            tensors.sort_by_key(|t| (model.tensors[t.tensor as usize].file, t.file_offset));
+            let rows: Vec<_> = tensors
+                .iter()
+                .map(|t| {
+                    // One digit per ubatch: bit 0 file, bit 1 copy, bit 2 faulted.
+                    let cells: String = t.cells.iter().map(|&c| char::from(b'0' + c.min(7))).collect();
+                    json!({"name": t.name, "offset": t.file_offset, "size": t.size_bytes, "layer": t.layer,
+                           "component": t.component, "tokens": t.tokens_touched, "faults": t.faults, "cells": cells})
+                })
+                .collect();
+            json!({"file": model.files.first(), "tensors": rows})
+        })
+        .collect();
+    let layers: Vec<_> = stats
+        .layers
+        .iter()
+        .map(|l| json!({"layer": l.key, "bytes_per_token": l.bytes_per_token, "upper_bound": l.upper_bound}))
+        .collect();
+    let data = json!({
+        "title": format!("ttrace: {}", a.header.command.join(" ")),
+        "summary": summary,
+        "ubatches": ubatches,
+        "models": models,
+        "layers": layers,
+        "notes": stats.notes,
+        "non_layer": layer_key(None),
+    });
+    // `</` inside the JSON would end the script element early.
+    let json = serde_json::to_string(&data).map_err(|e| ExportError::Invalid(e.to_string()))?.replace("</", "<\\/");
+    let page = TEMPLATE.replace("/*TTRACE_DATA*/null", &json);
+    fs::write(out, page).map_err(ExportError::write(out))
+}

@@ -1,0 +1,389 @@
+//! Perfetto's native protobuf trace (`.pftrace`), streamed packet by packet.
+//!
+//! Tracks (uuids fixed so tests and users can find them):
+//! - a process track for the target (uuid 1) with a `ubatches` child
+//!   (uuid 2): one slice per ubatch graph, `ubatch N (phase[, token K])`;
+//! - one thread track per thread that ran ops or faulted (uuid
+//!   `0x1_0000_0000 + tid`): op slices named by op, args dst, srcs,
+//!   weight_bytes, memory, layer, and `page_fault` instants with a flow from
+//!   the op that was running;
+//! - per model a group `model: FILE` (uuid `0x2_0000_0000 + model << 16`)
+//!   with a track per layer (`layer N`, `+ 1 + N`) and `non-layer`
+//!   (`+ 0xffff`): a slice, named by the weight, while an op reads that
+//!   layer's weights (one per graph node: ith 0 only, clipped so slices
+//!   never overlap);
+//! - a counter `page faults per 10 ms` (uuid 3); block-I/O tracks (disk
+//!   requests, disk bytes/s) come with the block records.
+//!
+//! Names and annotation strings are interned on one packet sequence.
+
+pub mod proto;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fs::File,
+    io::{BufWriter, Write},
+    path::Path,
+};
+
+use indicatif::ProgressBar;
+use prost::Message;
+use proto::*;
+use tracer_common::markers;
+
+use super::{
+    ExportError, Written,
+    rows::{phase_name, row},
+    tensor::{model_tensor, weight_of},
+    walk::{self, Event, Sink, Tables},
+};
+use crate::correlate::Analysis;
+
+pub const PROCESS_UUID: u64 = 1;
+pub const UBATCH_UUID: u64 = 2;
+pub const FAULT_COUNTER_UUID: u64 = 3;
+pub const THREAD_UUID: u64 = 0x1_0000_0000;
+pub const MODEL_UUID: u64 = 0x2_0000_0000;
+pub const NON_LAYER: u64 = 0xffff;
+const SEQ: u32 = 1;
+const BUCKET_NS: u64 = 10_000_000;
+const ANNOTATIONS: [&str; 8] = ["dst", "srcs", "weight_bytes", "memory", "layer", "ubatch", "address", "tensor"];
+
+struct PerfettoSink<W: Write> {
+    out: W,
+    buf: Vec<u8>,
+    packets: u64,
+    names: HashMap<String, u64>,
+    strings: HashMap<String, u64>,
+    threads: BTreeMap<u32, ()>,
+    /// Per layer track: where its last slice ended.
+    layer_end: HashMap<u64, u64>,
+    /// Flows from an op (by seq) to the faults it took.
+    op_flows: HashMap<u64, Vec<u64>>,
+    fault_bucket: Option<(u64, i64)>,
+    pid: u32,
+    first: bool,
+}
+
+pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> Result<Written, ExportError> {
+    let file = File::create(out).map_err(ExportError::write(out))?;
+    let mut sink = PerfettoSink {
+        out: BufWriter::with_capacity(1 << 20, file),
+        buf: Vec::new(),
+        packets: 0,
+        names: HashMap::new(),
+        strings: HashMap::new(),
+        threads: BTreeMap::new(),
+        layer_end: HashMap::new(),
+        op_flows: HashMap::new(),
+        fault_bucket: None,
+        pid: a.header.pid,
+        first: true,
+    };
+    let io = ExportError::write(out);
+    sink.preamble(a).map_err(|e| rewrite(e, out))?;
+    walk::walk(trace, a, progress, &mut sink).map_err(|e| rewrite(e, out))?;
+    sink.flush_faults().map_err(|e| rewrite(e, out))?;
+    sink.out.flush().map_err(io)?;
+    Ok(Written { events: progress.position(), items: sink.packets })
+}
+
+fn rewrite(e: ExportError, out: &Path) -> ExportError {
+    match e {
+        ExportError::Write { source, .. } => ExportError::Write { path: out.display().to_string(), source },
+        e => e,
+    }
+}
+
+fn io(source: std::io::Error) -> ExportError {
+    ExportError::Write { path: String::new(), source }
+}
+
+fn track(uuid: u64, name: &str, parent: Option<u64>) -> TrackDescriptor {
+    TrackDescriptor { uuid: Some(uuid), name: Some(name.into()), parent_uuid: parent, ..Default::default() }
+}
+
+pub fn layer_uuid(model: u32, layer: Option<u32>) -> u64 {
+    MODEL_UUID + (u64::from(model) << 16) + layer.map_or(NON_LAYER, |l| 1 + u64::from(l).min(NON_LAYER - 2))
+}
+
+impl<W: Write> PerfettoSink<W> {
+    fn packet(&mut self, mut p: TracePacket) -> Result<(), ExportError> {
+        p.trusted_packet_sequence_id = Some(SEQ);
+        if self.first {
+            p.incremental_state_cleared = Some(true);
+            p.sequence_flags = Some(SEQ_INCREMENTAL_STATE_CLEARED);
+            self.first = false;
+        } else if p.track_event.is_some() {
+            p.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
+        }
+        // Trace.packet (field 1, length-delimited), one at a time.
+        self.buf.clear();
+        self.buf.push(0x0a);
+        p.encode_length_delimited(&mut self.buf).map_err(|e| ExportError::Invalid(e.to_string()))?;
+        self.packets += 1;
+        self.out.write_all(&self.buf).map_err(io)
+    }
+
+    fn descriptor(&mut self, d: TrackDescriptor) -> Result<(), ExportError> {
+        self.packet(TracePacket { track_descriptor: Some(d), ..Default::default() })
+    }
+
+    fn preamble(&mut self, a: &Analysis) -> Result<(), ExportError> {
+        // Interned annotation names first: every later packet may use them.
+        let names = ANNOTATIONS
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NameIid { iid: Some(i as u64 + 1), name: Some((*n).into()) })
+            .collect();
+        self.packet(TracePacket {
+            interned_data: Some(InternedData { debug_annotation_names: names, ..Default::default() }),
+            ..Default::default()
+        })?;
+        let process = a.header.command.first().map(|c| c.rsplit('/').next().unwrap_or(c)).unwrap_or("target");
+        self.descriptor(TrackDescriptor {
+            process: Some(ProcessDescriptor { pid: Some(a.header.pid as i32), process_name: Some(process.into()) }),
+            child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+            ..track(PROCESS_UUID, process, None)
+        })?;
+        self.descriptor(TrackDescriptor {
+            sibling_order_rank: Some(-2),
+            ..track(UBATCH_UUID, "ubatches", Some(PROCESS_UUID))
+        })?;
+        self.descriptor(TrackDescriptor {
+            counter: Some(CounterDescriptor { unit: Some(UNIT_COUNT), unit_name: Some("faults".into()) }),
+            sibling_order_rank: Some(-1),
+            ..track(FAULT_COUNTER_UUID, "page faults per 10 ms", Some(PROCESS_UUID))
+        })?;
+        for (m, model) in a.models.iter().enumerate() {
+            let m = m as u32;
+            let file = model.files.first().map(|f| f.rsplit('/').next().unwrap_or(f)).unwrap_or("model");
+            let group = MODEL_UUID + (u64::from(m) << 16);
+            self.descriptor(TrackDescriptor {
+                child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+                ..track(group, &format!("model: {file}"), None)
+            })?;
+            let mut layers: Vec<Option<u32>> = model.tensors.iter().map(|t| t.layer).collect();
+            layers.sort_unstable();
+            layers.dedup();
+            for (rank, layer) in layers.into_iter().enumerate() {
+                let name = layer.map_or_else(|| "non-layer".to_string(), |l| format!("layer {l}"));
+                self.descriptor(TrackDescriptor {
+                    sibling_order_rank: Some(rank as i32),
+                    ..track(layer_uuid(m, layer), &name, Some(group))
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Interned ids for an event name and annotation strings, plus the
+    /// interned-data entries this packet must carry for new ones.
+    fn name_iid(&mut self, name: &str, new: &mut InternedData) -> u64 {
+        if let Some(&iid) = self.names.get(name) {
+            return iid;
+        }
+        let iid = self.names.len() as u64 + 1;
+        self.names.insert(name.to_string(), iid);
+        new.event_names.push(EventName { iid: Some(iid), name: Some(name.into()) });
+        iid
+    }
+
+    fn string_iid(&mut self, s: &str, new: &mut InternedData) -> u64 {
+        if let Some(&iid) = self.strings.get(s) {
+            return iid;
+        }
+        let iid = self.strings.len() as u64 + 1;
+        self.strings.insert(s.to_string(), iid);
+        new.debug_annotation_string_values.push(InternedString { iid: Some(iid), str: Some(s.as_bytes().to_vec()) });
+        iid
+    }
+
+    fn event(&mut self, ts: u64, event: TrackEvent, interned: InternedData) -> Result<(), ExportError> {
+        let interned = (!interned.event_names.is_empty() || !interned.debug_annotation_string_values.is_empty())
+            .then_some(interned);
+        self.packet(TracePacket {
+            timestamp: Some(ts),
+            track_event: Some(event),
+            interned_data: interned,
+            ..Default::default()
+        })
+    }
+
+    fn thread(&mut self, tid: u32) -> Result<u64, ExportError> {
+        let uuid = THREAD_UUID + u64::from(tid);
+        if self.threads.insert(tid, ()).is_none() {
+            self.descriptor(TrackDescriptor {
+                thread: Some(ThreadDescriptor {
+                    pid: Some(self.pid as i32),
+                    tid: Some(tid as i32),
+                    thread_name: Some(format!("thread {tid}")),
+                }),
+                ..track(uuid, &format!("thread {tid}"), None)
+            })?;
+        }
+        Ok(uuid)
+    }
+
+    fn end(&mut self, ts: u64, track: u64) -> Result<(), ExportError> {
+        let e = TrackEvent { r#type: Some(TYPE_SLICE_END), track_uuid: Some(track), ..Default::default() };
+        self.event(ts, e, InternedData::default())
+    }
+
+    fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
+        let bucket = ts / BUCKET_NS;
+        match self.fault_bucket {
+            Some((b, ref mut n)) if b == bucket => *n += 1,
+            Some((b, _)) => {
+                self.flush_faults()?;
+                if bucket > b + 1 {
+                    self.counter((b + 1) * BUCKET_NS, 0)?;
+                }
+                self.fault_bucket = Some((bucket, 1));
+            }
+            None => self.fault_bucket = Some((bucket, 1)),
+        }
+        Ok(())
+    }
+
+    fn flush_faults(&mut self) -> Result<(), ExportError> {
+        if let Some((b, n)) = self.fault_bucket {
+            self.counter(b * BUCKET_NS, n)?;
+            self.counter((b + 1) * BUCKET_NS, 0)?;
+        }
+        Ok(())
+    }
+
+    fn counter(&mut self, ts: u64, value: i64) -> Result<(), ExportError> {
+        let e = TrackEvent {
+            r#type: Some(TYPE_COUNTER),
+            track_uuid: Some(FAULT_COUNTER_UUID),
+            counter_value: Some(value),
+            ..Default::default()
+        };
+        self.event(ts, e, InternedData::default())
+    }
+}
+
+fn uint(name: usize, v: u64) -> DebugAnnotation {
+    DebugAnnotation { name_iid: Some(name as u64 + 1), uint_value: Some(v), ..Default::default() }
+}
+
+fn string(name: usize, iid: u64) -> DebugAnnotation {
+    DebugAnnotation { name_iid: Some(name as u64 + 1), string_value_iid: Some(iid), ..Default::default() }
+}
+
+impl<W: Write> Sink for PerfettoSink<W> {
+    fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
+        match event {
+            Event::Op(e) => {
+                let Some(r) = row(event, t) else { return Ok(()) };
+                let track = self.thread(e.op.tid)?;
+                let end = e.end_ns.unwrap_or(e.op.ts_ns);
+                let mut new = InternedData::default();
+                let name = self.name_iid(&r.name, &mut new);
+                let dst = self.string_iid(r.dst.as_deref().unwrap_or(""), &mut new);
+                let srcs = self.string_iid(r.srcs.as_deref().unwrap_or(""), &mut new);
+                let memory = self.string_iid(r.dst_memory.unwrap_or(""), &mut new);
+                let mut args = vec![string(0, dst), string(1, srcs), uint(2, r.weight_bytes), string(3, memory)];
+                args.extend(r.layer.map(|l| uint(4, u64::from(l))));
+                args.extend(r.ubatch.map(|u| uint(5, u64::from(u))));
+                let begin = TrackEvent {
+                    r#type: Some(TYPE_SLICE_BEGIN),
+                    track_uuid: Some(track),
+                    name_iid: Some(name),
+                    debug_annotations: args,
+                    flow_ids: self.op_flows.remove(&e.ctx.seq).unwrap_or_default(),
+                    ..Default::default()
+                };
+                self.event(e.op.ts_ns, begin, new)?;
+                self.end(end, track)?;
+                if e.op.ith == 0 {
+                    self.layer_slices(e, end, t)?;
+                }
+            }
+            Event::Marker(ctx, m) => {
+                let Some(u) = ctx.ubatch else { return Ok(()) };
+                if m.cookie == markers::SCHED_GRAPH_COMPUTE {
+                    let phase = t.phase(Some(u)).map_or("aux", phase_name);
+                    let name = match t.token_index(Some(u)) {
+                        Some(k) => format!("ubatch {u} ({phase}, token {k})"),
+                        None => format!("ubatch {u} ({phase})"),
+                    };
+                    let e = TrackEvent {
+                        r#type: Some(TYPE_SLICE_BEGIN),
+                        track_uuid: Some(UBATCH_UUID),
+                        name: Some(name),
+                        ..Default::default()
+                    };
+                    self.event(m.ts_ns, e, InternedData::default())?;
+                } else if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
+                    self.end(m.ts_ns, UBATCH_UUID)?;
+                }
+            }
+            Event::Fault(f) => {
+                self.count_fault(f.fault.ts_ns)?;
+                let track = self.thread(f.fault.tid)?;
+                let mut new = InternedData::default();
+                let name = self.name_iid("page_fault", &mut new);
+                let mut args = vec![uint(6, f.fault.address)];
+                if let Some(hit) = f.hit
+                    && let Some(tensor) = hit.tensor.and_then(|x| model_tensor(t.models, hit.model, x))
+                {
+                    let iid = self.string_iid(&tensor.name, &mut new);
+                    args.push(string(7, iid));
+                }
+                let mut e = TrackEvent {
+                    r#type: Some(TYPE_INSTANT),
+                    track_uuid: Some(track),
+                    name_iid: Some(name),
+                    debug_annotations: args,
+                    ..Default::default()
+                };
+                if let Some(op) = f.op_seq {
+                    // The op is written when it ends, after its faults.
+                    let flow = (1 << 63) | f.ctx.seq;
+                    self.op_flows.entry(op).or_default().push(flow);
+                    e.terminating_flow_ids.push(flow);
+                }
+                self.event(f.fault.ts_ns, e, new)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl<W: Write> PerfettoSink<W> {
+    fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
+        let mut seen: Vec<u64> = Vec::new();
+        for &(_, id) in &e.op.srcs {
+            let d = t.descriptor(id);
+            let Some(w) = weight_of(d) else { continue };
+            let Some(tensor) = model_tensor(t.models, w.model, w.tensor) else { continue };
+            let track = layer_uuid(w.model, tensor.layer);
+            if seen.contains(&track) {
+                continue;
+            }
+            seen.push(track);
+            let begin = e.op.ts_ns.max(self.layer_end.get(&track).copied().unwrap_or(0));
+            if begin >= end {
+                continue;
+            }
+            self.layer_end.insert(track, end);
+            let mut new = InternedData::default();
+            let name = self.name_iid(&tensor.name, &mut new);
+            let memory = self.string_iid(if w.copy { "copy" } else { "model_file" }, &mut new);
+            let ev = TrackEvent {
+                r#type: Some(TYPE_SLICE_BEGIN),
+                track_uuid: Some(track),
+                name_iid: Some(name),
+                debug_annotations: vec![string(3, memory), uint(2, tensor.size_bytes)],
+                ..Default::default()
+            };
+            self.event(begin, ev, new)?;
+            self.end(end, track)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,197 @@
+//! The second pass every export shares: re-read the trace in order and hand
+//! each event to a sink with its context (ubatch, running op, duration).
+//!
+//! An op lasts until the next op on the same thread, or until its graph
+//! returns (as in `correlate`), so an op is handed over when that end is
+//! seen: ops arrive in end order, everything else in trace order. Memory
+//! stays bounded: one pending op per thread plus the reader's tables.
+
+use std::{collections::BTreeMap, fs::File, io::BufReader, path::Path};
+
+use indicatif::ProgressBar;
+use tracer_common::markers;
+
+use super::{ExportError, tensor::AddressIndex, tensor::FileHit};
+use crate::{
+    correlate::{Analysis, Phase},
+    record::{Descriptor, Lost, ModelTable, Op, Record, TraceReader, Trailer, reader::Fault, reader::Marker},
+};
+
+/// Where an event happened.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Context {
+    /// Order of the event in the file (ops by their start).
+    pub seq: u64,
+    pub ubatch: Option<u32>,
+}
+
+pub struct OpEvent {
+    pub ctx: Context,
+    pub op: Op,
+    /// `None` when the trace ended while it ran.
+    pub end_ns: Option<u64>,
+}
+
+pub struct FaultEvent {
+    pub ctx: Context,
+    pub fault: Fault,
+    /// `seq` of the op running on the faulting thread.
+    pub op_seq: Option<u64>,
+    /// The model file position the address falls in.
+    pub hit: Option<FileHit>,
+}
+
+/// One event. New record kinds (page-cache, block I/O) become new variants.
+pub enum Event {
+    Op(OpEvent),
+    Marker(Context, Marker),
+    Fault(FaultEvent),
+    Lost(Lost),
+    End(Trailer),
+}
+
+/// What a sink may look up while handling an event.
+pub struct Tables<'a> {
+    pub analysis: &'a Analysis,
+    descriptors: &'a [Descriptor],
+    pub models: &'a [ModelTable],
+    token_of: &'a [Option<u32>],
+}
+
+impl Tables<'_> {
+    pub fn descriptor(&self, id: u32) -> &Descriptor {
+        &self.descriptors[id as usize]
+    }
+
+    pub fn op_name(&self, op: &Op) -> String {
+        self.analysis.op_name(self.descriptor(op.dst).op)
+    }
+
+    pub fn phase(&self, ubatch: Option<u32>) -> Option<Phase> {
+        ubatch.and_then(|u| self.analysis.ubatches.get(u as usize)).map(|u| u.phase)
+    }
+
+    /// Index among generate ubatches, i.e. which generated token.
+    pub fn token_index(&self, ubatch: Option<u32>) -> Option<u32> {
+        self.token_of.get(ubatch? as usize).copied().flatten()
+    }
+}
+
+/// Per ubatch: its index among generate ubatches.
+pub fn token_indices(a: &Analysis) -> Vec<Option<u32>> {
+    let mut n = 0;
+    a.ubatches
+        .iter()
+        .map(|u| {
+            (u.phase == Phase::Generate).then(|| {
+                n += 1;
+                n - 1
+            })
+        })
+        .collect()
+}
+
+pub trait Sink {
+    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError>;
+}
+
+/// Event count of pass two, for progress bars.
+pub fn event_total(a: &Analysis) -> u64 {
+    a.ops + a.faults + a.ubatches.len() as u64 * 2 + a.decodes.len() as u64
+}
+
+pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut dyn Sink) -> Result<(), ExportError> {
+    let mut reader: TraceReader<BufReader<File>> = TraceReader::open(path)?;
+    let mut seq = 0u64;
+    let mut ubatch: Option<u32> = None;
+    let mut next_ubatch = 0u32;
+    let mut running: BTreeMap<u32, OpEvent> = BTreeMap::new();
+    let mut index = prescan(path)?;
+    let token_of = token_indices(analysis);
+    let mut emit = |event: Event, reader: &TraceReader<BufReader<File>>| -> Result<(), ExportError> {
+        progress.inc(1);
+        let tables =
+            Tables { analysis, descriptors: reader.descriptors(), models: reader.models(), token_of: &token_of };
+        sink.event(&event, &tables)
+    };
+    while let Some(record) = reader.next_record()? {
+        match record {
+            Record::Op(op) => {
+                let ctx = Context { seq, ubatch };
+                seq += 1;
+                let started = op.ts_ns;
+                if let Some(mut prev) = running.insert(op.tid, OpEvent { ctx, op, end_ns: None }) {
+                    prev.end_ns = Some(started);
+                    emit(Event::Op(prev), &reader)?;
+                }
+            }
+            Record::Marker(m) => {
+                if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
+                    for (_, mut op) in std::mem::take(&mut running) {
+                        op.end_ns = Some(m.ts_ns);
+                        emit(Event::Op(op), &reader)?;
+                    }
+                }
+                if m.cookie == markers::SCHED_GRAPH_COMPUTE {
+                    ubatch = Some(next_ubatch);
+                    next_ubatch += 1;
+                }
+                let ctx = Context { seq, ubatch };
+                seq += 1;
+                if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
+                    ubatch = None;
+                }
+                emit(Event::Marker(ctx, m), &reader)?;
+            }
+            Record::Fault(fault) => {
+                index.learn(reader.descriptors(), reader.models());
+                let ctx = Context { seq, ubatch };
+                seq += 1;
+                let op_seq = running.get(&fault.tid).map(|o| o.ctx.seq);
+                let hit = index.lookup(fault.address, reader.models());
+                emit(Event::Fault(FaultEvent { ctx, fault, op_seq, hit }), &reader)?;
+            }
+            Record::Lost(lost) => emit(Event::Lost(lost), &reader)?,
+            Record::End(trailer) => {
+                for (_, op) in std::mem::take(&mut running) {
+                    emit(Event::Op(op), &reader)?;
+                }
+                emit(Event::End(trailer), &reader)?;
+            }
+            _ => {}
+        }
+    }
+    for (_, op) in std::mem::take(&mut running) {
+        emit(Event::Op(op), &reader)?;
+    }
+    Ok(())
+}
+
+/// Faults during load come before any descriptor shows where the model is
+/// mapped: learn the mapping bases first, reading until every model file has
+/// one (usually the first graph) or a bounded number of records.
+fn prescan(path: &Path) -> Result<AddressIndex, ExportError> {
+    const LIMIT: u64 = 1 << 20;
+    let mut reader: TraceReader<BufReader<File>> = TraceReader::open(path)?;
+    let mut index = AddressIndex::default();
+    let mut n = 0;
+    while n < LIMIT
+        && let Some(record) = reader.next_record()?
+    {
+        n += 1;
+        if let Record::Op(_) = record {
+            index.learn(reader.descriptors(), reader.models());
+            let files: usize = reader.models().iter().map(|m| m.files.len()).sum();
+            if files > 0 && index.files() >= files {
+                break;
+            }
+        }
+    }
+    index.learn(reader.descriptors(), reader.models());
+    Ok(index)
+}
+
+/// Descriptors of an op's sources, in slot order.
+pub fn sources<'a>(op: &Op, tables: &'a Tables) -> Vec<&'a Descriptor> {
+    op.srcs.iter().map(|&(_, id)| tables.descriptor(id)).collect()
+}

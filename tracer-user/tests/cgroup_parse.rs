@@ -1,0 +1,35 @@
+//! `--mem-limit` size parsing and error messages (no root needed).
+
+use ttrace::target::{CgroupError, MemLimit};
+
+#[test]
+fn sizes() {
+    assert_eq!(MemLimit::parse("512M").unwrap(), 512 << 20);
+    assert_eq!(MemLimit::parse("1G").unwrap(), 1 << 30);
+    assert_eq!(MemLimit::parse("1500000000").unwrap(), 1_500_000_000);
+    assert_eq!(MemLimit::parse("65536KiB").unwrap(), 64 << 20);
+    assert_eq!(MemLimit::parse(" 2gb ").unwrap(), 2 << 30);
+    assert_eq!(MemLimit::parse("1.5G").unwrap(), 3 << 29);
+    assert_eq!(MemLimit::parse("4 MiB").unwrap(), 4 << 20);
+    assert_eq!(MemLimit::parse(".5G").unwrap(), 1 << 29);
+}
+
+#[test]
+fn bad_sizes() {
+    for bad in ["", "M", "12X", "1..5G", "1.2.3G", "-5M", "1e9", "99999999999999999999T", "1.0000000001G"] {
+        let e = MemLimit::parse(bad).unwrap_err();
+        assert!(matches!(e, CgroupError::BadSize { .. }), "{bad}: {e}");
+        assert!(e.to_string().contains("examples"), "{e}");
+    }
+    for small in ["64KiB", "0", "4194303", "3.9M"] {
+        let e = MemLimit::parse(small).unwrap_err();
+        assert!(matches!(e, CgroupError::TooSmall { .. }), "{small}: {e}");
+        assert!(e.to_string().contains("minimum of 4 MiB"), "{e}");
+    }
+}
+
+#[test]
+fn error_names_the_fix() {
+    let e = CgroupError::DropCaches { error: std::io::Error::from_raw_os_error(libc::EACCES) };
+    assert!(e.to_string().contains("needs root"), "{e}");
+}

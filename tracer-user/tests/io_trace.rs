@@ -1,0 +1,141 @@
+//! I/O correlation against the kernel's own block tracer and a synthetic
+//! target (root): block bytes attributed to the model file agree with the
+//! `blk` tracer's issue (`D`) records, faults land on the right file offsets
+//! and are classified major once on a cold cache, llama.cpp's prefetch reads
+//! in the load phase, and a memory limit makes every token read from disk.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use ttrace::{
+    correlate::{self, Analysis, Phase},
+    record::{Record, TraceReader},
+    resolve::FileExtents,
+};
+
+mod common;
+mod io_support;
+mod target_support;
+
+fn ttrace(args: &[&str], trace: &Path, command: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_ttrace"))
+        .args(args)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("run ttrace");
+    assert!(out.status.success(), "ttrace {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn analyze(trace: &Path) -> Analysis {
+    correlate::analyze(TraceReader::open(trace).unwrap()).unwrap()
+}
+
+fn llama(model: &Path, n: &str) -> Vec<String> {
+    let llama = target_support::llama();
+    [llama.completion.display().to_string(), "-m".into(), model.display().to_string()]
+        .into_iter()
+        .chain(["-p", "hello world", "-n", n, "-no-cnv", "--ignore-eos", "-t", "2"].map(String::from))
+        .collect()
+}
+
+fn scratch_trace(name: &str) -> PathBuf {
+    target_support::scratch(name).join("trace.data")
+}
+
+#[test]
+fn block_bytes_agree_with_the_kernel_blk_tracer() {
+    common::require_root();
+    let model = target_support::model("moe");
+    let extents = FileExtents::read(&model).unwrap();
+    let device = extents.device.disk.clone().expect("model on a block device");
+    let trace = scratch_trace("blk-oracle");
+    let blk = io_support::BlkTrace::start(&device);
+    let argv = llama(&model, "4");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    ttrace(&["run", "--drop-caches"], &trace, &argv);
+    let records = blk.stop();
+    let (oracle_requests, oracle_bytes) = io_support::overlapping(&records, &extents);
+
+    let a = analyze(&trace);
+    let disk = &a.io.disk;
+    println!(
+        "blk tracer D records in the model's extents: {oracle_requests} requests, {oracle_bytes} bytes; \
+         ttrace: {} issues, {} bytes ({} requests, {} bytes without re-issues)",
+        disk.issues, disk.issue_bytes, disk.requests, disk.bytes
+    );
+    assert!(oracle_bytes > 0, "a cold run reads the model from disk");
+    let ratio = |a: u64, b: u64| a.min(b) as f64 / a.max(b) as f64;
+    assert!(ratio(disk.issue_bytes, oracle_bytes) >= 0.99, "bytes: ttrace {} vs blk {oracle_bytes}", disk.issue_bytes);
+    assert!(ratio(disk.issues, oracle_requests) >= 0.99, "requests: ttrace {} vs blk {oracle_requests}", disk.issues);
+    assert_eq!(a.lost.total(), 0);
+}
+
+#[test]
+fn synthetic_faults_land_on_their_file_offsets_and_are_major_once() {
+    common::require_root();
+    let model = target_support::model("tiny");
+    let size = std::fs::metadata(&model).unwrap().len();
+    // Scattered pages, not in file order, none adjacent (MADV_RANDOM: no readahead).
+    let offsets: Vec<u64> = (0..24u64).map(|i| ((i * 7919 + 13) % (size / 4096 - 1)) * 4096 + 8 * i).collect();
+    let touch = io_support::build_touch();
+    let trace = scratch_trace("touch");
+    let mut argv = vec![touch.display().to_string(), model.display().to_string()];
+    argv.extend(offsets.iter().map(u64::to_string));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let model_arg = model.display().to_string();
+    ttrace(&["run", "--drop-caches", "--model", &model_arg], &trace, &argv);
+
+    let mut reader = TraceReader::open(&trace).unwrap();
+    let mut faulted = Vec::new();
+    while let Some(record) = reader.next_record().unwrap() {
+        if let Record::Fault(f) = record
+            && let Some(pos) = f.file
+        {
+            faulted.push(pos.offset);
+        }
+    }
+    let mut want = offsets.clone();
+    want.sort_unstable();
+    faulted.sort_unstable();
+    assert_eq!(faulted, want, "one fault per touched offset, at that very file offset");
+    let a = analyze(&trace);
+    assert_eq!(
+        (a.io.faults.model_file, a.io.faults.major, a.io.faults.minor),
+        (offsets.len() as u64, offsets.len() as u64, 0)
+    );
+}
+
+#[test]
+fn prefetch_reads_in_the_load_phase_and_a_memory_limit_streams_every_token() {
+    common::require_root();
+    let model = target_support::model("bench");
+    let size = std::fs::metadata(&model).unwrap().len();
+    let argv = llama(&model, "4");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+
+    let cold = scratch_trace("bench-cold");
+    ttrace(&["run", "--drop-caches"], &cold, &argv);
+    let a = analyze(&cold);
+    let load = a.io.by_when.get("load").map_or(0, |w| w.disk.bytes);
+    println!("cold bench run: {} of {} disk bytes in the load phase ({size} byte model)", load, a.io.disk.bytes);
+    assert!(a.io.disk.bytes as f64 >= 0.9 * size as f64, "a cold run reads the model");
+    assert!(load as f64 >= 0.95 * a.io.disk.bytes as f64, "prefetch: nearly all reads at load");
+
+    let limited = scratch_trace("bench-limited");
+    ttrace(&["run", "--drop-caches", "--mem-limit", "256M"], &limited, &argv);
+    let a = analyze(&limited);
+    let generate: Vec<_> = a.ubatches.iter().filter(|u| u.phase == Phase::Generate).collect();
+    assert_eq!(generate.len(), 3);
+    for u in &generate {
+        let layers = a.io.ubatch_layer_bytes.get(&u.index).cloned().unwrap_or_default();
+        println!("generate ubatch {}: {} disk bytes; by layer {:?}", u.index, u.disk_bytes, layers);
+        assert!(u.disk_bytes > 0, "ubatch {} read nothing from disk under the limit", u.index);
+        assert!(layers.len() > 1, "per-layer bytes reported");
+    }
+}
