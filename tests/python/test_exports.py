@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 COLUMNS = [
     "seq", "kind", "ts_ns", "rel_ns", "dur_ns", "tid", "ubatch", "phase", "token_index", "name", "layer", "dst",
     "dst_memory", "srcs", "n_srcs", "weights_file", "weights_copy", "weight_bytes", "ith", "nth", "address", "ip",
-    "error_code", "fault_tensor", "file_offset", "op_seq",
+    "error_code", "fault_tensor", "file_offset", "op_seq", "dev", "sector", "io_bytes", "rwbs",
 ]
 UNSIGNED = {"seq": "uint64", "ts_ns": "uint64", "tid": "uint32", "weight_bytes": "uint64", "ubatch": "uint32"}
 CHROMIUM_FLAGS = [
@@ -110,7 +110,7 @@ def test_jsonl_csv_parquet_match_report(ttrace, trace, tmp_path):
     with export(ttrace, path, "csv", tmp_path / "e.csv").open(newline="") as f:
         reader = csv.DictReader(f)
         assert reader.fieldnames == COLUMNS
-        ints = {"seq", "ubatch", "weights_file", "weights_copy"}
+        ints = {"seq", "ubatch", "weights_file", "weights_copy", "weight_bytes"}
         rows = [{k: (int(v) if k in ints and v != "" else (None if v == "" else v)) for k, v in r.items()} for r in reader]
     check_rows(rows, a)
     assert len(rows) == len(jsonl)
@@ -262,3 +262,70 @@ def test_report_text_and_html_in_chromium(ttrace, trace, tmp_path):
     got = run("shot", f"--screenshot={shot}", html.as_uri())
     assert got.returncode == 0 and shot.stat().st_size > 10_000
     assert "CONSOLE" not in got.stderr
+
+
+def drop_from_page_cache(path: Path):
+    """Evict one file's pages (this file only: other users of the machine keep theirs)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_completion, models, flush_log_preload):
+    """A cold model file: block requests become disk-lane slices (issue to
+    completion, never overlapping on one lane) and rows of kind `block`."""
+    model = tmp_path / "cold.gguf"
+    shutil.copyfile(models["moe"], model)
+    os.sync()
+    drop_from_page_cache(model)
+    path = record(ttrace, tmp_path / "io.data", llama_completion, model, flush_log_preload)
+    rows = [json.loads(line) for line in export(ttrace, path, "jsonl", tmp_path / "io.jsonl").read_text().splitlines()]
+    blocks = [r for r in rows if r["kind"] == "block"]
+    assert any(r["kind"] == "page_cache" for r in rows), "a cold model is read into the page cache"
+    assert blocks, "a cold model file is read from disk"
+    # Pair issues with completions as the exporter does: by (dev, sector).
+    issued, pairs = {}, []
+    for r in sorted(blocks, key=lambda r: r["seq"]):
+        key = (r["dev"], r["sector"])
+        if r["name"] == "issue":
+            issued[key] = r
+        elif key in issued:
+            pairs.append((issued.pop(key), r))
+    assert pairs
+
+    t = pb.Trace()
+    t.ParseFromString(export(ttrace, path, "perfetto", tmp_path / "io.pftrace").read_bytes())
+    tracks, parents, open_at = {}, {}, {}
+    lane_slices, disk_counter = collections.defaultdict(list), []
+    for p in t.packet:
+        if p.HasField("track_descriptor"):
+            tracks[p.track_descriptor.uuid] = p.track_descriptor.name
+            parents[p.track_descriptor.uuid] = p.track_descriptor.parent_uuid
+        if p.HasField("track_event"):
+            e, name = p.track_event, tracks.get(p.track_event.track_uuid, "")
+            if name.startswith("disk requests"):
+                if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+                    assert e.track_uuid not in open_at, "lanes hold one request at a time"
+                    open_at[e.track_uuid] = p.timestamp
+                elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+                    lane_slices[e.track_uuid].append((open_at.pop(e.track_uuid), p.timestamp))
+            elif name == "disk bytes per 10 ms":
+                disk_counter.append(e.counter_value)
+    by_name = {v: k for k, v in tracks.items()}
+    disk = by_name["disk"]
+    assert all(parents[u] == disk for u in lane_slices)
+    assert sum(len(v) for v in lane_slices.values()) == len(pairs)
+    # Slices are written at completion: sort each lane by start before checking overlap.
+    for spans in lane_slices.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "requests on one lane do not overlap"
+    assert sum(disk_counter) == sum(c["io_bytes"] for _, c in pairs)
+    expected = sorted((i["ts_ns"], c["ts_ns"]) for i, c in pairs)
+    assert sorted(s for v in lane_slices.values() for s in v) == expected
+
+    a = json.loads(subprocess.run([ttrace, "report", path, "--json"], capture_output=True, text=True, check=True).stdout)
+    load = next(p for p in a["stats"]["phases"] if p["phase"] == "load")
+    assert load["disk_bytes"] is not None
+    assert all(u["disk_bytes"] is not None for u in a["stats"]["ubatches"])

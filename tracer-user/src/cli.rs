@@ -53,7 +53,8 @@ ttrace export ttrace.data --format tokens-json -o tokens/\n  \
 ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
 Rows (jsonl, csv, parquet): one per op, marker and page fault, columns seq, kind, ts_ns, rel_ns, dur_ns, \
 tid, ubatch, phase, token_index, name, layer, dst, dst_memory, srcs, n_srcs, weights_file, weights_copy, \
-weight_bytes, ith, nth, address, ip, error_code, fault_tensor, file_offset, op_seq.\n\n\
+weight_bytes, ith, nth, address, ip, error_code, fault_tensor, file_offset, op_seq, dev, sector, io_bytes, rwbs \
+(kinds op, marker, fault, page_cache, block).\n\n\
 tokens-json: token-NNNNN.json per generated token (generate-phase ubatch, in order), prompt-NNNNN.json \
 per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs are not written.")]
     Export(ExportArgs),

@@ -7,11 +7,12 @@ use anyhow::{Result, bail};
 use super::{
     report,
     session::{self, SessionSpec, Target},
+    summary,
 };
 use crate::{
     cli::RunArgs,
     privileges::require_tracing_privileges,
-    target::{HeldChild, SpawnOptions, UserSpec},
+    target::{HeldChild, MemLimit, MemoryCgroup, SpawnOptions, UserSpec},
 };
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -19,7 +20,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
     require_tracing_privileges()?;
     let user = UserSpec::for_run(args.user.as_deref())?;
     let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
+    // Parse before anything starts, so a bad size is a clean error.
+    let mem_limit = args.mem_limit.as_deref().map(MemLimit::parse).transpose()?;
     let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new() })?;
+    // The held child joins the cgroup before it runs any code; dropping the
+    // cgroup (also on errors and Ctrl-C paths) moves it out and removes it.
+    let mut cgroup = match mem_limit {
+        Some(limit) => {
+            let cgroup = MemoryCgroup::create("run", limit)?;
+            cgroup.add_pid(child.pid())?;
+            Some(cgroup)
+        }
+        None => None,
+    };
     let mut models = args.common.model.clone();
     models.extend(models_in_command(&args.command));
     let spec = SessionSpec {
@@ -27,8 +40,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         models,
         io: !args.common.no_io,
         drop_caches: args.drop_caches,
-        mem_limit: None,
-        cgroup: None,
+        mem_limit: cgroup.as_ref().map(MemoryCgroup::limit_bytes),
+        cgroup: cgroup.as_ref().map(|c| c.version().to_string()),
         all_threads: args.common.all_threads,
         libs: args.common.lib.clone(),
         duration: None,
@@ -37,6 +50,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let outcome = session::trace(Target::Run { child, argv: args.command.clone() }, &spec).await?;
     report::print_summary(&spec.output, Some(&outcome.stats))?;
+    if let Some(cgroup) = cgroup.as_mut() {
+        if let Ok(stats) = cgroup.stats() {
+            eprintln!(
+                "  memory       cgroup {} limit {}, peak {}, limit hit {} times, {} OOM kills",
+                cgroup.version(),
+                summary::human_bytes(stats.limit_bytes),
+                stats.peak_bytes.map_or_else(|| "unknown".to_string(), summary::human_bytes),
+                stats.limit_hits,
+                stats.oom_kills
+            );
+        }
+        cgroup.remove()?;
+    }
     match outcome.exit {
         Some(status) if !status.success() => {
             use std::os::unix::process::ExitStatusExt;

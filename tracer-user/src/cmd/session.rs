@@ -199,6 +199,10 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     let mut stream = EventStream::new(tracer.take_events()?)?;
     let (mut child, exited) = match target {
         Target::Run { child, .. } => {
+            // Last, after ttrace itself has read the model's header: a cold start.
+            if spec.drop_caches {
+                target::drop_caches()?;
+            }
             let running = child.release()?;
             (Some(running), pidfd(pid).context("watching the child for exit")?)
         }

@@ -120,31 +120,34 @@ pub fn pairs(text: &str) -> Vec<(String, String)> {
 pub fn render_details(a: &Analysis, s: &Stats) -> String {
     let mut out = String::new();
     let ms = |ns: u64| ns as f64 / 1e6;
-    let _ = writeln!(out, "\nphases         ubatches  tokens      time       ops  weight bytes   faults");
+    let opt_bytes = |b: Option<u64>| b.map_or_else(|| "n/a".to_string(), human_bytes);
+    let _ =
+        writeln!(out, "\nphases         ubatches  tokens        time       ops  weight bytes   faults    disk read");
     for p in &s.phases {
         let _ = writeln!(
             out,
-            "  {:<12} {:>8} {:>7} {:>9.2} ms {:>9} {:>13} {:>8}",
+            "  {:<12} {:>8} {:>7} {:>9.2} ms {:>9} {:>13} {:>8} {:>12}",
             p.phase,
             p.ubatches,
             p.tokens,
             ms(p.duration_ns),
             p.ops,
             human_bytes(p.weight_bytes),
-            p.faults
+            p.faults,
+            opt_bytes(p.disk_bytes)
         );
     }
     let generate: Vec<_> = s.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).collect();
     if !generate.is_empty() {
         let _ = writeln!(
             out,
-            "\nper generated token   id      time     ops  weight bytes  tensors  file/copy accesses  faults (model)  disk"
+            "\nper generated token   id      time     ops  weight bytes  tensors  file/copy accesses  faults (model, major)  disk read"
         );
         const SHOWN: usize = 40;
         for u in generate.iter().take(SHOWN) {
             let _ = writeln!(
                 out,
-                "  token {:<6} {:>9} {:>7.2} ms {:>7} {:>12}{} {:>8} {:>9}/{:<9} {:>6} ({:>5})  n/a",
+                "  token {:<6} {:>9} {:>7.2} ms {:>7} {:>12}{} {:>8} {:>9}/{:<9} {:>6} ({:>5}, {:>5}) {:>10}",
                 u.token_index.unwrap_or(0),
                 u.token_ids.first().map_or_else(|| "-".to_string(), |t| t.to_string()),
                 ms(u.duration_ns),
@@ -155,7 +158,9 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
                 u.file_backed_accesses,
                 u.copy_accesses,
                 u.faults,
-                u.model_faults
+                u.model_faults,
+                u.faults_major.map_or_else(|| "n/a".to_string(), |m| m.to_string()),
+                opt_bytes(u.disk_bytes)
             );
         }
         if generate.len() > SHOWN {

@@ -1,6 +1,11 @@
 //! I/O correlation: page faults, page-cache fills and block requests tied to
 //! model files, tensors, ubatches and phases.
 //!
+//! A fault's model-file page comes from the maps snapshot taken while
+//! recording, or, when the mapping was already gone (a short-lived target),
+//! from the `mm_filemap_fault` event the same thread raised next, which
+//! names the file and page itself.
+//!
 //! Major or minor is decided by correlation, not by the kernel's flag: a
 //! fault on a model-file page is **major** when the same thread added that
 //! very page to the page cache (read it from disk) before its next fault or
@@ -97,6 +102,9 @@ pub struct TensorIo {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct IoAnalysis {
     pub faults: FaultCounts,
+    /// Every model-file fault, classified (at most `MAX_FAULT_PAGES`).
+    pub fault_pages: Vec<FaultPage>,
+    pub fault_pages_truncated: bool,
     pub page_cache_adds: u64,
     pub page_cache_bytes: u64,
     pub disk: DiskTotals,
@@ -114,11 +122,26 @@ pub struct WhenIo {
     pub faults_minor: u64,
 }
 
-/// A fault waiting to be classified: did its thread fill its page?
+/// A model-file fault, as classified.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct FaultPage {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub model: u32,
+    pub file: u32,
+    pub file_offset: u64,
+    pub major: bool,
+    pub when: When,
+}
+
+const MAX_FAULT_PAGES: usize = 1 << 20;
+
+/// A fault waiting to be classified: did its thread fill its page? Its file
+/// position is unknown until a filemap fault names it when the maps did not.
 struct OpenFault {
-    model: u32,
-    file: u32,
-    page: u64,
+    ts_ns: u64,
+    address: u64,
+    pos: Option<(u32, u32, u64)>,
     when: When,
     major: bool,
 }
@@ -174,27 +197,39 @@ impl IoCorrelator {
     pub fn on_fault(&mut self, fault: &Fault, when: When) {
         self.close(fault.tid);
         self.out.faults.total += 1;
-        if let Some(pos) = fault.file {
-            self.out.faults.model_file += 1;
-            let open = OpenFault { model: pos.model, file: pos.file, page: pos.offset / PAGE, when, major: false };
-            self.open.insert(fault.tid, open);
-        }
+        let pos = fault.file.map(|p| (p.model, p.file, p.offset));
+        let open = OpenFault { ts_ns: fault.ts_ns, address: fault.address, pos, when, major: false };
+        self.open.insert(fault.tid, open);
     }
 
     pub fn on_page_cache(&mut self, event: &PageCache) {
-        if event.kind != page_cache::ADD {
+        let Some(open) = self.open.get_mut(&event.tid) else {
+            if event.kind == page_cache::ADD {
+                self.count_fill(event);
+            }
+            return;
+        };
+        let Some((model, file)) = event.file else { return };
+        if event.kind == page_cache::FAULT {
+            // The fault's own filemap fault: file and page straight from the kernel.
+            if open.pos.is_none() {
+                open.pos = Some((model, file, event.index * PAGE + (open.address & (PAGE - 1))));
+            }
             return;
         }
         let pages = 1u64 << event.order.min(20);
-        self.out.page_cache_adds += 1;
-        self.out.page_cache_bytes += pages * PAGE;
-        if let (Some((model, file)), Some(open)) = (event.file, self.open.get_mut(&event.tid))
-            && open.model == model
-            && open.file == file
-            && (event.index..event.index + pages).contains(&open.page)
+        if let Some((m, f, offset)) = open.pos
+            && (m, f) == (model, file)
+            && (event.index..event.index + pages).contains(&(offset / PAGE))
         {
             open.major = true;
         }
+        self.count_fill(event);
+    }
+
+    fn count_fill(&mut self, event: &PageCache) {
+        self.out.page_cache_adds += 1;
+        self.out.page_cache_bytes += (1u64 << event.order.min(20)) * PAGE;
     }
 
     /// A block request: its model-file bytes and tensors (issues only;
@@ -227,6 +262,15 @@ impl IoCorrelator {
         self.out.disk.add(bytes);
         self.when(when).disk.add(bytes);
         for h in &hits {
+            let table_entry = self.models.get(h.model as usize).and_then(|m| m.tensors.get(h.tensor as usize));
+            if let When::Ubatch(u) = when {
+                let layer = table_entry.and_then(|t| t.layer).map_or_else(|| "none".to_string(), |l| l.to_string());
+                *self.out.ubatch_layer_bytes.entry(u).or_default().entry(layer).or_default() += h.bytes;
+            }
+            // Bytes between tensors (header, padding) have no tensor to credit.
+            if table_entry.is_none() {
+                continue;
+            }
             let t = self.tensors.entry((h.model, h.tensor)).or_insert_with(|| TensorIo {
                 model: h.model,
                 tensor: h.tensor,
@@ -236,12 +280,6 @@ impl IoCorrelator {
             t.times_read += 1;
             t.first_read.get_or_insert(when);
             t.last_read = Some(when);
-            if let When::Ubatch(u) = when {
-                let layer = self.models[h.model as usize].tensors[h.tensor as usize]
-                    .layer
-                    .map_or_else(|| "none".to_string(), |l| l.to_string());
-                *self.out.ubatch_layer_bytes.entry(u).or_default().entry(layer).or_default() += h.bytes;
-            }
         }
         hits
     }
@@ -289,6 +327,16 @@ impl IoCorrelator {
 
     fn close(&mut self, tid: u32) {
         if let Some(open) = self.open.remove(&tid) {
+            // Faults outside the model files (heap, stack, libraries) are only counted.
+            let Some((model, file, file_offset)) = open.pos else { return };
+            self.out.faults.model_file += 1;
+            if self.out.fault_pages.len() < MAX_FAULT_PAGES {
+                let page =
+                    FaultPage { ts_ns: open.ts_ns, tid, model, file, file_offset, major: open.major, when: open.when };
+                self.out.fault_pages.push(page);
+            } else {
+                self.out.fault_pages_truncated = true;
+            }
             let w = self.when(open.when);
             if open.major {
                 w.faults_major += 1;

@@ -4,7 +4,9 @@
 //! through the file mapping / faulted / not touched), the same layout for
 //! copies of model tensors, per-layer bytes per generated token, and the
 //! summary table. Tensors narrower than 2 px are widened to 2 px and every
-//! cell has a tooltip.
+//! cell has a tooltip. Runs of more than 600 ubatches are shown in bins of
+//! consecutive ubatches (a cell shows what any ubatch of its bin did), so the
+//! page stays small and drawable for long generations.
 
 use std::{fs, path::Path};
 
@@ -20,18 +22,28 @@ use crate::correlate::Analysis;
 const TEMPLATE: &str = include_str!("report.html");
 
 /// `summary` is the text report, shown as the page's table.
+const MAX_ROWS: usize = 600;
+
 pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Path) -> Result<(), ExportError> {
+    let bin = stats.ubatches.len().div_ceil(MAX_ROWS).max(1);
+    let label = |u: &super::stats::UbatchStats| {
+        let phase = u.phase.map_or("aux", phase_name);
+        match u.token_index {
+            Some(k) => format!("token {k}"),
+            None => format!("{phase} ubatch {}", u.index),
+        }
+    };
     let ubatches: Vec<_> = stats
         .ubatches
-        .iter()
-        .map(|u| {
-            let phase = u.phase.map_or("aux", phase_name);
-            let label = match u.token_index {
-                Some(k) => format!("token {k}"),
-                None => format!("{phase} ubatch {}", u.index),
-            };
-            json!({"index": u.index, "phase": phase, "label": label, "ops": u.ops, "weight_bytes": u.weight_bytes,
-                   "faults": u.faults, "token_ids": u.token_ids})
+        .chunks(bin)
+        .map(|group| {
+            let (first, last) = (&group[0], &group[group.len() - 1]);
+            let phase = first.phase.map_or("aux", phase_name);
+            let name = if group.len() == 1 { label(first) } else { format!("{} … {}", label(first), label(last)) };
+            json!({"index": first.index, "phase": phase, "label": name, "ubatches": group.len(),
+                   "ops": group.iter().map(|u| u.ops).sum::<u64>(),
+                   "weight_bytes": group.iter().map(|u| u.weight_bytes).sum::<u64>(),
+                   "faults": group.iter().map(|u| u.faults).sum::<u64>()})
         })
         .collect();
     let models: Vec<_> = a
@@ -45,7 +57,11 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
                 .iter()
                 .map(|t| {
                     // One digit per ubatch: bit 0 file, bit 1 copy, bit 2 faulted.
-                    let cells: String = t.cells.iter().map(|&c| char::from(b'0' + c.min(7))).collect();
+                    let cells: String = t
+                        .cells
+                        .chunks(bin)
+                        .map(|g| char::from(b'0' + g.iter().fold(0, |x, &c| x | c).min(7)))
+                        .collect();
                     json!({"name": t.name, "offset": t.file_offset, "size": t.size_bytes, "layer": t.layer,
                            "component": t.component, "tokens": t.tokens_touched, "faults": t.faults, "cells": cells})
                 })

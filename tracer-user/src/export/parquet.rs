@@ -49,6 +49,10 @@ const SCHEMA: &str = "message ttrace_event {
   optional binary fault_tensor (STRING);
   optional int64 file_offset (INTEGER(64,false));
   optional int64 op_seq (INTEGER(64,false));
+  optional int32 dev (INTEGER(32,false));
+  optional int64 sector (INTEGER(64,false));
+  optional int64 io_bytes (INTEGER(64,false));
+  optional binary rwbs (STRING);
 }";
 
 /// One column's values for the current row group.
@@ -151,6 +155,10 @@ impl ParquetSink {
         c[23].str(r.fault_tensor.as_deref());
         c[24].u64(r.file_offset);
         c[25].u64(r.op_seq);
+        c[26].u32(r.dev);
+        c[27].u64(r.sector);
+        c[28].u64(r.io_bytes);
+        c[29].str(r.rwbs.as_deref());
     }
 
     fn flush(&mut self) -> Result<(), ExportError> {

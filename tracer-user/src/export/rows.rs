@@ -5,7 +5,7 @@
 //! | column         | type   | meaning                                                       |
 //! |----------------|--------|---------------------------------------------------------------|
 //! | `seq`          | u64    | order in the trace file (ops by start)                        |
-//! | `kind`         | string | `op`, `marker`, `fault` (new record kinds add values)         |
+//! | `kind`         | string | `op`, `marker`, `fault`, `page_cache`, `block`                |
 //! | `ts_ns`        | u64    | CLOCK_MONOTONIC                                               |
 //! | `rel_ns`       | u64    | since tracing started (`header.start_monotonic_ns`)           |
 //! | `dur_ns`       | u64?   | op: until the next op on its thread or the graph's return     |
@@ -25,10 +25,18 @@
 //! | `ith`, `nth`   | u32?   | op: thread index and count of the op's work split             |
 //! | `address`      | u64?   | fault: address; marker: first argument                        |
 //! | `ip`           | u64?   | fault: instruction pointer                                    |
-//! | `error_code`   | u64?   | fault: x86 error code (bit 1 write, bit 2 user); marker: cookie |
+//! | `error_code`   | u64?   | fault: x86 error code (bit 1 write, bit 2 user); marker: cookie; block: error |
 //! | `fault_tensor` | string?| fault: the model tensor the address is in                     |
 //! | `file_offset`  | u64?   | fault: offset in the model file                               |
 //! | `op_seq`       | u64?   | fault: `seq` of the op running on that thread                 |
+//! | `dev`          | u32?   | block, page_cache: device number (kernel `dev_t` encoding)    |
+//! | `sector`       | u64?   | block: first 512-byte sector                                  |
+//! | `io_bytes`     | u64?   | block: request bytes; page_cache: folio bytes                 |
+//! | `rwbs`         | string?| block: blktrace's R/W/S/M flags                               |
+//!
+//! Kinds `block` (name `issue`/`complete`) and `page_cache` (name `add`/
+//! `filemap_fault`, `file_offset` = page offset in the model file,
+//! `fault_tensor` = the tensor there) come from traces with I/O records.
 //!
 //! Ops arrive when their end is known, so rows are near, not exactly, in
 //! `seq` order; sort by `seq` or `ts_ns` if it matters.
@@ -78,6 +86,10 @@ pub struct Row {
     pub fault_tensor: Option<String>,
     pub file_offset: Option<u64>,
     pub op_seq: Option<u64>,
+    pub dev: Option<u32>,
+    pub sector: Option<u64>,
+    pub io_bytes: Option<u64>,
+    pub rwbs: Option<String>,
 }
 
 pub const COLUMNS: &[&str] = &[
@@ -107,6 +119,10 @@ pub const COLUMNS: &[&str] = &[
     "fault_tensor",
     "file_offset",
     "op_seq",
+    "dev",
+    "sector",
+    "io_bytes",
+    "rwbs",
 ];
 
 pub fn phase_name(p: Phase) -> &'static str {
@@ -210,6 +226,53 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
                 ..Default::default()
             })
         }
+        Event::PageCache(ctx, p) => {
+            let (ubatch, phase, token_index) = context(ctx.ubatch);
+            let file_offset = p.index.saturating_mul(4096);
+            let tensor = p.file.and_then(|(m, f)| {
+                let models = t.models.get(m as usize)?;
+                models
+                    .tensors
+                    .iter()
+                    .find(|x| x.file == f && x.file_offset <= file_offset && file_offset < x.file_offset + x.size_bytes)
+            });
+            Some(Row {
+                seq: ctx.seq,
+                kind: "page_cache",
+                ts_ns: p.ts_ns,
+                rel_ns: p.ts_ns.saturating_sub(start),
+                tid: p.tid,
+                ubatch,
+                phase,
+                token_index,
+                name: if p.kind == tracer_common::page_cache::ADD { "add" } else { "filemap_fault" }.into(),
+                fault_tensor: tensor.map(|x| x.name.clone()),
+                file_offset: p.file.map(|_| file_offset),
+                dev: Some(p.dev),
+                io_bytes: Some(4096u64 << p.order.min(20)),
+                ..Default::default()
+            })
+        }
+        Event::Block(ctx, b) => {
+            let (ubatch, phase, token_index) = context(ctx.ubatch);
+            Some(Row {
+                seq: ctx.seq,
+                kind: "block",
+                ts_ns: b.ts_ns,
+                rel_ns: b.ts_ns.saturating_sub(start),
+                tid: b.tid,
+                ubatch,
+                phase,
+                token_index,
+                name: if b.kind == tracer_common::block::ISSUE { "issue" } else { "complete" }.into(),
+                error_code: Some(b.error as i64 as u64),
+                dev: Some(b.dev),
+                sector: Some(b.sector),
+                io_bytes: Some(u64::from(b.nr_sector) * 512),
+                rwbs: Some(b.rwbs.clone()),
+                ..Default::default()
+            })
+        }
         _ => None,
     }
 }
@@ -306,7 +369,10 @@ fn csv_line(r: &Row, line: &mut String) {
         opt(r.error_code)
     );
     push_field(line, r.fault_tensor.as_deref().unwrap_or(""));
-    let _ = writeln!(line, ",{},{}", opt(r.file_offset), opt(r.op_seq));
+    let _ =
+        write!(line, ",{},{},{},{},{},", opt(r.file_offset), opt(r.op_seq), o32(r.dev), opt(r.sector), opt(r.io_bytes));
+    push_field(line, r.rwbs.as_deref().unwrap_or(""));
+    line.push('\n');
 }
 
 /// RFC 4180 quoting: tensor names may hold commas or quotes (`x (view)`).

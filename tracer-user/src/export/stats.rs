@@ -6,8 +6,9 @@
 //! read, each counted with the largest view read (the whole tensor for a
 //! plain matrix). MoE expert tensors count whole: only the routed experts
 //! are really read, but the routing ids are not recorded yet, so any figure
-//! that includes them is an upper bound (`upper_bound`). Disk bytes need the
-//! block-I/O records that the format does not carry yet: they are `null`.
+//! that includes them is an upper bound (`upper_bound`). Disk bytes and
+//! major/minor faults come from `correlate::io` (block requests mapped to
+//! model-file bytes); they are `null` for traces without I/O records.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -41,8 +42,10 @@ pub struct UbatchStats {
     pub faults: u64,
     /// Faults whose address is inside a model file mapping.
     pub model_faults: u64,
-    /// Not recorded by this trace format yet.
+    /// Model-file bytes read from disk during the graph (`null`: no I/O records).
     pub disk_bytes: Option<u64>,
+    pub faults_major: Option<u64>,
+    pub faults_minor: Option<u64>,
     /// Weight bytes per layer (`None` = not in a layer).
     #[serde(skip)]
     pub layer_bytes: BTreeMap<Option<u32>, u64>,
@@ -58,6 +61,7 @@ pub struct PhaseStats {
     pub ops: u64,
     pub weight_bytes: u64,
     pub faults: u64,
+    pub disk_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -86,6 +90,8 @@ pub struct TensorStats {
     pub file_backed_accesses: u64,
     pub copy_accesses: u64,
     pub faults: u64,
+    /// Bytes of it read from disk over the whole run (`null`: no I/O records).
+    pub disk_bytes: Option<u64>,
     pub upper_bound: bool,
     /// Per ubatch: 0 untouched, 1 read via the file, 2 read as a copy, +4 faulted.
     #[serde(skip)]
@@ -227,6 +233,20 @@ impl Sink for Collector {
 }
 
 fn finish(s: &mut Stats, a: &Analysis) {
+    let io = &a.io;
+    let has_io = io.disk.issues > 0 || io.page_cache_adds > 0;
+    if has_io {
+        for u in &mut s.ubatches {
+            let w = io.by_when.get(&format!("ubatch {}", u.index));
+            u.disk_bytes = Some(w.map_or(0, |w| w.disk.bytes));
+            u.faults_major = Some(w.map_or(0, |w| w.faults_major));
+            u.faults_minor = Some(w.map_or(0, |w| w.faults_minor));
+        }
+        let read: BTreeMap<(u32, u32), u64> = io.tensors.iter().map(|t| ((t.model, t.tensor), t.bytes_read)).collect();
+        for t in &mut s.tensors {
+            t.disk_bytes = Some(read.get(&(t.model, t.tensor)).copied().unwrap_or(0));
+        }
+    }
     let generate: Vec<&UbatchStats> = s.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).collect();
     let n_gen = generate.len().max(1) as f64;
     for t in &mut s.tensors {
@@ -278,7 +298,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
         ops: a.ops_outside_ubatches,
         ..Default::default()
     };
-    load.faults = s.faults_outside_ubatches;
+    load.disk_bytes = has_io.then(|| io.by_when.get("load").map_or(0, |w| w.disk.bytes));
     s.phases.push(load);
     for (phase, name) in
         [(Phase::Warmup, "warmup"), (Phase::Prompt, "prompt"), (Phase::Generate, "generate"), (Phase::Aux, "aux")]
@@ -291,6 +311,9 @@ fn finish(s: &mut Stats, a: &Analysis) {
             p.ops += u.ops;
             p.weight_bytes += u.weight_bytes;
             p.faults += u.faults;
+            if let Some(d) = u.disk_bytes {
+                *p.disk_bytes.get_or_insert(0) += d;
+            }
         }
         s.phases.push(p);
     }
@@ -301,7 +324,9 @@ fn finish(s: &mut Stats, a: &Analysis) {
                 .into(),
         );
     }
-    s.notes.push("disk bytes and major/minor fault classes are not in this trace format yet".into());
+    if !has_io {
+        s.notes.push("this trace has no I/O records: disk bytes and major/minor faults are unknown".into());
+    }
 }
 
 pub fn layer_key(layer: Option<u32>) -> String {

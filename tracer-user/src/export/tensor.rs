@@ -141,40 +141,47 @@ impl AddressIndex {
                 .max()
                 .unwrap_or(0);
             self.spans.insert(base, (base + end, model, t.file));
-            self.by_offset.entry((model, t.file)).or_insert_with(|| {
-                let mut v: Vec<(u64, u32)> = table
-                    .tensors
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, x)| x.file == t.file)
-                    .map(|(i, x)| (x.file_offset, i as u32))
-                    .collect();
-                v.sort_unstable();
-                v
-            });
+            self.by_offset.entry((model, t.file)).or_insert_with(|| sorted_tensors(models, model, t.file));
         }
         self.seen = descriptors.len();
     }
 
     /// Model files whose mapping base is known.
     pub fn files(&self) -> usize {
-        self.by_offset.len()
+        self.spans.len()
     }
 
-    pub fn lookup(&self, address: u64, models: &[ModelTable]) -> Option<FileHit> {
+    pub fn lookup(&mut self, address: u64, models: &[ModelTable]) -> Option<FileHit> {
         let (&base, &(end, model, file)) = self.spans.range(..=address).next_back()?;
         if address >= end {
             return None;
         }
         let file_offset = address - base;
-        let tensor = self.by_offset.get(&(model, file)).and_then(|v| {
-            let i = v.partition_point(|&(o, _)| o <= file_offset).checked_sub(1)?;
-            let (o, t) = v[i];
-            let size = model_tensor(models, model, t)?.size_bytes;
-            (file_offset < o + size).then_some(t)
-        });
+        let tensor = self.tensor_at(model, file, file_offset, models);
         Some(FileHit { model, file, file_offset, tensor })
     }
+
+    /// The tensor holding byte `file_offset` of a model file.
+    pub fn tensor_at(&mut self, model: u32, file: u32, file_offset: u64, models: &[ModelTable]) -> Option<u32> {
+        let sorted = self.by_offset.entry((model, file)).or_insert_with(|| sorted_tensors(models, model, file));
+        let i = sorted.partition_point(|&(o, _)| o <= file_offset).checked_sub(1)?;
+        let (o, t) = sorted[i];
+        let size = model_tensor(models, model, t)?.size_bytes;
+        (file_offset < o + size).then_some(t)
+    }
+}
+
+fn sorted_tensors(models: &[ModelTable], model: u32, file: u32) -> Vec<(u64, u32)> {
+    let Some(table) = models.get(model as usize) else { return Vec::new() };
+    let mut v: Vec<(u64, u32)> = table
+        .tensors
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.file == file)
+        .map(|(i, x)| (x.file_offset, i as u32))
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 #[cfg(test)]

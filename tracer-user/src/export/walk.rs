@@ -14,7 +14,10 @@ use tracer_common::markers;
 use super::{ExportError, tensor::AddressIndex, tensor::FileHit};
 use crate::{
     correlate::{Analysis, Phase},
-    record::{Descriptor, Lost, ModelTable, Op, Record, TraceReader, Trailer, reader::Fault, reader::Marker},
+    record::{
+        Descriptor, Lost, ModelTable, Op, Record, TraceReader, Trailer,
+        reader::{Block, Fault, Marker, PageCache},
+    },
 };
 
 /// Where an event happened.
@@ -41,11 +44,15 @@ pub struct FaultEvent {
     pub hit: Option<FileHit>,
 }
 
-/// One event. New record kinds (page-cache, block I/O) become new variants.
+/// One event. New record kinds become new variants.
 pub enum Event {
     Op(OpEvent),
     Marker(Context, Marker),
     Fault(FaultEvent),
+    /// A model-file page entering the page cache, or `filemap_fault` on one.
+    PageCache(Context, PageCache),
+    /// A block request issued or completed on a watched device.
+    Block(Context, Block),
     Lost(Lost),
     End(Trailer),
 }
@@ -148,8 +155,25 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
                 let ctx = Context { seq, ubatch };
                 seq += 1;
                 let op_seq = running.get(&fault.tid).map(|o| o.ctx.seq);
-                let hit = index.lookup(fault.address, reader.models());
+                // Newer traces carry the file position; older ones are resolved here.
+                let hit = match fault.file {
+                    Some(pos) => {
+                        let tensor = index.tensor_at(pos.model, pos.file, pos.offset, reader.models());
+                        Some(FileHit { model: pos.model, file: pos.file, file_offset: pos.offset, tensor })
+                    }
+                    None => index.lookup(fault.address, reader.models()),
+                };
                 emit(Event::Fault(FaultEvent { ctx, fault, op_seq, hit }), &reader)?;
+            }
+            Record::PageCache(p) => {
+                let ctx = Context { seq, ubatch };
+                seq += 1;
+                emit(Event::PageCache(ctx, p), &reader)?;
+            }
+            Record::Block(b) => {
+                let ctx = Context { seq, ubatch };
+                seq += 1;
+                emit(Event::Block(ctx, b), &reader)?;
             }
             Record::Lost(lost) => emit(Event::Lost(lost), &reader)?,
             Record::End(trailer) => {

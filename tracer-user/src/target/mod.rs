@@ -1,7 +1,8 @@
 //! The traced program: which files hold the ggml/llama hooks (found the way
 //! ld.so would, before the program runs, or from a live process's maps), facts
 //! read from those binaries (op-name tables, build ids), and the held child of
-//! `ttrace run`. Needs no root except to switch users.
+//! `ttrace run`, and the memory cgroup and cache dropping of its experiments.
+//! Needs no root except to switch users, create cgroups and drop caches.
 
 pub mod cgroup;
 mod elf;

@@ -12,8 +12,12 @@
 //!   (`+ 0xffff`): a slice, named by the weight, while an op reads that
 //!   layer's weights (one per graph node: ith 0 only, clipped so slices
 //!   never overlap);
-//! - a counter `page faults per 10 ms` (uuid 3); block-I/O tracks (disk
-//!   requests, disk bytes/s) come with the block records.
+//! - a counter `page faults per 10 ms` (uuid 3);
+//! - with I/O records: a `disk` group (uuid 4) with `disk requests N` lanes
+//!   (uuid 0x3_0000_0000 + N): a slice per block request from issue to
+//!   completion (overlapping requests on separate lanes), a counter
+//!   `disk bytes per 10 ms` (uuid 5, completed bytes) and `page_cache_add`
+//!   instants on the thread that caused them.
 //!
 //! Names and annotation strings are interned on one packet sequence.
 
@@ -42,12 +46,28 @@ use crate::correlate::Analysis;
 pub const PROCESS_UUID: u64 = 1;
 pub const UBATCH_UUID: u64 = 2;
 pub const FAULT_COUNTER_UUID: u64 = 3;
+pub const DISK_UUID: u64 = 4;
+pub const DISK_BYTES_UUID: u64 = 5;
 pub const THREAD_UUID: u64 = 0x1_0000_0000;
+pub const LANE_UUID: u64 = 0x3_0000_0000;
 pub const MODEL_UUID: u64 = 0x2_0000_0000;
 pub const NON_LAYER: u64 = 0xffff;
 const SEQ: u32 = 1;
 const BUCKET_NS: u64 = 10_000_000;
-const ANNOTATIONS: [&str; 8] = ["dst", "srcs", "weight_bytes", "memory", "layer", "ubatch", "address", "tensor"];
+const ANNOTATIONS: [&str; 12] = [
+    "dst",
+    "srcs",
+    "weight_bytes",
+    "memory",
+    "layer",
+    "ubatch",
+    "address",
+    "tensor",
+    "sector",
+    "bytes",
+    "rwbs",
+    "file_offset",
+];
 
 struct PerfettoSink<W: Write> {
     out: W,
@@ -61,6 +81,11 @@ struct PerfettoSink<W: Write> {
     /// Flows from an op (by seq) to the faults it took.
     op_flows: HashMap<u64, Vec<u64>>,
     fault_bucket: Option<(u64, i64)>,
+    disk_bucket: Option<(u64, i64)>,
+    /// Issued block requests by (dev, sector): issue time and lane.
+    requests: HashMap<(u32, u64), (u64, usize)>,
+    /// Per lane: whether a request occupies it.
+    lanes: Vec<bool>,
     pid: u32,
     first: bool,
 }
@@ -77,6 +102,9 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
         layer_end: HashMap::new(),
         op_flows: HashMap::new(),
         fault_bucket: None,
+        disk_bucket: None,
+        requests: HashMap::new(),
+        lanes: Vec::new(),
         pid: a.header.pid,
         first: true,
     };
@@ -84,6 +112,7 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
     sink.preamble(a).map_err(|e| rewrite(e, out))?;
     walk::walk(trace, a, progress, &mut sink).map_err(|e| rewrite(e, out))?;
     sink.flush_faults().map_err(|e| rewrite(e, out))?;
+    sink.flush_disk().map_err(|e| rewrite(e, out))?;
     sink.out.flush().map_err(io)?;
     Ok(Written { events: progress.position(), items: sink.packets })
 }
@@ -254,10 +283,73 @@ impl<W: Write> PerfettoSink<W> {
         Ok(())
     }
 
+    fn add_disk(&mut self, ts: u64, bytes: i64) -> Result<(), ExportError> {
+        let bucket = ts / BUCKET_NS;
+        match self.disk_bucket {
+            Some((b, ref mut n)) if b == bucket => *n += bytes,
+            Some((b, _)) => {
+                self.flush_disk()?;
+                if bucket > b + 1 {
+                    self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
+                }
+                self.disk_bucket = Some((bucket, bytes));
+            }
+            None => {
+                self.disk_descriptors()?;
+                self.disk_bucket = Some((bucket, bytes));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_disk(&mut self) -> Result<(), ExportError> {
+        if let Some((b, n)) = self.disk_bucket {
+            self.counter_on(DISK_BYTES_UUID, b * BUCKET_NS, n)?;
+            self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The disk group and its counter, once the first block event shows up.
+    fn disk_descriptors(&mut self) -> Result<(), ExportError> {
+        if self.disk_bucket.is_some() || !self.lanes.is_empty() {
+            return Ok(());
+        }
+        self.descriptor(TrackDescriptor {
+            child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+            ..track(DISK_UUID, "disk", None)
+        })?;
+        self.descriptor(TrackDescriptor {
+            counter: Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: Some("bytes".into()) }),
+            sibling_order_rank: Some(-1),
+            ..track(DISK_BYTES_UUID, "disk bytes per 10 ms", Some(DISK_UUID))
+        })
+    }
+
+    /// A free lane for a new request (a new lane track when all are busy).
+    fn lane(&mut self) -> Result<usize, ExportError> {
+        self.disk_descriptors()?;
+        if let Some(i) = self.lanes.iter().position(|busy| !busy) {
+            self.lanes[i] = true;
+            return Ok(i);
+        }
+        self.lanes.push(true);
+        let i = self.lanes.len() - 1;
+        self.descriptor(TrackDescriptor {
+            sibling_order_rank: Some(i as i32),
+            ..track(LANE_UUID + i as u64, &format!("disk requests {i}"), Some(DISK_UUID))
+        })?;
+        Ok(i)
+    }
+
     fn counter(&mut self, ts: u64, value: i64) -> Result<(), ExportError> {
+        self.counter_on(FAULT_COUNTER_UUID, ts, value)
+    }
+
+    fn counter_on(&mut self, track: u64, ts: u64, value: i64) -> Result<(), ExportError> {
         let e = TrackEvent {
             r#type: Some(TYPE_COUNTER),
-            track_uuid: Some(FAULT_COUNTER_UUID),
+            track_uuid: Some(track),
             counter_value: Some(value),
             ..Default::default()
         };
@@ -348,6 +440,25 @@ impl<W: Write> Sink for PerfettoSink<W> {
                 }
                 self.event(f.fault.ts_ns, e, new)?;
             }
+            Event::Block(_, b) => self.block(b)?,
+            Event::PageCache(_, p) if p.kind == tracer_common::page_cache::ADD => {
+                let track = self.thread(p.tid)?;
+                let mut new = InternedData::default();
+                let name = self.name_iid("page_cache_add", &mut new);
+                let mut args = vec![uint(11, p.index.saturating_mul(4096)), uint(9, 4096u64 << p.order.min(20))];
+                if let Some(x) = row(event, t).and_then(|r| r.fault_tensor) {
+                    let iid = self.string_iid(&x, &mut new);
+                    args.push(string(7, iid));
+                }
+                let e = TrackEvent {
+                    r#type: Some(TYPE_INSTANT),
+                    track_uuid: Some(track),
+                    name_iid: Some(name),
+                    debug_annotations: args,
+                    ..Default::default()
+                };
+                self.event(p.ts_ns, e, new)?;
+            }
             _ => {}
         }
         Ok(())
@@ -355,6 +466,36 @@ impl<W: Write> Sink for PerfettoSink<W> {
 }
 
 impl<W: Write> PerfettoSink<W> {
+    /// Issue opens a request on a free lane; completion closes it as one
+    /// slice (a completion without its issue is dropped).
+    fn block(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+        let key = (b.dev, b.sector);
+        if b.kind == tracer_common::block::ISSUE {
+            let lane = self.lane()?;
+            if let Some((_, old)) = self.requests.insert(key, (b.ts_ns, lane)) {
+                self.lanes[old] = false;
+            }
+            return Ok(());
+        }
+        let Some((issued, lane)) = self.requests.remove(&key) else { return Ok(()) };
+        self.lanes[lane] = false;
+        let bytes = u64::from(b.nr_sector) * 512;
+        let track = LANE_UUID + lane as u64;
+        let mut new = InternedData::default();
+        let name = self.name_iid(&format!("{} {} KiB", b.rwbs, bytes / 1024), &mut new);
+        let rwbs = self.string_iid(&b.rwbs, &mut new);
+        let e = TrackEvent {
+            r#type: Some(TYPE_SLICE_BEGIN),
+            track_uuid: Some(track),
+            name_iid: Some(name),
+            debug_annotations: vec![uint(8, b.sector), uint(9, bytes), string(10, rwbs)],
+            ..Default::default()
+        };
+        self.event(issued, e, new)?;
+        self.end(b.ts_ns.max(issued), track)?;
+        self.add_disk(b.ts_ns, bytes as i64)
+    }
+
     fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
         let mut seen: Vec<u64> = Vec::new();
         for &(_, id) in &e.op.srcs {

@@ -135,4 +135,5 @@ pub const TYPE_COUNTER: i32 = 4;
 pub const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 pub const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 pub const UNIT_COUNT: i32 = 2;
+pub const UNIT_SIZE_BYTES: i32 = 3;
 pub const CHILD_ORDERING_EXPLICIT: i32 = 3;

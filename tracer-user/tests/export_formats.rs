@@ -1,0 +1,189 @@
+//! Every export format on a synthetic trace (no root, no llama.cpp): a
+//! warm-up, a prompt and two generate ubatches over a two-layer model. The
+//! real-trace checks (Perfetto bindings, pyarrow, Chromium) are in
+//! tests/python/test_exports.py.
+
+use std::{fs, path::Path};
+
+use prost::Message;
+use tracer_common::{CallEvent, EventHeader, EventKind, SLOT_DST, TensorRecord, markers};
+use ttrace::{
+    correlate,
+    events::OpRecord,
+    export::{self, Format, perfetto::proto::TracePacket},
+    record::{Header, Memory, ModelTable, ModelTensor, TraceReader, TraceWriter, Trailer, format::FORMAT_VERSION},
+};
+
+const BASE: u64 = 0x7000_0000;
+
+fn tensor(name: &str, data: u64, slot: u32, op: i32) -> TensorRecord {
+    let mut bytes = [0u8; 64];
+    bytes[..name.len()].copy_from_slice(name.as_bytes());
+    TensorRecord {
+        tensor: data ^ 0xfff,
+        data,
+        ne: [64, 64, 1, 1],
+        nb: [4, 256, 16384, 16384],
+        view_src: 0,
+        view_offs: 0,
+        extra: 0,
+        type_: 0,
+        op,
+        op_param0: 0,
+        flags: 0,
+        slot,
+        _pad: 0,
+        name: bytes,
+    }
+}
+
+fn model_tensor(name: &str, offset: u64, layer: Option<u32>, component: &str) -> ModelTensor {
+    ModelTensor {
+        name: name.into(),
+        file: 0,
+        file_offset: offset,
+        size_bytes: 16384,
+        type_name: "F32".into(),
+        shape: vec![64, 64],
+        layer,
+        component: component.into(),
+        expert_bytes: None,
+    }
+}
+
+fn synthetic(path: &Path) {
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        mode: "run".into(),
+        pid: 42,
+        command: vec!["/bin/llama-completion".into()],
+        start_monotonic_ns: 1_000,
+        op_names: vec!["NONE".into(), "GET_ROWS".into(), "MUL_MAT".into()],
+        ..Default::default()
+    };
+    let mut w = TraceWriter::create(fs::File::create(path).unwrap(), &header).unwrap();
+    let table = ModelTable {
+        files: vec!["/m/model.gguf".into()],
+        tensors: vec![
+            model_tensor("token_embd.weight", 0x1000, None, "token_embd"),
+            model_tensor("blk.0.attn_q.weight", 0x5000, Some(0), "attn_q"),
+            model_tensor("blk.1.attn_q.weight", 0x9000, Some(1), "attn_q"),
+        ],
+        ..Default::default()
+    };
+    w.model(&table).unwrap();
+    let memory = |r: &TensorRecord| {
+        if r.data >= BASE {
+            let off = r.data - BASE;
+            let t = [0x1000u64, 0x5000, 0x9000].iter().rposition(|&o| o <= off).unwrap();
+            Memory::ModelFile { model: 0, tensor: t as u32, offset: off - [0x1000u64, 0x5000, 0x9000][t] }
+        } else {
+            Memory::Anon
+        }
+    };
+    let mut ts = 10_000;
+    let mut marker = |w: &mut TraceWriter<fs::File>, ts: u64, cookie: u64| {
+        let header = EventHeader { kind: EventKind::Call as u32, cpu: 0, ts_ns: ts, tgid: 42, tid: 7 };
+        w.marker(&CallEvent { header, cookie, args: [0, 1, 0, 0, 0, 0] }).unwrap();
+    };
+    // Warm-up (2 tokens), reset, prompt (3 tokens), 2 generate tokens.
+    for (i, n_tokens) in [2i64, 3, 1, 1].into_iter().enumerate() {
+        if i == 1 {
+            marker(&mut w, ts, markers::LLAMA_PERF_RESET);
+            ts += 10;
+        }
+        marker(&mut w, ts, markers::LLAMA_DECODE);
+        marker(&mut w, ts + 10, markers::SCHED_GRAPH_COMPUTE);
+        let mut ids = tensor("inp_tokens", 0x100, 1, 0);
+        ids.ne = [n_tokens, 1, 1, 1];
+        ids.type_ = 26;
+        ids.nb = [4, 4 * n_tokens as u64, 4 * n_tokens as u64, 4 * n_tokens as u64];
+        let ops = [
+            vec![tensor("inp_embd", 0x200, SLOT_DST, 1), tensor("token_embd.weight", BASE + 0x1000, 0, 0), ids],
+            vec![tensor("Qcur-0", 0x300, SLOT_DST, 2), tensor("blk.0.attn_q.weight", BASE + 0x5000, 0, 0)],
+            vec![tensor("Qcur-1", 0x400, SLOT_DST, 2), tensor("blk.1.attn_q.weight", BASE + 0x9000, 0, 0)],
+        ];
+        for (k, tensors) in ops.into_iter().enumerate() {
+            let header =
+                EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: ts + 20 + 10 * k as u64, tgid: 42, tid: 7 };
+            let op = OpRecord { header, ith: 0, nth: 1, hook: 0, token_ids: (0..n_tokens as i32).collect(), tensors };
+            w.op(&op, &mut |r| memory(r)).unwrap();
+        }
+        marker(&mut w, ts + 60, markers::SCHED_GRAPH_COMPUTE_RETURN);
+        ts += 100;
+    }
+    w.finish(&Trailer {
+        stop_reason: "target exited".into(),
+        exit_code: Some(0),
+        end_monotonic_ns: ts,
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+#[test]
+fn every_format_from_one_synthetic_trace() {
+    let dir = std::env::temp_dir().join(format!("ttrace-export-test-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.data");
+    synthetic(&trace);
+    let a = correlate::analyze(TraceReader::open(&trace).unwrap()).unwrap();
+    assert_eq!((a.prompt_tokens, a.generate_runs, a.ops), (3, 2, 12));
+    let opts = export::Options { ubatch: None };
+
+    // CSV: one row per op and marker, ops carry their ubatch and bytes.
+    let csv = dir.join("e.csv");
+    export::export(&trace, &a, Format::Csv, &csv, &opts).unwrap();
+    let text = fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0].split(',').count(), export::rows::COLUMNS.len());
+    let ops: Vec<&&str> = lines.iter().filter(|l| l.split(',').nth(1) == Some("op")).collect();
+    assert_eq!(ops.len(), 12);
+    // GET_ROWS of 1 token reads one 256-byte row of the embedding.
+    let get_rows = ops.iter().filter(|l| l.contains("GET_ROWS") && l.contains(",generate,")).count();
+    assert_eq!(get_rows, 2);
+    assert!(ops.iter().any(|l| l.contains(",GET_ROWS,") && l.contains(",1,0,256,")), "{ops:?}");
+
+    // Perfetto: packets decode; one ubatch slice per ubatch.
+    let pf = dir.join("t.pftrace");
+    export::export(&trace, &a, Format::Perfetto, &pf, &opts).unwrap();
+    let bytes = fs::read(&pf).unwrap();
+    let mut rest = &bytes[..];
+    let mut ubatch_begins = 0;
+    while !rest.is_empty() {
+        assert_eq!(rest[0], 0x0a, "Trace.packet field");
+        rest = &rest[1..];
+        let p = TracePacket::decode_length_delimited(&mut rest).unwrap();
+        if let Some(e) = p.track_event
+            && e.track_uuid == Some(export::perfetto::UBATCH_UUID)
+            && e.r#type == Some(1)
+        {
+            ubatch_begins += 1;
+        }
+    }
+    assert_eq!(ubatch_begins, 4);
+
+    // tokens-json: two generated tokens, a prompt file, the memory map.
+    let tokens = dir.join("tokens");
+    export::export(&trace, &a, Format::TokensJson, &tokens, &opts).unwrap();
+    let mut names: Vec<String> =
+        fs::read_dir(&tokens).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["memory-map.json", "prompt-00000.json", "token-00000.json", "token-00001.json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&fs::read(tokens.join("token-00001.json")).unwrap()).unwrap();
+    assert_eq!(doc["metadata"]["total_entries"], 3);
+    let src = &doc["entries"][1]["sources"][0];
+    assert_eq!((src["memory_source"].as_str(), src["disk_offset"].as_u64()), (Some("DISK"), Some(0x5000)));
+
+    // The rest write without error; dot names the graph.
+    for (format, name) in [(Format::ChromeJson, "t.json"), (Format::Jsonl, "e.jsonl"), (Format::Parquet, "e.parquet")] {
+        export::export(&trace, &a, format, &dir.join(name), &opts).unwrap();
+    }
+    let chrome: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("t.json")).unwrap()).unwrap();
+    assert!(chrome["traceEvents"].as_array().unwrap().len() > 12);
+    let dot = dir.join("g.dot");
+    export::export(&trace, &a, Format::Dot, &dot, &opts).unwrap();
+    assert!(fs::read_to_string(&dot).unwrap().starts_with("digraph ubatch_2 {"));
+    assert!(export::export(&trace, &a, Format::Dot, &dot, &export::Options { ubatch: Some(9) }).is_err());
+    fs::remove_dir_all(&dir).ok();
+}
