@@ -138,3 +138,39 @@ fn prefetch_reads_in_the_load_phase_and_a_memory_limit_streams_every_token() {
         assert!(layers.len() > 1, "per-layer bytes reported");
     }
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_ring_buffer_counts_lost_io_events_per_kind() {
+    common::require_root();
+    use std::os::unix::fs::MetadataExt;
+    use ttrace::{
+        collect::EventStream,
+        events::Event,
+        load::{LoadOptions, Tracer},
+        record::recorder::kernel_dev,
+    };
+    let file = io_support::scratch("io-overflow").join("data.bin");
+    io_support::write_file(&file, 32 << 20);
+    io_support::evict(&file);
+    let meta = std::fs::metadata(&file).unwrap();
+    let key = tracer_common::FileKey {
+        dev: kernel_dev(libc::major(meta.dev()), libc::minor(meta.dev())),
+        _pad: 0,
+        ino: meta.ino(),
+    };
+
+    // One page of ring and nobody reading while the file is read cold.
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: 4096 }).unwrap();
+    tracer.watch_file(key).unwrap();
+    tracer.attach_io().unwrap();
+    let data = std::fs::read(&file).unwrap();
+    assert_eq!(data.len(), 32 << 20);
+    let lost = tracer.lost().unwrap();
+    let mut stream = EventStream::new(tracer.take_events().unwrap()).unwrap();
+    let mut delivered = 0;
+    stream.drain_now(&mut |e| delivered += matches!(e, Event::PageCache(_)) as u64);
+    println!("page-cache events: {delivered} delivered, {} lost; other kinds lost: {lost:?}", lost.page_cache);
+    assert!(delivered > 0 && lost.page_cache > 0, "a one-page ring overflows on a 32 MiB cold read");
+    // Counted per kind: nothing of the other kinds was attempted.
+    assert_eq!((lost.call, lost.op, lost.page_fault), (0, 0, 0));
+}

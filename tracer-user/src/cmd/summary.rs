@@ -79,8 +79,9 @@ pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
     } else {
         let _ = writeln!(
             out,
-            "  LOST EVENTS  op {}, call {}, page_fault {}: the ring buffer overflowed; raise --ring-mb",
-            lost.op, lost.call, lost.page_fault
+            "  LOST EVENTS  op {}, call {}, page_fault {}, page_cache {}, block {}: the ring buffer overflowed; \
+             raise --ring-mb",
+            lost.op, lost.call, lost.page_fault, lost.page_cache, lost.block
         );
     }
     if let Some(t) = &a.trailer
