@@ -87,18 +87,12 @@ fn models_in_command(argv: &[String]) -> Vec<std::path::PathBuf> {
             other => other.strip_prefix("--model=").map(str::to_string),
         };
         if let Some(path) = value.map(std::path::PathBuf::from)
-            && is_gguf(&path)
+            && crate::record::recorder::is_gguf(&path)
         {
             out.push(path);
         }
     }
     out
-}
-
-fn is_gguf(path: &std::path::Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ pub fn write(
     }
     s.push_str("}\n");
     fs::write(out, s).map_err(ExportError::write(out))?;
-    Ok(Written { events: sink.ops, items: sink.nodes.len() as u64 })
+    Ok(Written { events: progress.position(), items: sink.nodes.len() as u64 })
 }
 
 fn colour(memory: &str) -> &'static str {

@@ -4,7 +4,7 @@
 //! through the file mapping / faulted / not touched), the same layout for
 //! copies of model tensors, per-layer bytes per generated token, and the
 //! summary table. Tensors narrower than 2 px are widened to 2 px and every
-//! cell has a tooltip. Runs of more than 600 ubatches are shown in bins of
+//! cell has a tooltip. Runs of more than 200 ubatches are shown in bins of
 //! consecutive ubatches (a cell shows what any ubatch of its bin did), so the
 //! page stays small and drawable for long generations.
 
@@ -22,7 +22,7 @@ use crate::correlate::Analysis;
 const TEMPLATE: &str = include_str!("report.html");
 
 /// `summary` is the text report, shown as the page's table.
-const MAX_ROWS: usize = 600;
+const MAX_ROWS: usize = 200;
 
 pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Path) -> Result<(), ExportError> {
     let bin = stats.ubatches.len().div_ceil(MAX_ROWS).max(1);

@@ -249,7 +249,8 @@ pub fn tensor_name(record: &TensorRecord) -> &str {
     std::str::from_utf8(&record.name[..end]).unwrap_or("")
 }
 
-fn is_gguf(path: &Path) -> bool {
+/// Whether `path` starts with the GGUF magic.
+pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"
 }
