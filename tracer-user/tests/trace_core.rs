@@ -240,21 +240,8 @@ fn not_root_is_a_one_line_error() {
 #[test]
 fn target_killed_mid_trace_keeps_the_trace_and_fails() {
     common::require_root();
-    let llama = target_support::llama();
     let out = scratch_trace("killed");
-    let tracer = ttrace()
-        .args(["run", "-o"])
-        .arg(&out)
-        .arg("--")
-        .arg(&llama.completion)
-        .arg("-m")
-        .arg(target_support::model("tiny"))
-        .args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "-t", "2"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_for_ops(&out, Duration::from_secs(30));
+    let tracer = trace_long_generation(&out);
     let child = child_of(tracer.id());
     signal(child, libc::SIGKILL);
     let done = tracer.wait_with_output().unwrap();
@@ -267,21 +254,8 @@ fn target_killed_mid_trace_keeps_the_trace_and_fails() {
 #[test]
 fn tracer_killed_leaves_a_readable_trace() {
     common::require_root();
-    let llama = target_support::llama();
     let out = scratch_trace("tracer-killed");
-    let mut tracer = ttrace()
-        .args(["run", "-o"])
-        .arg(&out)
-        .arg("--")
-        .arg(&llama.completion)
-        .arg("-m")
-        .arg(target_support::model("tiny"))
-        .args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "-t", "2"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_ops(&out, Duration::from_secs(30));
+    let mut tracer = trace_long_generation(&out);
     let child = child_of(tracer.id());
     sleep(Duration::from_millis(300));
     tracer.kill().unwrap();
@@ -323,6 +297,25 @@ fn bpf_ids(kind: &str) -> Vec<u64> {
 fn bpftool_json(kind: &str) -> Vec<serde_json::Value> {
     let out = Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (installed by set-up)");
     serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// `ttrace run` of a long generation on `tiny`, once its first ops are in `out`.
+fn trace_long_generation(out: &Path) -> Child {
+    let llama = target_support::llama();
+    let tracer = ttrace()
+        .args(["run", "-o"])
+        .arg(out)
+        .arg("--")
+        .arg(&llama.completion)
+        .arg("-m")
+        .arg(target_support::model("tiny"))
+        .args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "-t", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_ops(out, Duration::from_secs(30));
+    tracer
 }
 
 /// The one child process of `pid` (ttrace run's target).
