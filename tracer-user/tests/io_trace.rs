@@ -79,6 +79,32 @@ fn block_bytes_agree_with_the_kernel_blk_tracer() {
     assert!(ratio(disk.issue_bytes, oracle_bytes) >= 0.99, "bytes: ttrace {} vs blk {oracle_bytes}", disk.issue_bytes);
     assert!(ratio(disk.issues, oracle_requests) >= 0.99, "requests: ttrace {} vs blk {oracle_requests}", disk.issues);
     assert_eq!(a.lost.total(), 0);
+
+    // The blkparse export: blkparse's columns, then what ttrace adds; its D
+    // lines are the blk tracer's D records in the model's extents.
+    let text_path = trace.with_extension("blk");
+    let export = Command::new(env!("CARGO_BIN_EXE_ttrace"))
+        .args(["export", "--format", "blkparse", "-o"])
+        .arg(&text_path)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    let text = std::fs::read_to_string(&text_path).unwrap();
+    let mut ours: Vec<(u64, u64)> = Vec::new();
+    for line in text.lines() {
+        let (blk, suffix) = line.split_once("] ").map_or((line, ""), |(b, s)| (b, s));
+        let f: Vec<&str> = blk.split_whitespace().collect();
+        assert!(f.len() >= 11 && f[0].contains(',') && f[3].contains('.') && f[8] == "+", "not blkparse: {line}");
+        if f[5] == "D" {
+            assert!(suffix.contains("tensor=") && suffix.contains("file_off=") && suffix.contains("ubatch="), "{line}");
+            ours.push((f[7].parse().unwrap(), f[9].parse().unwrap()));
+        }
+    }
+    let mut theirs: Vec<(u64, u64)> = io_support::in_extents(&records, &extents);
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    assert_eq!(ours, theirs, "blkparse D lines vs the blk tracer's D records");
 }
 
 #[test]

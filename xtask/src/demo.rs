@@ -1,5 +1,6 @@
 //! `cargo xtask demo`: set up, build ttrace, and run the main job: trace a
-//! real llama-completion run on a generated model and write its report.
+//! real, cold-cache llama-completion run on a generated model and write its
+//! report, a Perfetto timeline and an HTML page.
 
 use std::{path::PathBuf, process::Command};
 
@@ -20,8 +21,7 @@ pub fn run() -> Result<()> {
     eprintln!("demo: tracing llama-completion on {}", model.display());
     shell::run(
         Command::new(&ttrace)
-            .arg("run")
-            .arg("-o")
+            .args(["run", "--drop-caches", "-o"])
             .arg(&trace)
             .arg("--")
             .arg(&paths.llama.completion)
@@ -35,8 +35,14 @@ pub fn run() -> Result<()> {
     let json = shell::output(Command::new(&ttrace).arg("report").arg("--json").arg(&trace))?;
     let json_path = out_dir.join("report.json");
     std::fs::write(&json_path, json)?;
+    let timeline = out_dir.join("timeline.pftrace");
+    shell::run(Command::new(&ttrace).args(["export", "--format", "perfetto", "-o"]).arg(&timeline).arg(&trace))?;
+    let html = out_dir.join("report.html");
+    shell::run(Command::new(&ttrace).arg("report").arg(&trace).arg("--html").arg(&html))?;
     println!("{report}");
-    println!("demo: trace {}\ndemo: report {} and {}", trace.display(), report_path.display(), json_path.display());
+    println!("demo: trace    {}", trace.display());
+    println!("demo: report   {} (and {}, {})", report_path.display(), json_path.display(), html.display());
+    println!("demo: timeline {} (open it at ui.perfetto.dev)", timeline.display());
     Ok(())
 }
 

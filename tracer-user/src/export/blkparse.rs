@@ -15,25 +15,43 @@
 //! ubatch (`load` before the first graph, `between` outside graphs) and the
 //! tensor's layer.
 
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{BufWriter, Write},
+    path::Path,
+};
 
 use tracer_common::{block, markers};
 
+use super::{ExportError, Written};
 use crate::{
     correlate::io::IoCorrelator,
     record::{Record, TraceError, TraceReader},
 };
 
+/// Write every block event of the trace at `trace` to `out`.
+pub fn write(trace: &Path, out: &Path) -> Result<Written, ExportError> {
+    let file = File::create(out).map_err(ExportError::write(out))?;
+    let mut writer = BufWriter::new(file);
+    let lines = write_lines(TraceReader::open(trace)?, &mut writer).map_err(|e| match e {
+        LinesError::Trace(e) => ExportError::Trace(e),
+        LinesError::Write(e) => ExportError::write(out)(e),
+    })?;
+    writer.flush().map_err(ExportError::write(out))?;
+    Ok(Written { events: lines, items: lines })
+}
+
 #[derive(Debug, thiserror::Error)]
-pub enum BlkparseError {
+pub enum LinesError {
     #[error(transparent)]
     Trace(#[from] TraceError),
-    #[error("writing blkparse text: {0}")]
+    #[error(transparent)]
     Write(#[from] std::io::Error),
 }
 
 /// Write every block event of `reader`; returns the number of lines.
-pub fn write<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl Write) -> Result<u64, BlkparseError> {
+pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl Write) -> Result<u64, LinesError> {
     let start = reader.header().start_monotonic_ns;
     let mut io = IoCorrelator::default();
     let (mut current, mut graphs) = (None::<u32>, 0u32);

@@ -12,7 +12,9 @@
 //! | `tokens-json` | [`tokens`]    | a directory, one JSON file per generated token|
 //! | `dot`         | [`dot`]       | one ubatch's executed graph (Graphviz)        |
 //! | html report   | [`html`]      | `ttrace report --html`: one self-contained page|
+//! | `blkparse`    | [`blkparse`]  | block requests as blkparse text, with tensors |
 
+pub mod blkparse;
 pub mod chrome;
 pub mod dot;
 pub mod html;
@@ -64,6 +66,9 @@ pub enum Format {
     TokensJson,
     /// The executed graph of one ubatch (`--ubatch K`) as Graphviz.
     Dot,
+    /// Block requests on the model files as blkparse text, each line followed
+    /// by ` tensor=… file_off=… ubatch=… layer=…`.
+    Blkparse,
 }
 
 /// What an export wrote, for the command's message.
@@ -95,6 +100,7 @@ pub fn export(
         Format::Parquet => parquet::write(trace, analysis, out, &progress),
         Format::TokensJson => tokens::write(trace, analysis, out, &progress),
         Format::Dot => dot::write(trace, analysis, out, options.ubatch, &progress),
+        Format::Blkparse => blkparse::write(trace, out),
     };
     progress.finish_and_clear();
     written

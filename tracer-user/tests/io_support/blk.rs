@@ -241,6 +241,20 @@ pub fn overlapping(records: &[BlkRecord], extents: &FileExtents) -> (u64, u64) {
     overlap_sum(records.iter().filter(|r| r.action == 'D'), extents)
 }
 
+/// `(sector, sectors)` of each `D` record overlapping the file's extents.
+pub fn in_extents(records: &[BlkRecord], extents: &FileExtents) -> Vec<(u64, u64)> {
+    let (ranges, dev) = disk_ranges(extents);
+    records
+        .iter()
+        .filter(|r| r.action == 'D' && dev.is_none_or(|d| d == r.dev))
+        .filter(|r| {
+            let (a, b) = r.disk_bytes();
+            ranges.iter().any(|&(s, e)| b.min(e) > a.max(s))
+        })
+        .map(|r| (r.sector, r.nr_sectors))
+        .collect()
+}
+
 /// Like [`overlapping`] over [`final_issues`]: requeued issues do not count,
 /// so the bytes are what the device transferred.
 pub fn overlapping_final(records: &[BlkRecord], extents: &FileExtents) -> (u64, u64) {

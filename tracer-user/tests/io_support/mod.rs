@@ -16,7 +16,9 @@ use std::{
     sync::OnceLock,
 };
 
-pub use blk::{BlkLog, BlkRecord, BlkTrace, covered_bytes, final_issues, overlapping, overlapping_final, parse_trace};
+pub use blk::{
+    BlkLog, BlkRecord, BlkTrace, covered_bytes, final_issues, in_extents, overlapping, overlapping_final, parse_trace,
+};
 
 /// Root-only tests fail with one line saying why; they never skip.
 pub fn require_root(what: &str) {
