@@ -37,27 +37,24 @@ pub enum LoadError {
     #[error("ring buffer size {0} is not a power of two of at least 4096 bytes")]
     RingSize(u32),
     #[error("loading the eBPF object into the kernel failed: {0}")]
-    Load(#[source] Box<aya::EbpfError>),
+    Load(Box<aya::EbpfError>),
     #[error("the eBPF object has no {what} `{name}`: tracer-common and tracer-ebpf are out of sync")]
     Missing { what: &'static str, name: &'static str },
-    #[error("eBPF program `{program}`: {source}")]
+    #[error("eBPF program `{program}`: {error}")]
     Program {
         program: &'static str,
-        #[source]
-        source: Box<aya::programs::ProgramError>,
+        error: Box<aya::programs::ProgramError>,
     },
-    #[error("eBPF map `{map}`: {source}")]
+    #[error("eBPF map `{map}`: {error}")]
     Map {
         map: &'static str,
-        #[source]
-        source: Box<aya::maps::MapError>,
+        error: Box<aya::maps::MapError>,
     },
-    #[error("attaching a uprobe to `{symbol}` in {binary}: {source}")]
+    #[error("attaching a uprobe to `{symbol}` in {binary}: {error}")]
     Attach {
         symbol: String,
         binary: String,
-        #[source]
-        source: Box<aya::programs::ProgramError>,
+        error: Box<aya::programs::ProgramError>,
     },
 }
 
@@ -117,8 +114,8 @@ impl Tracer {
         let map =
             self.ebpf.map_mut(MAP_TARGET_TGIDS).ok_or(LoadError::Missing { what: "map", name: MAP_TARGET_TGIDS })?;
         let mut targets: HashMap<_, u32, u8> = HashMap::try_from(map)
-            .map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source: Box::new(source) })?;
-        targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, source: Box::new(source) })
+            .map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, error: Box::new(source) })?;
+        targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, error: Box::new(source) })
     }
 
     /// Settings the programs read: record every worker thread or only
@@ -126,11 +123,11 @@ impl Tracer {
     pub fn configure(&mut self, all_threads: bool, get_rows_op: Option<u32>) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
         let mut cfg: Array<_, u64> =
-            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, source: Box::new(source) })?;
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
         let flags = if all_threads { config::FLAG_ALL_THREADS } else { 0 };
         let get_rows = get_rows_op.map_or(u64::MAX, u64::from);
         for (slot, value) in [(config::FLAGS, flags), (config::GET_ROWS_OP, get_rows)] {
-            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, source: Box::new(source) })?;
+            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
         }
         Ok(())
     }
@@ -178,7 +175,7 @@ impl Tracer {
         probe.attach(point, binary, scope).map(drop).map_err(|source| LoadError::Attach {
             symbol: symbol.to_string(),
             binary: binary.display().to_string(),
-            source: Box::new(source),
+            error: Box::new(source),
         })
     }
 
@@ -195,8 +192,8 @@ impl Tracer {
     fn insert_key<K: aya::Pod>(&mut self, name: &'static str, key: K) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing { what: "map", name })?;
         let mut set: HashMap<_, K, u8> =
-            HashMap::try_from(map).map_err(|source| LoadError::Map { map: name, source: Box::new(source) })?;
-        set.insert(key, 1, 0).map_err(|source| LoadError::Map { map: name, source: Box::new(source) })
+            HashMap::try_from(map).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })?;
+        set.insert(key, 1, 0).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })
     }
 
     /// Page-cache and block-request tracepoints (filtered by the watched
@@ -210,7 +207,7 @@ impl Tracer {
             (programs::BLOCK_RQ_COMPLETE, block_rq_complete::GROUP, block_rq_complete::NAME),
         ] {
             let tp: &mut TracePoint = self.program(program)?;
-            tp.attach(group, event).map_err(|source| LoadError::Program { program, source: Box::new(source) })?;
+            tp.attach(group, event).map_err(|source| LoadError::Program { program, error: Box::new(source) })?;
         }
         Ok(())
     }
@@ -222,7 +219,7 @@ impl Tracer {
         program
             .attach(tp::GROUP, tp::NAME)
             .map(drop)
-            .map_err(|source| LoadError::Program { program: name, source: Box::new(source) })
+            .map_err(|source| LoadError::Program { program: name, error: Box::new(source) })
     }
 
     /// Look a program up by name and load it into the kernel on first use.
@@ -234,12 +231,12 @@ impl Tracer {
         let first_use = self.loaded.insert(name);
         let program = self.ebpf.program_mut(name).ok_or(LoadError::Missing { what: "program", name })?;
         let program: &mut P =
-            program.try_into().map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
+            program.try_into().map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
         if first_use {
             let started = std::time::Instant::now();
             program
                 .load_into_kernel()
-                .map_err(|source| LoadError::Program { program: name, source: Box::new(source) })?;
+                .map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
             log::debug!("program {name} verified and loaded in {:?}", started.elapsed());
         }
         Ok(program)
@@ -249,11 +246,11 @@ impl Tracer {
     pub fn lost(&self) -> Result<LostCounts, LoadError> {
         let map = self.ebpf.map(MAP_LOST).ok_or(LoadError::Missing { what: "map", name: MAP_LOST })?;
         let lost: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, source: Box::new(source) })?;
+            PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, error: Box::new(source) })?;
         let count = |kind: EventKind| -> Result<u64, LoadError> {
             let values = lost
                 .get(&(kind as u32), 0)
-                .map_err(|source| LoadError::Map { map: MAP_LOST, source: Box::new(source) })?;
+                .map_err(|source| LoadError::Map { map: MAP_LOST, error: Box::new(source) })?;
             Ok(values.iter().sum())
         };
         Ok(LostCounts {
@@ -268,7 +265,7 @@ impl Tracer {
     /// Hand the event ring buffer to the collector (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(MAP_EVENTS).ok_or(LoadError::Missing { what: "map", name: MAP_EVENTS })?;
-        RingBuf::try_from(map).map_err(|source| LoadError::Map { map: MAP_EVENTS, source: Box::new(source) })
+        RingBuf::try_from(map).map_err(|source| LoadError::Map { map: MAP_EVENTS, error: Box::new(source) })
     }
 
     /// Hand the aya-log reader to the collector, if the object logs.

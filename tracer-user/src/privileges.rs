@@ -15,12 +15,12 @@ pub enum PrivilegeError {
     )]
     NotPrivileged { caps: u64 },
     #[error("cannot read /proc/self/status to check privileges: {0}")]
-    Status(#[from] std::io::Error),
+    Status(std::io::Error),
 }
 
 /// Effective capability set of this process.
 pub fn effective_caps() -> Result<u64, PrivilegeError> {
-    let status = fs::read_to_string("/proc/self/status")?;
+    let status = fs::read_to_string("/proc/self/status").map_err(PrivilegeError::Status)?;
     let hex = status.lines().find_map(|line| line.strip_prefix("CapEff:")).map(str::trim).unwrap_or("0");
     Ok(u64::from_str_radix(hex, 16).unwrap_or(0))
 }

@@ -53,9 +53,9 @@ pub struct Observed {
 pub enum SelftestError {
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error("self-test I/O: {0}")]
+    #[error("self-test I/O")]
     Io(#[from] io::Error),
-    #[error("self-test worker failed: {0}")]
+    #[error("self-test worker failed")]
     Join(#[from] tokio::task::JoinError),
 }
 

@@ -15,8 +15,8 @@ pub enum TracefsError {
         "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`"
     )]
     Mount(String),
-    #[error("cannot read tracepoint format {path}: {source}; does this kernel have that tracepoint?")]
-    Format { path: PathBuf, source: std::io::Error },
+    #[error("cannot read tracepoint format {path}: {error}; does this kernel have that tracepoint?")]
+    Format { path: PathBuf, error: std::io::Error },
 }
 
 /// Make sure tracefs is mounted at [`TRACEFS`], mounting it if needed.
@@ -38,7 +38,7 @@ pub fn ensure_mounted() -> Result<&'static Path, TracefsError> {
 /// Offset of `field` in a tracepoint's record, from its `format` file.
 pub fn field_offset(group: &str, event: &str, field: &str) -> Result<Option<usize>, TracefsError> {
     let path = Path::new(TRACEFS).join("events").join(group).join(event).join("format");
-    let text = fs::read_to_string(&path).map_err(|source| TracefsError::Format { path, source })?;
+    let text = fs::read_to_string(&path).map_err(|error| TracefsError::Format { path, error })?;
     Ok(parse_field_offset(&text, field))
 }
 

@@ -16,10 +16,10 @@ use super::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("cannot read trace {path}: {source}")]
-    Open { path: String, source: io::Error },
-    #[error("reading the trace at byte {offset}: {source}")]
-    Io { offset: u64, source: io::Error },
+    #[error("cannot read trace {path}: {error}")]
+    Open { path: String, error: io::Error },
+    #[error("reading the trace at byte {offset}: {error}")]
+    Io { offset: u64, error: io::Error },
     #[error("not a ttrace trace file (bad magic); expected one written by `ttrace run` or `ttrace attach`")]
     Magic,
     #[error("trace format version {0} is not supported by this ttrace (which reads version {FORMAT_VERSION})")]
@@ -126,7 +126,7 @@ pub struct TraceReader<R: Read> {
 
 impl TraceReader<BufReader<File>> {
     pub fn open(path: &Path) -> Result<Self, TraceError> {
-        let file = File::open(path).map_err(|source| TraceError::Open { path: path.display().to_string(), source })?;
+        let file = File::open(path).map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
         Self::new(BufReader::with_capacity(1 << 20, file))
     }
 }
@@ -148,7 +148,7 @@ impl<R: Read> TraceReader<R> {
         let got = (&mut input)
             .take(len as u64)
             .read_to_end(&mut json)
-            .map_err(|source| TraceError::Io { offset: 12, source })?;
+            .map_err(|error| TraceError::Io { offset: 12, error })?;
         if got != len {
             return Err(TraceError::Frame {
                 offset: 12,
@@ -242,7 +242,7 @@ impl<R: Read> TraceReader<R> {
         let got = (&mut self.input)
             .take(len)
             .read_to_end(&mut self.payload)
-            .map_err(|source| TraceError::Io { offset: self.offset, source })?;
+            .map_err(|error| TraceError::Io { offset: self.offset, error })?;
         if got as u64 != len {
             return Ok(None);
         }
@@ -447,6 +447,6 @@ fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64) -> Result<bool
     match input.read_exact(buf) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
-        Err(source) => Err(TraceError::Io { offset, source }),
+        Err(error) => Err(TraceError::Io { offset, error }),
     }
 }
