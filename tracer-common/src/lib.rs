@@ -34,6 +34,10 @@ pub mod config {
     /// The target's `GGML_OP_GET_ROWS` value (op ids differ across ggml
     /// versions), or `u64::MAX` when unknown: token ids are read at that op.
     pub const GET_ROWS_OP: u32 = 1;
+    /// Bytes waiting in the ring above which a submit wakes the reader; below
+    /// it events are submitted silently and the reader drains on a timer.
+    /// 0 (unset) wakes on every event.
+    pub const WAKEUP_BYTES: u32 = 2;
     /// Record every worker thread's op calls, not only `ith == 0`.
     pub const FLAG_ALL_THREADS: u64 = 1;
 }

@@ -26,7 +26,7 @@ use tracer_common::{
     hooks,
 };
 
-use crate::maps::{CONFIG, EVENTS, count_lost, header, traced_task};
+use crate::maps::{CONFIG, EVENTS, count_lost, header, submit_flags, traced_task};
 
 #[map]
 static OP_SCRATCH: PerCpuArray<OpEvent> = PerCpuArray::with_max_entries(1, 0);
@@ -120,7 +120,7 @@ fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
     let len = OP_EVENT_FIXED + n * TENSOR_RECORD_SIZE;
     // SAFETY: len is within the scratch slot, checked above.
     let bytes = unsafe { core::slice::from_raw_parts((event as *const OpEvent).cast::<u8>(), len) };
-    if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
         count_lost(EventKind::Op);
     }
     Ok(())

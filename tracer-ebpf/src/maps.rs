@@ -3,6 +3,7 @@
 //! user-side test against the built object).
 
 use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -59,6 +60,19 @@ pub fn count_lost(kind: EventKind) {
     }
 }
 
+/// Submit flags: waking the reader on every event would put it on a CPU
+/// (on 2 cores, the traced program's) thousands of times a second, so only
+/// a ring filling past `WAKEUP_BYTES` wakes it; it drains on a timer otherwise.
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    let threshold = CONFIG.get(config::WAKEUP_BYTES).copied().unwrap_or(0);
+    if threshold == 0 || EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) >= threshold {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
+}
+
 /// Write `event` straight into a ring-buffer reservation (no stack copy of a
 /// second buffer), or count it lost.
 #[inline(always)]
@@ -66,7 +80,7 @@ pub fn emit<T: 'static>(kind: EventKind, event: T) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(event);
-            entry.submit(0);
+            entry.submit(submit_flags());
         }
         None => count_lost(kind),
     }

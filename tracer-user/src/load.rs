@@ -41,21 +41,11 @@ pub enum LoadError {
     #[error("the eBPF object has no {what} `{name}`: tracer-common and tracer-ebpf are out of sync")]
     Missing { what: &'static str, name: &'static str },
     #[error("eBPF program `{program}`: {error}")]
-    Program {
-        program: &'static str,
-        error: Box<aya::programs::ProgramError>,
-    },
+    Program { program: &'static str, error: Box<aya::programs::ProgramError> },
     #[error("eBPF map `{map}`: {error}")]
-    Map {
-        map: &'static str,
-        error: Box<aya::maps::MapError>,
-    },
+    Map { map: &'static str, error: Box<aya::maps::MapError> },
     #[error("attaching a uprobe to `{symbol}` in {binary}: {error}")]
-    Attach {
-        symbol: String,
-        binary: String,
-        error: Box<aya::programs::ProgramError>,
-    },
+    Attach { symbol: String, binary: String, error: Box<aya::programs::ProgramError> },
 }
 
 pub struct LoadOptions {
@@ -130,6 +120,16 @@ impl Tracer {
             cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
         }
         Ok(())
+    }
+
+    /// Wake the reader only once this many bytes wait in the ring (0: on
+    /// every event). The reader must then also drain on a timer.
+    pub fn set_wakeup_bytes(&mut self, bytes: u32) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
+        let mut cfg: Array<_, u64> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
+        cfg.set(config::WAKEUP_BYTES, u64::from(bytes), 0)
+            .map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
     }
 
     /// Attach the generic argument-recording uprobe to `symbol` in `binary`,

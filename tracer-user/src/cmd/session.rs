@@ -146,6 +146,8 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     let started = Instant::now();
     let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
     tracer.add_target(pid)?;
+    // Drained every TICK; a quarter-full ring wakes us early.
+    tracer.set_wakeup_bytes(spec.ring_bytes / 4)?;
     log::info!("eBPF object loaded in {:?}", started.elapsed());
 
     // Hooks known before the target runs: --lib, then the program's own
@@ -231,6 +233,7 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
                 break "interrupted (target killed after 10 s)".to_string();
             }
             _ = tick.tick() => {
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
                 }
