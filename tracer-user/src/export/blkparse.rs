@@ -12,8 +12,9 @@
 //! (completed). Scripts that read blkparse output can ignore everything
 //! after `]`. The suffix names the first tensor the request read (with
 //! `tensors=N` when it spans several), the file offset where it starts, the
-//! ubatch (`load` before the first graph, `between` outside graphs) and the
-//! tensor's layer.
+//! ubatch (`load` before the first graph, `between` outside graphs), the
+//! tensor's layer and, when the issuing thread was running a ggml op in that
+//! graph (a synchronous read from a fault), ` op=NAME`.
 
 use std::{
     collections::HashMap,
@@ -55,6 +56,8 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
     let start = reader.header().start_monotonic_ns;
     let mut io = IoCorrelator::default();
     let (mut current, mut graphs) = (None::<u32>, 0u32);
+    // The op each thread is running in the current graph.
+    let mut running: HashMap<u32, String> = HashMap::new();
     let mut sequence: HashMap<u32, u64> = HashMap::new();
     let mut lines = 0;
     while let Some(record) = reader.next_record()? {
@@ -64,7 +67,14 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                 current = Some(graphs);
                 graphs += 1;
             }
-            Record::Marker(m) if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN => current = None,
+            Record::Marker(m) if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN => {
+                current = None;
+                running.clear();
+            }
+            Record::Op(op) if current.is_some() => {
+                let name = crate::correlate::op_name(reader.header(), reader.descriptor(op.dst).op);
+                running.insert(op.tid, name);
+            }
             Record::Block(b) => {
                 let seq = sequence.entry(b.dev).or_default();
                 *seq += 1;
@@ -101,6 +111,9 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                         None => "between".to_string(),
                     };
                     write!(out, " tensor={name} file_off={} ubatch={ubatch} layer={layer}", first.file_offset)?;
+                    if let Some(op) = running.get(&b.tid).filter(|_| b.kind == block::ISSUE) {
+                        write!(out, " op={op}")?;
+                    }
                     let tensors = hits.iter().filter(|h| h.tensor != u32::MAX).count();
                     if tensors > 1 {
                         write!(out, " tensors={tensors}")?;
