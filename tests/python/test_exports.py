@@ -10,6 +10,7 @@ import collections
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -329,3 +330,115 @@ def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_comple
     load = next(p for p in a["stats"]["phases"] if p["phase"] == "load")
     assert load["disk_bytes"] is not None
     assert all(u["disk_bytes"] is not None for u in a["stats"]["ubatches"])
+    check_disk_flows_and_counters(path, a, tmp_path / "io2.pftrace", ttrace)
+
+
+def perfetto_flows(ttrace, path: Path, out: Path):
+    """Per flow id: the (kind, ts, terminating) of each event carrying it;
+    and the cumulative disk counter's values."""
+    t = pb.Trace()
+    t.ParseFromString(export(ttrace, path, "perfetto", out).read_bytes())
+    tracks, names, flows, cumulative = {}, {}, collections.defaultdict(list), []
+    for p in t.packet:
+        for n in p.interned_data.event_names:
+            names[n.iid] = n.name
+        if p.HasField("track_descriptor"):
+            tracks[p.track_descriptor.uuid] = p.track_descriptor.name
+        if not p.HasField("track_event"):
+            continue
+        e = p.track_event
+        track = tracks[e.track_uuid]
+        if track == "model bytes read from disk (cumulative)":
+            cumulative.append((p.timestamp, e.counter_value))
+        if e.type == pb.TrackEvent.TYPE_INSTANT and names.get(e.name_iid) == "page_fault":
+            kind = "fault"
+        elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN and track.startswith("disk requests"):
+            kind = "disk"
+        elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN and track.startswith("thread "):
+            kind = "op"
+        else:
+            kind = "other"
+        for f in e.flow_ids:
+            flows[f].append((kind, p.timestamp, False))
+        for f in e.terminating_flow_ids:
+            flows[f].append((kind, p.timestamp, True))
+    return flows, cumulative
+
+
+def check_disk_flows_and_counters(path: Path, a: dict, out: Path, ttrace) -> int:
+    """Flows that reach a disk slice form fault → disk → op chains (in time
+    order, one id each); the cumulative counter ends at io.disk.bytes; the
+    per-(ubatch, tensor) disk bytes add up. Returns the number of chains."""
+    flows, cumulative = perfetto_flows(ttrace, path, out)
+    chains = 0
+    for flow, events in flows.items():
+        events.sort(key=lambda x: x[1])
+        kinds = [k for k, _, _ in events]
+        assert "other" not in kinds, (hex(flow), events)
+        assert sum(term for _, _, term in events) <= 1, "a flow ends once"
+        if "disk" not in kinds:
+            assert kinds == ["op", "fault"], (hex(flow), events)
+            continue
+        assert sorted(kinds) in (["disk", "fault", "op"], ["disk", "fault"]), (hex(flow), events)
+        # op → fault → disk (the op that waited) or fault → disk → next op.
+        assert kinds in (["op", "fault", "disk"], ["fault", "disk", "op"], ["fault", "disk"]), kinds
+        assert events[-1][2] or kinds == ["fault", "disk"], "the last event ends the flow"
+        chains += sorted(kinds) == ["disk", "fault", "op"]
+    io = a["io"]
+    assert cumulative, "a cold trace reads the model from disk"
+    assert [v for _, v in cumulative] == sorted(v for _, v in cumulative), "cumulative"
+    assert cumulative[-1][1] == io["disk"]["bytes"]
+    per_ubatch = collections.Counter()
+    per_tensor = collections.Counter()
+    for e in io["ubatch_tensor_bytes"]:
+        per_ubatch[e["ubatch"]] += e["bytes"]
+        if e["tensor"] is not None:
+            per_tensor[(e["model"], e["tensor"])] += e["bytes"]
+    assert not io["ubatch_tensor_bytes_truncated"]
+    for u in a["ubatches"]:
+        w = io["by_when"].get(f"ubatch {u['index']}")
+        assert per_ubatch[u["index"]] == (w["disk"]["bytes"] if w else 0), u["index"]
+    read = {(t["model"], t["tensor"]): t["bytes_read"] for t in io["tensors"]}
+    assert all(b <= read[k] for k, b in per_tensor.items())
+    outside = sum(w["disk"]["bytes"] for k, w in io["by_when"].items() if not k.startswith("ubatch"))
+    between = io["disk"]["bytes"] - sum(read.values())
+    assert sum(per_tensor.values()) >= io["disk"]["bytes"] - outside - between
+    return chains
+
+
+def test_memory_limited_run_reads_every_token_from_disk(ttrace, tmp_path, llama_completion, models,
+                                                        flush_log_preload):
+    """Under a memory limit smaller than the model, every generated token reads
+    weights from disk: major faults chain to their disk reads (fault → disk
+    request → op), and the HTML heatmap shows read-from-disk cells in
+    generate rows."""
+    out = tmp_path / "lim.data"
+    argv = [ttrace, "run", "--drop-caches", "--mem-limit", "384M", "-o", out, "--", llama_completion,
+            "-m", models["bench"], "-p", "hello world", "-n", "3", "-no-cnv", "--ignore-eos", "-t", "2",
+            "-c", "256", "-b", "64", "-ub", "64"]
+    env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
+    assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
+                                  check=True).stdout)
+    generate = [u for u in a["stats"]["ubatches"] if u["phase"] == "generate"]
+    assert generate and all(u["disk_bytes"] > 0 and u["disk_tensors"] > 0 for u in generate)
+    assert check_disk_flows_and_counters(out, a, tmp_path / "lim.pftrace", ttrace) >= 1, "no fault → disk → op chain"
+    text = subprocess.run([ttrace, "report", out], capture_output=True, text=True, check=True).stdout
+    assert "disk read (tensors)" in text
+
+    html = tmp_path / "lim.html"
+    subprocess.run([ttrace, "report", out, "--html", html], capture_output=True, text=True, check=True)
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.fail("chromium is not installed: `apt-get install chromium` (cargo xtask setup does)", pytrace=False)
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1100"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert 'data-rendered="ok"' in dom.stdout
+    assert "CONSOLE" not in dom.stderr, [l for l in dom.stderr.splitlines() if "CONSOLE" in l]
+    cells = re.search(r'data-disk-generate-cells="(\d+)"', dom.stdout)
+    assert cells and int(cells.group(1)) > 0, "read-from-disk cells in generate rows"
+    shot = Path(os.environ.get("TTRACE_SCREENSHOT_DIR", tmp_path)) / "report-memory-limited.png"
+    got = subprocess.run([chromium, *flags, f"--screenshot={shot}", html.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0 and shot.stat().st_size > 10_000

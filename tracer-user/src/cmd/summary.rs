@@ -142,13 +142,13 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
     if !generate.is_empty() {
         let _ = writeln!(
             out,
-            "\nper generated token   id      time     ops  weight bytes  tensors  file/copy accesses  faults (model, major)  disk read"
+            "\nper generated token   id      time     ops  weight bytes  tensors  file/copy accesses  faults (model, major)  disk read (tensors)"
         );
         const SHOWN: usize = 40;
         for u in generate.iter().take(SHOWN) {
             let _ = writeln!(
                 out,
-                "  token {:<6} {:>9} {:>7.2} ms {:>7} {:>12}{} {:>8} {:>9}/{:<9} {:>6} ({:>5}, {:>5}) {:>10}",
+                "  token {:<6} {:>9} {:>7.2} ms {:>7} {:>12}{} {:>8} {:>9}/{:<9} {:>6} ({:>5}, {:>5}) {:>10} ({})",
                 u.token_index.unwrap_or(0),
                 u.token_ids.first().map_or_else(|| "-".to_string(), |t| t.to_string()),
                 ms(u.duration_ns),
@@ -161,7 +161,8 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
                 u.faults,
                 u.model_faults,
                 u.faults_major.map_or_else(|| "n/a".to_string(), |m| m.to_string()),
-                opt_bytes(u.disk_bytes)
+                opt_bytes(u.disk_bytes),
+                u.disk_tensors.map_or_else(|| "n/a".to_string(), |n| n.to_string())
             );
         }
         if generate.len() > SHOWN {

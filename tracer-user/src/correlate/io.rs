@@ -113,7 +113,24 @@ pub struct IoAnalysis {
     /// Per ubatch: disk bytes by layer (`None` = outside any layer).
     pub ubatch_layer_bytes: BTreeMap<u32, BTreeMap<String, u64>>,
     pub tensors: Vec<TensorIo>,
+    /// Disk bytes per (ubatch, model, tensor), sorted; `tensor: null` holds
+    /// a ubatch's bytes between tensors (header, padding), so a ubatch's
+    /// entries sum to its `by_when` disk bytes. At most
+    /// `MAX_UBATCH_TENSORS` entries (`ubatch_tensor_bytes_truncated`).
+    pub ubatch_tensor_bytes: Vec<UbatchTensorBytes>,
+    pub ubatch_tensor_bytes_truncated: bool,
 }
+
+/// Model-file bytes of one tensor read from disk during one ubatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct UbatchTensorBytes {
+    pub ubatch: u32,
+    pub model: u32,
+    pub tensor: Option<u32>,
+    pub bytes: u64,
+}
+
+const MAX_UBATCH_TENSORS: usize = 2_000_000;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct WhenIo {
@@ -156,6 +173,8 @@ pub struct IoCorrelator {
     open: HashMap<u32, OpenFault>,
     pending: HashMap<(u32, u64), (u64, When)>,
     tensors: BTreeMap<(u32, u32), TensorIo>,
+    /// (ubatch, model, tensor) → disk bytes (`u32::MAX`: between tensors).
+    ubatch_tensors: BTreeMap<(u32, u32, u32), u64>,
     out: IoAnalysis,
 }
 
@@ -266,6 +285,14 @@ impl IoCorrelator {
             if let When::Ubatch(u) = when {
                 let layer = table_entry.and_then(|t| t.layer).map_or_else(|| "none".to_string(), |l| l.to_string());
                 *self.out.ubatch_layer_bytes.entry(u).or_default().entry(layer).or_default() += h.bytes;
+                let key = (u, h.model, if table_entry.is_some() { h.tensor } else { u32::MAX });
+                if let Some(b) = self.ubatch_tensors.get_mut(&key) {
+                    *b += h.bytes;
+                } else if self.ubatch_tensors.len() < MAX_UBATCH_TENSORS {
+                    self.ubatch_tensors.insert(key, h.bytes);
+                } else {
+                    self.out.ubatch_tensor_bytes_truncated = true;
+                }
             }
             // Bytes between tensors (header, padding) have no tensor to credit.
             if table_entry.is_none() {
@@ -299,6 +326,23 @@ impl IoCorrelator {
             for &(s, e, logical) in ranges[first..].iter().take_while(|&&(s, _, _)| s < end) {
                 let (from, to) = (logical + start.max(s) - s, logical + end.min(e) - s);
                 self.split_by_tensor(model, file, from, to, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Model-file byte ranges a request covers: `(model, file, from, to)`.
+    pub fn file_ranges(&self, dev: u32, sector: u64, nr_sector: u32) -> Vec<(u32, u32, u64, u64)> {
+        let start = sector.saturating_mul(512);
+        let end = sector.saturating_add(u64::from(nr_sector)).saturating_mul(512);
+        let mut out = Vec::new();
+        for (&(model, file), (disk, ranges)) in &self.extents {
+            if *disk != Some(dev) {
+                continue;
+            }
+            let first = ranges.partition_point(|&(_, e, _)| e <= start);
+            for &(s, e, logical) in ranges[first..].iter().take_while(|&&(s, _, _)| s < end) {
+                out.push((model, file, logical + start.max(s) - s, logical + end.min(e) - s));
             }
         }
         out
@@ -363,6 +407,16 @@ impl IoCorrelator {
         self.out.disk.finish();
         self.out.by_when.values_mut().for_each(|w| w.disk.finish());
         self.out.tensors = self.tensors.into_values().collect();
+        self.out.ubatch_tensor_bytes = self
+            .ubatch_tensors
+            .into_iter()
+            .map(|((ubatch, model, tensor), bytes)| UbatchTensorBytes {
+                ubatch,
+                model,
+                tensor: (tensor != u32::MAX).then_some(tensor),
+                bytes,
+            })
+            .collect();
         self.out
     }
 }

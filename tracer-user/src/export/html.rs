@@ -1,7 +1,10 @@
 //! `ttrace report FILE --html OUT.html`: one self-contained page (inline
 //! script and style, no network) for looking at a trace: a heatmap of each
-//! model file (tensors by file offset across, ubatches down; colour = read
-//! through the file mapping / faulted / not touched), the same layout for
+//! model file (tensors by file offset across, ubatches down; colour = not
+//! touched / read through the file mapping / page faults in it / bytes of it
+//! read from disk during that ubatch — `correlate::io`'s per-(ubatch, tensor)
+//! disk bytes; the page counts such cells of generate rows in
+//! `body[data-disk-generate-cells]`), the same layout for
 //! copies of model tensors, per-layer bytes per generated token, and the
 //! summary table. Tensors narrower than 2 px are widened to 2 px and every
 //! cell has a tooltip. Runs of more than 200 ubatches are shown in bins of
@@ -43,7 +46,8 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
             json!({"index": first.index, "phase": phase, "label": name, "ubatches": group.len(),
                    "ops": group.iter().map(|u| u.ops).sum::<u64>(),
                    "weight_bytes": group.iter().map(|u| u.weight_bytes).sum::<u64>(),
-                   "faults": group.iter().map(|u| u.faults).sum::<u64>()})
+                   "faults": group.iter().map(|u| u.faults).sum::<u64>(),
+                   "disk_bytes": group.iter().filter_map(|u| u.disk_bytes).sum::<u64>()})
         })
         .collect();
     let models: Vec<_> = a
@@ -56,11 +60,11 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
             let rows: Vec<_> = tensors
                 .iter()
                 .map(|t| {
-                    // One digit per ubatch: bit 0 file, bit 1 copy, bit 2 faulted.
+                    // One character per ubatch, '0' + bits: 1 file, 2 copy, 4 faulted, 8 read from disk.
                     let cells: String = t
                         .cells
                         .chunks(bin)
-                        .map(|g| char::from(b'0' + g.iter().fold(0, |x, &c| x | c).min(7)))
+                        .map(|g| char::from(b'0' + g.iter().fold(0, |x, &c| x | c).min(15)))
                         .collect();
                     json!({"name": t.name, "offset": t.file_offset, "size": t.size_bytes, "layer": t.layer,
                            "component": t.component, "tokens": t.tokens_touched, "faults": t.faults, "cells": cells})

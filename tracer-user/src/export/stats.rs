@@ -46,6 +46,8 @@ pub struct UbatchStats {
     pub disk_bytes: Option<u64>,
     pub faults_major: Option<u64>,
     pub faults_minor: Option<u64>,
+    /// Model tensors with bytes read from disk during the graph.
+    pub disk_tensors: Option<u64>,
     /// Weight bytes per layer (`None` = not in a layer).
     #[serde(skip)]
     pub layer_bytes: BTreeMap<Option<u32>, u64>,
@@ -93,7 +95,8 @@ pub struct TensorStats {
     /// Bytes of it read from disk over the whole run (`null`: no I/O records).
     pub disk_bytes: Option<u64>,
     pub upper_bound: bool,
-    /// Per ubatch: 0 untouched, 1 read via the file, 2 read as a copy, +4 faulted.
+    /// Per ubatch: 0 untouched, 1 read via the file, 2 read as a copy, +4
+    /// faulted, +8 bytes of it read from disk (`correlate::io`).
     #[serde(skip)]
     pub cells: Vec<u8>,
 }
@@ -242,6 +245,21 @@ fn finish(s: &mut Stats, a: &Analysis) {
             u.faults_major = Some(w.map_or(0, |w| w.faults_major));
             u.faults_minor = Some(w.map_or(0, |w| w.faults_minor));
         }
+        let index: BTreeMap<(u32, u32), usize> =
+            s.tensors.iter().enumerate().map(|(i, t)| ((t.model, t.tensor), i)).collect();
+        for e in &io.ubatch_tensor_bytes {
+            let Some(t) = e.tensor else { continue };
+            if let Some(u) = s.ubatches.get_mut(e.ubatch as usize) {
+                *u.disk_tensors.get_or_insert(0) += 1;
+            }
+            let i = index.get(&(e.model, t));
+            if let Some(cell) = i.and_then(|&i| s.tensors[i].cells.get_mut(e.ubatch as usize)) {
+                *cell |= 8;
+            }
+        }
+        s.ubatches.iter_mut().for_each(|u| {
+            u.disk_tensors.get_or_insert(0);
+        });
         let read: BTreeMap<(u32, u32), u64> = io.tensors.iter().map(|t| ((t.model, t.tensor), t.bytes_read)).collect();
         for t in &mut s.tensors {
             t.disk_bytes = Some(read.get(&(t.model, t.tensor)).copied().unwrap_or(0));

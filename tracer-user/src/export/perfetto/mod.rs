@@ -5,8 +5,8 @@
 //!   (uuid 2): one slice per ubatch graph, `ubatch N (phase[, token K])`;
 //! - one thread track per thread that ran ops or faulted (uuid
 //!   `0x1_0000_0000 + tid`): op slices named by op, args dst, srcs,
-//!   weight_bytes, memory, layer, and `page_fault` instants with a flow from
-//!   the op that was running;
+//!   weight_bytes, memory, layer, and `page_fault` instants (address,
+//!   tensor, file_offset) with a flow from the op that was running (below);
 //! - per model a group `model: FILE` (uuid `0x2_0000_0000 + model << 16`)
 //!   with a track per layer (`layer N`, `+ 1 + N`) and `non-layer`
 //!   (`+ 0xffff`): a slice, named by the weight, while an op reads that
@@ -16,15 +16,34 @@
 //! - with I/O records: a `disk` group (uuid 4) with `disk requests N` lanes
 //!   (uuid 0x3_0000_0000 + N): a slice per block request from issue to
 //!   completion (overlapping requests on separate lanes), a counter
-//!   `disk bytes per 10 ms` (uuid 5, completed bytes) and `page_cache_add`
+//!   `disk bytes per 10 ms` (uuid 5, completed bytes), a counter
+//!   `model bytes read from disk (cumulative)` (uuid 6) and `page_cache_add`
 //!   instants on the thread that caused them.
+//!
+//! The cumulative counter steps at each read request's issue by the request's
+//! model-file bytes (a requeued request counts once), so its last value is
+//! `ttrace report --json`'s `io.disk.bytes`. It is deliberately not "model
+//! bytes resident": page-cache adds are traced but evictions are not, so
+//! residency cannot be derived honestly.
+//!
+//! Flows (one id per chain, in time order, so Perfetto draws each arrow
+//! forwards): a model-file fault whose thread issues a read request
+//! overlapping the fault's page before its next fault or op (the sync read of
+//! a major fault) is chained to that request's slice on the disk lane:
+//! `op → page_fault → disk request` when an op was running on the faulting
+//! thread (the op that waited for the read), `page_fault → disk request →
+//! next op on that thread` when none was (loading). Other faults keep the
+//! plain `op → page_fault` flow. A chain ends at the disk request when the
+//! thread runs no recorded op afterwards (a worker without `--all-threads`).
+//! Reads issued by kworkers (requeues) or by another thread's readahead are
+//! not chained, so not every major fault has a chain.
 //!
 //! Names and annotation strings are interned on one packet sequence.
 
 pub mod proto;
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     fs::File,
     io::{BufWriter, Write},
     path::Path,
@@ -41,18 +60,20 @@ use super::{
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::Analysis;
+use crate::correlate::{Analysis, io::IoCorrelator};
 
 pub const PROCESS_UUID: u64 = 1;
 pub const UBATCH_UUID: u64 = 2;
 pub const FAULT_COUNTER_UUID: u64 = 3;
 pub const DISK_UUID: u64 = 4;
 pub const DISK_BYTES_UUID: u64 = 5;
+pub const DISK_CUMULATIVE_UUID: u64 = 6;
 pub const THREAD_UUID: u64 = 0x1_0000_0000;
 pub const LANE_UUID: u64 = 0x3_0000_0000;
 pub const MODEL_UUID: u64 = 0x2_0000_0000;
 pub const NON_LAYER: u64 = 0xffff;
 const SEQ: u32 = 1;
+const PAGE: u64 = 4096;
 const BUCKET_NS: u64 = 10_000_000;
 const ANNOTATIONS: [&str; 12] = [
     "dst",
@@ -88,29 +109,44 @@ struct PerfettoSink<W: Write> {
     lanes: Vec<bool>,
     pid: u32,
     first: bool,
+    /// Block requests → model-file ranges.
+    io: IoCorrelator,
+    /// Per thread: its last model-file fault, held back until it is known
+    /// whether the thread reads the fault's page from disk.
+    faults: HashMap<u32, PendingFault>,
+    /// Flows waiting for a request's slice: (flow, whether it ends there).
+    request_flows: HashMap<(u32, u64), (u64, bool)>,
+    /// Per thread: flows (with their fault's seq) ending at its next op.
+    next_op_flows: HashMap<u32, Vec<(u64, u64)>>,
+    /// Read requests counted in the cumulative counter and not completed.
+    reads: HashSet<(u32, u64)>,
+    read_bytes: u64,
+}
+
+struct PendingFault {
+    seq: u64,
+    ts: u64,
+    event: TrackEvent,
+    flow: u64,
+    /// An op was running on the thread (it already carries the flow).
+    in_op: bool,
+    /// (model, file, page start) in the file.
+    page: (u32, u32, u64),
 }
 
 pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> Result<Written, ExportError> {
     let file = File::create(out).map_err(ExportError::write(out))?;
-    let mut sink = PerfettoSink {
-        out: BufWriter::with_capacity(1 << 20, file),
-        buf: Vec::new(),
-        packets: 0,
-        names: HashMap::new(),
-        strings: HashMap::new(),
-        threads: BTreeMap::new(),
-        layer_end: HashMap::new(),
-        op_flows: HashMap::new(),
-        fault_bucket: None,
-        disk_bucket: None,
-        requests: HashMap::new(),
-        lanes: Vec::new(),
-        pid: a.header.pid,
-        first: true,
-    };
+    let mut sink = PerfettoSink::new(BufWriter::with_capacity(1 << 20, file), a.header.pid);
+    for (m, table) in a.models.iter().enumerate() {
+        sink.io.on_model(m as u32, table);
+    }
     let io = ExportError::write(out);
     sink.preamble(a).map_err(|e| rewrite(e, out))?;
     walk::walk(trace, a, progress, &mut sink).map_err(|e| rewrite(e, out))?;
+    let tids: Vec<u32> = sink.faults.keys().copied().collect();
+    for tid in tids {
+        sink.close_fault(tid).map_err(|e| rewrite(e, out))?;
+    }
     sink.flush_faults().map_err(|e| rewrite(e, out))?;
     sink.flush_disk().map_err(|e| rewrite(e, out))?;
     sink.out.flush().map_err(io)?;
@@ -137,6 +173,31 @@ pub fn layer_uuid(model: u32, layer: Option<u32>) -> u64 {
 }
 
 impl<W: Write> PerfettoSink<W> {
+    fn new(out: W, pid: u32) -> Self {
+        PerfettoSink {
+            out,
+            buf: Vec::new(),
+            packets: 0,
+            names: HashMap::new(),
+            strings: HashMap::new(),
+            threads: BTreeMap::new(),
+            layer_end: HashMap::new(),
+            op_flows: HashMap::new(),
+            fault_bucket: None,
+            disk_bucket: None,
+            requests: HashMap::new(),
+            lanes: Vec::new(),
+            pid,
+            first: true,
+            io: IoCorrelator::default(),
+            faults: HashMap::new(),
+            request_flows: HashMap::new(),
+            next_op_flows: HashMap::new(),
+            reads: HashSet::new(),
+            read_bytes: 0,
+        }
+    }
+
     fn packet(&mut self, mut p: TracePacket) -> Result<(), ExportError> {
         p.trusted_packet_sequence_id = Some(SEQ);
         if self.first {
@@ -323,6 +384,11 @@ impl<W: Write> PerfettoSink<W> {
             counter: Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: Some("bytes".into()) }),
             sibling_order_rank: Some(-1),
             ..track(DISK_BYTES_UUID, "disk bytes per 10 ms", Some(DISK_UUID))
+        })?;
+        self.descriptor(TrackDescriptor {
+            counter: Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: Some("bytes".into()) }),
+            sibling_order_rank: Some(-2),
+            ..track(DISK_CUMULATIVE_UUID, "model bytes read from disk (cumulative)", Some(DISK_UUID))
         })
     }
 
@@ -369,8 +435,20 @@ impl<W: Write> Sink for PerfettoSink<W> {
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             Event::Op(e) => {
+                // The thread moved on to its next op: its fault read nothing more.
+                self.close_fault(e.op.tid)?;
                 let Some(r) = row(event, t) else { return Ok(()) };
                 let track = self.thread(e.op.tid)?;
+                let mut ending = Vec::new();
+                if let Some(flows) = self.next_op_flows.get_mut(&e.op.tid) {
+                    flows.retain(|&(fault_seq, flow)| {
+                        let after = fault_seq < e.ctx.seq;
+                        if after {
+                            ending.push(flow);
+                        }
+                        !after
+                    });
+                }
                 let end = e.end_ns.unwrap_or(e.op.ts_ns);
                 let mut new = InternedData::default();
                 let name = self.name_iid(&r.name, &mut new);
@@ -386,6 +464,7 @@ impl<W: Write> Sink for PerfettoSink<W> {
                     name_iid: Some(name),
                     debug_annotations: args,
                     flow_ids: self.op_flows.remove(&e.ctx.seq).unwrap_or_default(),
+                    terminating_flow_ids: ending,
                     ..Default::default()
                 };
                 self.event(e.op.ts_ns, begin, new)?;
@@ -432,10 +511,38 @@ impl<W: Write> Sink for PerfettoSink<W> {
                     debug_annotations: args,
                     ..Default::default()
                 };
+                if let Some(hit) = f.hit {
+                    e.debug_annotations.push(uint(11, hit.file_offset));
+                }
+                self.close_fault(f.fault.tid)?;
+                let flow = (1 << 63) | f.ctx.seq;
                 if let Some(op) = f.op_seq {
                     // The op is written when it ends, after its faults.
-                    let flow = (1 << 63) | f.ctx.seq;
                     self.op_flows.entry(op).or_default().push(flow);
+                }
+                if let Some(hit) = f.hit {
+                    // Held until the thread's next fault, op or read of this page.
+                    // Its new interned names go out now: later packets may use them.
+                    if !new.event_names.is_empty() || !new.debug_annotation_string_values.is_empty() {
+                        self.packet(TracePacket {
+                            interned_data: Some(new),
+                            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
+                            ..Default::default()
+                        })?;
+                    }
+                    let page = (hit.model, hit.file, hit.file_offset & !(PAGE - 1));
+                    let pending = PendingFault {
+                        seq: f.ctx.seq,
+                        ts: f.fault.ts_ns,
+                        event: e,
+                        flow,
+                        in_op: f.op_seq.is_some(),
+                        page,
+                    };
+                    self.faults.insert(f.fault.tid, pending);
+                    return Ok(());
+                }
+                if f.op_seq.is_some() {
                     e.terminating_flow_ids.push(flow);
                 }
                 self.event(f.fault.ts_ns, e, new)?;
@@ -475,8 +582,13 @@ impl<W: Write> PerfettoSink<W> {
             if let Some((_, old)) = self.requests.insert(key, (b.ts_ns, lane)) {
                 self.lanes[old] = false;
             }
+            if b.rwbs.contains('R') {
+                self.read_issued(b)?;
+            }
             return Ok(());
         }
+        self.reads.remove(&key);
+        let flow = self.request_flows.remove(&key);
         let Some((issued, lane)) = self.requests.remove(&key) else { return Ok(()) };
         self.lanes[lane] = false;
         let bytes = u64::from(b.nr_sector) * 512;
@@ -491,9 +603,51 @@ impl<W: Write> PerfettoSink<W> {
             debug_annotations: vec![uint(8, b.sector), uint(9, bytes), string(10, rwbs)],
             ..Default::default()
         };
+        let mut e = e;
+        match flow {
+            Some((flow, true)) => e.terminating_flow_ids.push(flow),
+            Some((flow, false)) => e.flow_ids.push(flow),
+            None => {}
+        }
         self.event(issued, e, new)?;
         self.end(b.ts_ns.max(issued), track)?;
         self.add_disk(b.ts_ns, bytes as i64)
+    }
+
+    /// A read request: the cumulative counter, and the chain from the fault
+    /// its thread is waiting in when the request covers the fault's page.
+    fn read_issued(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+        let key = (b.dev, b.sector);
+        let ranges = self.io.file_ranges(b.dev, b.sector, b.nr_sector);
+        let bytes: u64 = ranges.iter().map(|&(_, _, from, to)| to - from).sum();
+        // As `correlate::io`: a request counts once, however often it is issued.
+        if bytes > 0 && self.reads.insert(key) {
+            self.read_bytes += bytes;
+            self.counter_on(DISK_CUMULATIVE_UUID, b.ts_ns, self.read_bytes as i64)?;
+        }
+        let Some(f) = self.faults.get(&b.tid) else { return Ok(()) };
+        let (model, file, page) = f.page;
+        let covers =
+            ranges.iter().any(|&(m, fl, from, to)| (m, fl) == (model, file) && from < page + PAGE && page < to);
+        if !covers {
+            return Ok(());
+        }
+        let Some(mut f) = self.faults.remove(&b.tid) else { return Ok(()) };
+        f.event.flow_ids.push(f.flow);
+        self.request_flows.insert(key, (f.flow, f.in_op));
+        if !f.in_op {
+            self.next_op_flows.entry(b.tid).or_default().push((f.seq, f.flow));
+        }
+        self.event(f.ts, f.event, InternedData::default())
+    }
+
+    /// A held fault whose thread read nothing for it: the plain op → fault flow.
+    fn close_fault(&mut self, tid: u32) -> Result<(), ExportError> {
+        let Some(mut f) = self.faults.remove(&tid) else { return Ok(()) };
+        if f.in_op {
+            f.event.terminating_flow_ids.push(f.flow);
+        }
+        self.event(f.ts, f.event, InternedData::default())
     }
 
     fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
@@ -526,5 +680,102 @@ impl<W: Write> PerfettoSink<W> {
             self.end(end, track)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{FileExtent, FileInfo, ModelTable, ModelTensor, reader::Block};
+
+    const DEV: u32 = 7;
+    const DISK_AT: u64 = 1 << 20;
+
+    fn sink() -> PerfettoSink<Vec<u8>> {
+        let mut s = PerfettoSink::new(Vec::new(), 1);
+        let info = FileInfo {
+            disk_dev: Some(DEV),
+            extents: vec![FileExtent { logical: 0, physical: DISK_AT, length: 1 << 20 }],
+            ..Default::default()
+        };
+        let tensor = ModelTensor {
+            name: "w".into(),
+            file: 0,
+            file_offset: 0,
+            size_bytes: 1 << 20,
+            type_name: "f32".into(),
+            shape: vec![1 << 18],
+            layer: Some(0),
+            component: "ffn".into(),
+            expert_bytes: None,
+        };
+        let table = ModelTable {
+            files: vec!["m.gguf".into()],
+            file_info: vec![info],
+            tensors: vec![tensor],
+            ..Default::default()
+        };
+        s.io.on_model(0, &table);
+        s
+    }
+
+    fn fault(s: &mut PerfettoSink<Vec<u8>>, tid: u32, seq: u64, offset: u64, in_op: bool) {
+        let e = TrackEvent { r#type: Some(TYPE_INSTANT), track_uuid: Some(THREAD_UUID), ..Default::default() };
+        let pending = PendingFault { seq, ts: 100 + seq, event: e, flow: (1 << 63) | seq, in_op, page: (0, 0, offset) };
+        s.faults.insert(tid, pending);
+    }
+
+    fn block(kind: u32, tid: u32, file_offset: u64, ts_ns: u64) -> Block {
+        Block {
+            ts_ns,
+            tid,
+            tgid: 1,
+            cpu: 0,
+            kind,
+            dev: DEV,
+            sector: (DISK_AT + file_offset) / 512,
+            nr_sector: 8,
+            error: 0,
+            rwbs: "R".into(),
+            comm: "t".into(),
+        }
+    }
+
+    fn packets(out: &[u8]) -> Vec<TracePacket> {
+        let mut buf = out;
+        let mut v = Vec::new();
+        while !buf.is_empty() {
+            buf = &buf[1..];
+            v.push(TracePacket::decode_length_delimited(&mut buf).unwrap());
+        }
+        v
+    }
+
+    #[test]
+    fn fault_read_by_its_thread_chains_to_the_disk_slice() {
+        let mut s = sink();
+        fault(&mut s, 5, 1, 8192, true);
+        fault(&mut s, 6, 2, 0, false);
+        s.block(&block(tracer_common::block::ISSUE, 5, 8192, 200)).unwrap();
+        // Thread 6 reads another page: not its fault's.
+        s.block(&block(tracer_common::block::ISSUE, 6, 65536, 210)).unwrap();
+        s.close_fault(6).unwrap();
+        s.block(&block(tracer_common::block::COMPLETE, 0, 8192, 300)).unwrap();
+        s.block(&block(tracer_common::block::COMPLETE, 0, 65536, 310)).unwrap();
+        let events: Vec<(u64, TrackEvent)> =
+            packets(&s.out).into_iter().filter_map(|p| Some((p.timestamp?, p.track_event?))).collect();
+        let at = |ts: u64| events.iter().find(|(t, e)| *t == ts && e.r#type != Some(TYPE_COUNTER)).unwrap().1.clone();
+        let flow = (1 << 63) | 1;
+        assert_eq!(at(101).flow_ids, vec![flow], "the fault continues to the request");
+        assert_eq!(at(200).terminating_flow_ids, vec![flow], "the request slice ends the op → fault → disk flow");
+        assert!(at(102).flow_ids.is_empty() && at(102).terminating_flow_ids.is_empty());
+        assert!(at(210).flow_ids.is_empty() && at(210).terminating_flow_ids.is_empty());
+        let cumulative: Vec<i64> = events
+            .iter()
+            .filter(|(_, e)| e.track_uuid == Some(DISK_CUMULATIVE_UUID))
+            .filter_map(|(_, e)| e.counter_value)
+            .collect();
+        assert_eq!(cumulative, vec![4096, 8192]);
+        assert_eq!(s.next_op_flows.get(&5), None);
     }
 }
