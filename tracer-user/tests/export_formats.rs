@@ -82,7 +82,7 @@ fn synthetic(path: &Path) {
         }
     };
     let mut ts = 10_000;
-    let mut marker = |w: &mut TraceWriter<fs::File>, ts: u64, cookie: u64| {
+    let marker = |w: &mut TraceWriter<fs::File>, ts: u64, cookie: u64| {
         let header = EventHeader { kind: EventKind::Call as u32, cpu: 0, ts_ns: ts, tgid: 42, tid: 7 };
         w.marker(&CallEvent { header, cookie, args: [0, 1, 0, 0, 0, 0] }).unwrap();
     };

@@ -163,13 +163,18 @@ struct OpenFault {
     major: bool,
 }
 
+/// `(model, file)`.
+type FileId = (u32, u32);
+/// A file's disk: its whole-disk dev, and `(disk_start, disk_end, file_offset)`
+/// ranges sorted, in whole-disk bytes.
+type DiskRanges = (Option<u32>, Vec<(u64, u64, u64)>);
+
 #[derive(Default)]
 pub struct IoCorrelator {
     models: Vec<ModelTable>,
-    /// Per model file: `(disk_start, disk_end, file_offset)` sorted, whole-disk bytes.
-    extents: HashMap<(u32, u32), (Option<u32>, Vec<(u64, u64, u64)>)>,
+    extents: HashMap<FileId, DiskRanges>,
     /// Per model file: tensors `(file_offset, end, index)` sorted.
-    spans: HashMap<(u32, u32), Vec<(u64, u64, u32)>>,
+    spans: HashMap<FileId, Vec<(u64, u64, u32)>>,
     open: HashMap<u32, OpenFault>,
     pending: HashMap<(u32, u64), (u64, When)>,
     tensors: BTreeMap<(u32, u32), TensorIo>,
