@@ -10,7 +10,14 @@ use clap::{Args, Parser, Subcommand};
     long_about = "ttrace attaches eBPF probes to ggml's CPU backend and to the kernel's page-fault, \
 page-cache and block-I/O tracepoints, and ties each tensor access to the disk reads it causes.\n\n\
 Tracing needs root: run it with sudo on a normal machine.",
-    after_help = "Examples:\n  sudo ttrace check            verify that this kernel can run ttrace's probes"
+    after_help = "Examples:\n  \
+sudo ttrace run -- llama-completion -m model.gguf -p \"hello\" -n 32 -no-cnv   trace a run\n  \
+sudo ttrace run --drop-caches --mem-limit 512M -- llama-completion -m big.gguf -p hi -n 8\n  \
+sudo ttrace attach --pid 4242 --duration 10                   trace a running process\n  \
+ttrace report ttrace.data                                    what was read, per token and layer\n  \
+ttrace export ttrace.data --format perfetto -o run.pftrace   timeline for ui.perfetto.dev\n  \
+ttrace gguf model.gguf --extents                             the model's tensors on disk\n  \
+sudo ttrace check                                            can this kernel run ttrace?"
 )]
 pub struct Cli {
     /// More log output (-v info, -vv debug); also honours RUST_LOG.
@@ -44,8 +51,8 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     )]
     Report(ReportArgs),
     /// Export a trace for other tools: Perfetto, Chrome JSON, JSONL/CSV/Parquet
-    /// rows, per-token JSON for the thesis web UI, or one ubatch's graph.
-    /// Needs no root.
+    /// rows, per-token JSON for the thesis web UI, one ubatch's graph, or
+    /// blkparse text annotated with tensors. Needs no root.
     #[command(after_help = "Examples:\n  \
 ttrace export ttrace.data --format perfetto -o run.pftrace     (open in ui.perfetto.dev)\n  \
 ttrace export ttrace.data --format parquet -o events.parquet\n  \
