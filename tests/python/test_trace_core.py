@@ -64,8 +64,10 @@ def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model:
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-q8", "moe"])
-def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, name):
+def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths, name):
     a, prompt_tokens, eval_runs, _ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8)
+    # The trace states the build's commit, as `llama-completion --version` reports it.
+    assert a["header"]["llama_commit"] == paths["llama_commit"]
     assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs) == (3, 7)
     generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
     assert len(generate) == eval_runs

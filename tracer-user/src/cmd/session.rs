@@ -185,7 +185,13 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
         Some(base) => Some(target::op_names(base)?),
         None => None,
     };
-    let header = header(spec, pid, mode, &command, names.as_ref());
+    let mut header = header(spec, pid, mode, &command, names.as_ref());
+    // The build's own commit string (libllama-common's build info); only
+    // libllama* files are read, the rest of the closure cannot carry it.
+    header.llama_commit = candidates
+        .iter()
+        .filter(|lib| lib.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libllama")))
+        .find_map(|lib| target::llama_commit(lib));
     let mut session = Session {
         attached: Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false },
         recorder: Recorder { writer: create_trace(spec, &header)?, resolver },

@@ -183,6 +183,22 @@ pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64
     })
 }
 
+/// The llama.cpp commit a build reports (`char const * LLAMA_COMMIT` in
+/// libllama-common's build info), for the trace header.
+pub fn llama_commit(path: &Path) -> Option<String> {
+    with_elf(path, |file| {
+        let image = Image::new(file);
+        let commit = find_symbols(file, &["LLAMA_COMMIT"])[0]
+            .and_then(|sym| image.pointer_at(sym.addr))
+            .and_then(|p| image.c_string(p))
+            .map(|b| String::from_utf8_lossy(b).into_owned());
+        Ok(commit)
+    })
+    .ok()
+    .flatten()
+    .filter(|c| !c.is_empty())
+}
+
 /// Hex of the NT_GNU_BUILD_ID note, for the trace header.
 pub fn build_id(path: &Path) -> Option<String> {
     let id = with_elf(path, |file| Ok(file.build_id().ok().flatten().map(<[u8]>::to_vec))).ok()??;
