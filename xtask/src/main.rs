@@ -1,5 +1,6 @@
-//! Project tasks: `cargo xtask setup|demo|test|paths`. Every task runs the
+//! Project tasks: `cargo xtask setup|demo|test|bench|paths`. Every task runs the
 //! idempotent set-up first, so a fresh machine needs nothing else.
+mod bench;
 mod cache;
 mod demo;
 mod setup;
@@ -29,6 +30,15 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         cargo_args: Vec<String>,
     },
+    /// Set up, then measure overhead, ingest, trace size and export speed into docs/BENCHMARKS.md (root).
+    Bench {
+        /// Interleaved rounds of the overhead comparison.
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// Smoke run: at most 3 rounds, 16 tokens, a small export trace.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Print where the set-up put llama-completion, the venv python and the models (JSON).
     Paths,
 }
@@ -39,6 +49,7 @@ fn main() {
         Task::Setup => setup::run().map(drop),
         Task::Demo => demo::run(),
         Task::Test { cargo_args } => test::run(&cargo_args),
+        Task::Bench { rounds, quick } => bench::run(rounds, quick),
         Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
     };
     if let Err(err) = result {

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{cache, shell, targets};
 
 /// Debian packages: bpftool (inspecting loaded programs and links in tests).
-const APT_PACKAGES: &[&str] = &["bpftool", "chromium"];
+const APT_PACKAGES: &[&str] = &["bpftool", "chromium", "bpftrace", "time"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Everything set-up produced, for the other tasks.

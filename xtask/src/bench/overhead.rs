@@ -1,0 +1,139 @@
+//! Inference overhead: llama-completion untraced (A), under `ttrace run` (B),
+//! `ttrace run --all-threads` (C) and bpftrace with the equivalent probe set
+//! (D), interleaved A B C D A B C D …; llama's own generation tokens/s.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::Ctx;
+
+pub const VARIANTS: [(&str, &str); 4] = [
+    ("A", "untraced"),
+    ("B", "ttrace run"),
+    ("C", "ttrace run --all-threads"),
+    ("D", "bpftrace (scripts/bench/ggml_ops.bt)"),
+];
+
+pub const PROMPT: &str = "The history of the printing press begins in";
+
+/// One measured run.
+pub struct Sample {
+    pub round: usize,
+    pub variant: &'static str,
+    pub tokens_per_s: f64,
+    /// `ttrace run`'s summary line (B and C), for the trace size.
+    pub summary: Option<String>,
+}
+
+/// llama-completion's arguments for the bench model.
+pub fn llama_args(ctx: &Ctx, model: &Path) -> Vec<String> {
+    vec![
+        ctx.paths.llama.completion.display().to_string(),
+        "-m".into(),
+        model.display().to_string(),
+        "-p".into(),
+        PROMPT.into(),
+        "-n".into(),
+        ctx.tokens.to_string(),
+        "--ignore-eos".into(),
+        "-no-cnv".into(),
+        "--perf".into(),
+        "-t".into(),
+        "2".into(),
+    ]
+}
+
+/// The bpftrace script with the library path filled in (0.17 takes no
+/// positional parameter in a probe's binary path).
+fn bpftrace_script(ctx: &Ctx) -> Result<PathBuf> {
+    let src = crate::cache::repo_root().join("scripts/bench/ggml_ops.bt");
+    let text = std::fs::read_to_string(&src).with_context(|| format!("reading {}", src.display()))?;
+    let lib = ctx.paths.llama.lib_dir.join("libggml-cpu.so.0");
+    let lib = std::fs::canonicalize(&lib).with_context(|| format!("resolving {}", lib.display()))?;
+    let out = ctx.out_dir.join("ggml_ops.bt");
+    std::fs::write(&out, text.replace("LIBGGML_CPU", &lib.display().to_string()))?;
+    Ok(out)
+}
+
+pub fn command(ctx: &Ctx, variant: &str, model: &Path, trace: &Path) -> Result<Command> {
+    let args = llama_args(ctx, model);
+    let mut cmd = match variant {
+        "A" => {
+            let mut c = Command::new(&args[0]);
+            c.args(&args[1..]);
+            c
+        }
+        "B" | "C" => {
+            let mut c = Command::new(&ctx.ttrace);
+            c.arg("run");
+            if variant == "C" {
+                c.arg("--all-threads");
+            }
+            c.arg("-o").arg(trace).arg("--").args(&args);
+            c
+        }
+        "D" => {
+            // bpftrace 0.17 splits `-c` on spaces (no quoting), so the prompt
+            // goes through a wrapper script that execs llama (same pid).
+            let script = bpftrace_script(ctx)?;
+            let wrapper = ctx.out_dir.join("run-llama.sh");
+            let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+            std::fs::write(&wrapper, format!("#!/bin/sh\nexec {}\n", quoted.join(" ")))?;
+            std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("ulimit -l unlimited 2>/dev/null; exec bpftrace -o /dev/null \"$0\" -c \"/bin/sh $1\"")
+                .arg(&script)
+                .arg(&wrapper);
+            c
+        }
+        other => bail!("no variant {other}"),
+    };
+    cmd.env("LD_PRELOAD", &ctx.flushlog).stdin(Stdio::null());
+    Ok(cmd)
+}
+
+/// `eval time = X ms / N runs (Y ms per token, Z tokens per second)`.
+pub fn eval_tokens_per_s(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.contains("eval time") && !l.contains("prompt eval time"))?;
+    let before = line.split("tokens per second").next()?;
+    before.rsplit([',', '(']).next()?.trim().parse().ok()
+}
+
+pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> Result<Sample> {
+    let trace = ctx.out_dir.join(format!("overhead-{variant}.data"));
+    let mut cmd = command(ctx, variant, model, &trace)?;
+    let out = cmd.output().with_context(|| format!("starting {}", crate::shell::describe(&cmd)))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("{} failed ({}):\n{}", crate::shell::describe(&cmd), out.status, tail(&text, 20));
+    }
+    let tokens_per_s = eval_tokens_per_s(&text)
+        .with_context(|| format!("variant {variant}: no `eval time` line in the output:\n{}", tail(&text, 20)))?;
+    let summary = text.lines().find(|l| l.contains("bytes per op frame")).map(str::to_string);
+    Ok(Sample { round, variant, tokens_per_s, summary })
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<Sample>> {
+    // Warm the page cache (and check everything starts) before measuring.
+    eprintln!("bench: overhead warm-up run");
+    run_one(ctx, "A", 0, model)?;
+    let mut samples = Vec::new();
+    for round in 1..=ctx.rounds {
+        for (variant, _) in VARIANTS {
+            let s = run_one(ctx, variant, round, model)?;
+            eprintln!("bench: overhead round {round}/{} {variant}: {:.2} tokens/s", ctx.rounds, s.tokens_per_s);
+            samples.push(s);
+        }
+    }
+    Ok(samples)
+}
