@@ -1,0 +1,186 @@
+//! Counters, disk lanes and the fault → disk request chains of the Perfetto sink.
+
+use std::io::Write;
+
+use super::*;
+
+impl<W: Write> PerfettoSink<W> {
+    fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
+        let bucket = ts / BUCKET_NS;
+        match self.fault_bucket {
+            Some((b, ref mut n)) if b == bucket => *n += 1,
+            Some((b, _)) => {
+                self.flush_faults()?;
+                if bucket > b + 1 {
+                    self.counter((b + 1) * BUCKET_NS, 0)?;
+                }
+                self.fault_bucket = Some((bucket, 1));
+            }
+            None => self.fault_bucket = Some((bucket, 1)),
+        }
+        Ok(())
+    }
+
+    fn flush_faults(&mut self) -> Result<(), ExportError> {
+        if let Some((b, n)) = self.fault_bucket {
+            self.counter(b * BUCKET_NS, n)?;
+            self.counter((b + 1) * BUCKET_NS, 0)?;
+        }
+        Ok(())
+    }
+
+    fn add_disk(&mut self, ts: u64, bytes: i64) -> Result<(), ExportError> {
+        let bucket = ts / BUCKET_NS;
+        match self.disk_bucket {
+            Some((b, ref mut n)) if b == bucket => *n += bytes,
+            Some((b, _)) => {
+                self.flush_disk()?;
+                if bucket > b + 1 {
+                    self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
+                }
+                self.disk_bucket = Some((bucket, bytes));
+            }
+            None => {
+                self.disk_descriptors()?;
+                self.disk_bucket = Some((bucket, bytes));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_disk(&mut self) -> Result<(), ExportError> {
+        if let Some((b, n)) = self.disk_bucket {
+            self.counter_on(DISK_BYTES_UUID, b * BUCKET_NS, n)?;
+            self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The disk group and its counter, once the first block event shows up.
+    fn disk_descriptors(&mut self) -> Result<(), ExportError> {
+        if self.disk_bucket.is_some() || !self.lanes.is_empty() {
+            return Ok(());
+        }
+        self.descriptor(TrackDescriptor {
+            child_ordering: Some(CHILD_ORDERING_EXPLICIT),
+            ..track(DISK_UUID, "disk", None)
+        })?;
+        self.descriptor(TrackDescriptor {
+            counter: Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: Some("bytes".into()) }),
+            sibling_order_rank: Some(-1),
+            ..track(DISK_BYTES_UUID, "disk bytes per 10 ms", Some(DISK_UUID))
+        })?;
+        self.descriptor(TrackDescriptor {
+            counter: Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: Some("bytes".into()) }),
+            sibling_order_rank: Some(-2),
+            ..track(DISK_CUMULATIVE_UUID, "model bytes read from disk (cumulative)", Some(DISK_UUID))
+        })
+    }
+
+    /// A free lane for a new request (a new lane track when all are busy).
+    fn lane(&mut self) -> Result<usize, ExportError> {
+        self.disk_descriptors()?;
+        if let Some(i) = self.lanes.iter().position(|busy| !busy) {
+            self.lanes[i] = true;
+            return Ok(i);
+        }
+        self.lanes.push(true);
+        let i = self.lanes.len() - 1;
+        self.descriptor(TrackDescriptor {
+            sibling_order_rank: Some(i as i32),
+            ..track(LANE_UUID + i as u64, &format!("disk requests {i}"), Some(DISK_UUID))
+        })?;
+        Ok(i)
+    }
+
+    fn counter(&mut self, ts: u64, value: i64) -> Result<(), ExportError> {
+        self.counter_on(FAULT_COUNTER_UUID, ts, value)
+    }
+
+    fn counter_on(&mut self, track: u64, ts: u64, value: i64) -> Result<(), ExportError> {
+        let e = TrackEvent {
+            r#type: Some(TYPE_COUNTER),
+            track_uuid: Some(track),
+            counter_value: Some(value),
+            ..Default::default()
+        };
+        self.event(ts, e, InternedData::default())
+    }
+
+    /// Issue opens a request on a free lane; completion closes it as one
+    /// slice (a completion without its issue is dropped).
+    fn block(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+        let key = (b.dev, b.sector);
+        if b.kind == tracer_common::block::ISSUE {
+            let lane = self.lane()?;
+            if let Some((_, old)) = self.requests.insert(key, (b.ts_ns, lane)) {
+                self.lanes[old] = false;
+            }
+            if b.rwbs.contains('R') {
+                self.read_issued(b)?;
+            }
+            return Ok(());
+        }
+        self.reads.remove(&key);
+        let flow = self.request_flows.remove(&key);
+        let Some((issued, lane)) = self.requests.remove(&key) else { return Ok(()) };
+        self.lanes[lane] = false;
+        let bytes = u64::from(b.nr_sector) * 512;
+        let track = LANE_UUID + lane as u64;
+        let mut new = InternedData::default();
+        let name = self.name_iid(&format!("{} {} KiB", b.rwbs, bytes / 1024), &mut new);
+        let rwbs = self.string_iid(&b.rwbs, &mut new);
+        let e = TrackEvent {
+            r#type: Some(TYPE_SLICE_BEGIN),
+            track_uuid: Some(track),
+            name_iid: Some(name),
+            debug_annotations: vec![uint(8, b.sector), uint(9, bytes), string(10, rwbs)],
+            ..Default::default()
+        };
+        let mut e = e;
+        match flow {
+            Some((flow, true)) => e.terminating_flow_ids.push(flow),
+            Some((flow, false)) => e.flow_ids.push(flow),
+            None => {}
+        }
+        self.event(issued, e, new)?;
+        self.end(b.ts_ns.max(issued), track)?;
+        self.add_disk(b.ts_ns, bytes as i64)
+    }
+
+    /// A read request: the cumulative counter, and the chain from the fault
+    /// its thread is waiting in when the request covers the fault's page.
+    fn read_issued(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+        let key = (b.dev, b.sector);
+        let ranges = self.io.file_ranges(b.dev, b.sector, b.nr_sector);
+        let bytes: u64 = ranges.iter().map(|&(_, _, from, to)| to - from).sum();
+        // As `correlate::io`: a request counts once, however often it is issued.
+        if bytes > 0 && self.reads.insert(key) {
+            self.read_bytes += bytes;
+            self.counter_on(DISK_CUMULATIVE_UUID, b.ts_ns, self.read_bytes as i64)?;
+        }
+        let Some(f) = self.faults.get(&b.tid) else { return Ok(()) };
+        let (model, file, page) = f.page;
+        let covers =
+            ranges.iter().any(|&(m, fl, from, to)| (m, fl) == (model, file) && from < page + PAGE && page < to);
+        if !covers {
+            return Ok(());
+        }
+        let Some(mut f) = self.faults.remove(&b.tid) else { return Ok(()) };
+        f.event.flow_ids.push(f.flow);
+        self.request_flows.insert(key, (f.flow, f.in_op));
+        if !f.in_op {
+            self.next_op_flows.entry(b.tid).or_default().push((f.seq, f.flow));
+        }
+        self.event(f.ts, f.event, InternedData::default())
+    }
+
+    /// A held fault whose thread read nothing for it: the plain op → fault flow.
+    fn close_fault(&mut self, tid: u32) -> Result<(), ExportError> {
+        let Some(mut f) = self.faults.remove(&tid) else { return Ok(()) };
+        if f.in_op {
+            f.event.terminating_flow_ids.push(f.flow);
+        }
+        self.event(f.ts, f.event, InternedData::default())
+    }
+}
