@@ -5,7 +5,7 @@ use std::io::Write;
 use super::*;
 
 impl<W: Write> PerfettoSink<W> {
-    fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
+    pub(super) fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
         let bucket = ts / BUCKET_NS;
         match self.fault_bucket {
             Some((b, ref mut n)) if b == bucket => *n += 1,
@@ -21,7 +21,7 @@ impl<W: Write> PerfettoSink<W> {
         Ok(())
     }
 
-    fn flush_faults(&mut self) -> Result<(), ExportError> {
+    pub(super) fn flush_faults(&mut self) -> Result<(), ExportError> {
         if let Some((b, n)) = self.fault_bucket {
             self.counter(b * BUCKET_NS, n)?;
             self.counter((b + 1) * BUCKET_NS, 0)?;
@@ -29,7 +29,7 @@ impl<W: Write> PerfettoSink<W> {
         Ok(())
     }
 
-    fn add_disk(&mut self, ts: u64, bytes: i64) -> Result<(), ExportError> {
+    pub(super) fn add_disk(&mut self, ts: u64, bytes: i64) -> Result<(), ExportError> {
         let bucket = ts / BUCKET_NS;
         match self.disk_bucket {
             Some((b, ref mut n)) if b == bucket => *n += bytes,
@@ -48,7 +48,7 @@ impl<W: Write> PerfettoSink<W> {
         Ok(())
     }
 
-    fn flush_disk(&mut self) -> Result<(), ExportError> {
+    pub(super) fn flush_disk(&mut self) -> Result<(), ExportError> {
         if let Some((b, n)) = self.disk_bucket {
             self.counter_on(DISK_BYTES_UUID, b * BUCKET_NS, n)?;
             self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
@@ -57,7 +57,7 @@ impl<W: Write> PerfettoSink<W> {
     }
 
     /// The disk group and its counter, once the first block event shows up.
-    fn disk_descriptors(&mut self) -> Result<(), ExportError> {
+    pub(super) fn disk_descriptors(&mut self) -> Result<(), ExportError> {
         if self.disk_bucket.is_some() || !self.lanes.is_empty() {
             return Ok(());
         }
@@ -78,7 +78,7 @@ impl<W: Write> PerfettoSink<W> {
     }
 
     /// A free lane for a new request (a new lane track when all are busy).
-    fn lane(&mut self) -> Result<usize, ExportError> {
+    pub(super) fn lane(&mut self) -> Result<usize, ExportError> {
         self.disk_descriptors()?;
         if let Some(i) = self.lanes.iter().position(|busy| !busy) {
             self.lanes[i] = true;
@@ -93,11 +93,11 @@ impl<W: Write> PerfettoSink<W> {
         Ok(i)
     }
 
-    fn counter(&mut self, ts: u64, value: i64) -> Result<(), ExportError> {
+    pub(super) fn counter(&mut self, ts: u64, value: i64) -> Result<(), ExportError> {
         self.counter_on(FAULT_COUNTER_UUID, ts, value)
     }
 
-    fn counter_on(&mut self, track: u64, ts: u64, value: i64) -> Result<(), ExportError> {
+    pub(super) fn counter_on(&mut self, track: u64, ts: u64, value: i64) -> Result<(), ExportError> {
         let e = TrackEvent {
             r#type: Some(TYPE_COUNTER),
             track_uuid: Some(track),
@@ -109,7 +109,7 @@ impl<W: Write> PerfettoSink<W> {
 
     /// Issue opens a request on a free lane; completion closes it as one
     /// slice (a completion without its issue is dropped).
-    fn block(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+    pub(super) fn block(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
         if b.kind == tracer_common::block::ISSUE {
             let lane = self.lane()?;
@@ -150,7 +150,7 @@ impl<W: Write> PerfettoSink<W> {
 
     /// A read request: the cumulative counter, and the chain from the fault
     /// its thread is waiting in when the request covers the fault's page.
-    fn read_issued(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+    pub(super) fn read_issued(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
         let ranges = self.io.file_ranges(b.dev, b.sector, b.nr_sector);
         let bytes: u64 = ranges.iter().map(|&(_, _, from, to)| to - from).sum();
@@ -176,7 +176,7 @@ impl<W: Write> PerfettoSink<W> {
     }
 
     /// A held fault whose thread read nothing for it: the plain op → fault flow.
-    fn close_fault(&mut self, tid: u32) -> Result<(), ExportError> {
+    pub(super) fn close_fault(&mut self, tid: u32) -> Result<(), ExportError> {
         let Some(mut f) = self.faults.remove(&tid) else { return Ok(()) };
         if f.in_op {
             f.event.terminating_flow_ids.push(f.flow);
