@@ -1,35 +1,9 @@
-//! The GGUF reader on arbitrary bytes: it must return Ok or Err, never panic,
-//! and whatever it accepts must build a model map that resolves consistently.
+//! The GGUF reader on arbitrary bytes (checks::gguf_reader).
 #![no_main]
 
+mod checks;
 #[allow(dead_code, unused_imports)]
 #[path = "../../tracer-user/src/resolve/mod.rs"]
 mod resolve;
 
-use libfuzzer_sys::fuzz_target;
-use resolve::{AddressSpace, GgufHeader, ModelMap};
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(header) = GgufHeader::from_bytes(data) else { return };
-    for t in &header.tensors {
-        assert!(t.file_offset + t.size_bytes <= data.len() as u64);
-        assert_eq!(t.file_offset % header.alignment, header.data_offset % header.alignment);
-    }
-    let _ = serde_json::to_string(&header);
-    let Ok(model) = ModelMap::from_headers(vec![("/fuzz/m.gguf".into(), header)]) else { return };
-    for (i, t) in model.tensors().iter().enumerate() {
-        assert_eq!(model.by_name(&t.name).map(|(j, _)| j as usize), Some(i));
-        if t.size_bytes > 0 {
-            let (j, off) = model.tensor_at(0, t.file_offset + t.size_bytes - 1).unwrap();
-            assert!(off < model.tensors()[j as usize].size_bytes);
-        }
-    }
-    // Map the whole file at a fixed address and resolve every tensor's first byte.
-    let maps = format!("10000000-{:x} r--s 00000000 00:00 0 /fuzz/m.gguf\n", 0x1000_0000u64 + data.len() as u64 + 1);
-    let space = AddressSpace::from_maps_text(maps.as_bytes(), std::slice::from_ref(&model)).unwrap();
-    for t in model.tensors() {
-        let r = space.resolve(0x1000_0000 + t.file_offset);
-        assert_eq!(r.class(), resolve::MemoryClass::ModelFile);
-        let _ = space.tensor_for(0x1000_0000 + t.file_offset, &t.name);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::gguf_reader(data));
