@@ -1,8 +1,9 @@
-//! Project tasks: `cargo xtask setup|demo|test|bench|paths`. Every task runs the
+//! Project tasks: `cargo xtask setup|demo|test|bench|lint|paths`. Every task runs the
 //! idempotent set-up first, so a fresh machine needs nothing else.
 mod bench;
 mod cache;
 mod demo;
+mod lint;
 mod setup;
 mod shell;
 mod targets;
@@ -39,6 +40,8 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// rustfmt and clippy (-D warnings) on the host crates, and clippy on the eBPF crate for its bpf target.
+    Lint,
     /// Print where the set-up put llama-completion, the venv python and the models (JSON).
     Paths,
 }
@@ -50,6 +53,7 @@ fn main() {
         Task::Demo => demo::run(),
         Task::Test { cargo_args } => test::run(&cargo_args),
         Task::Bench { rounds, quick } => bench::run(rounds, quick),
+        Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
     };
     if let Err(err) = result {
