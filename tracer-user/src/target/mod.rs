@@ -9,6 +9,7 @@ mod elf;
 mod hooks;
 mod ldcache;
 mod libs;
+mod residency;
 mod spawn;
 mod user;
 
@@ -20,6 +21,7 @@ pub use hooks::{
     BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, REQUIRED_HOOKS, classify, mapped_files, missing_hooks,
 };
 pub use ldcache::LdCache;
+pub use residency::resident_bytes;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
 pub use spawn::{HeldChild, RunningChild, SpawnOptions};
 pub use user::UserSpec;
