@@ -4,10 +4,12 @@ reader's tensor table (names, absolute file offsets). Needs root: the probes
 are loaded into the running kernel."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import gguf
@@ -29,12 +31,12 @@ def ttrace() -> Path:
     return p
 
 
-def trace_run(ttrace, out: Path, argv: list, preload: Path | None = None, timeout=600):
+def trace_run(ttrace, out: Path, argv: list, preload: Path | None = None, timeout=600, opts=()):
     env = dict(os.environ)
     if preload:
         env["LD_PRELOAD"] = str(preload)
     # The random models print arbitrary bytes: decode leniently.
-    proc = subprocess.run([ttrace, "run", "-o", out, "--", *argv], capture_output=True, text=True, errors="replace", env=env, timeout=timeout)
+    proc = subprocess.run([ttrace, "run", "-o", out, *opts, "--", *argv], capture_output=True, text=True, errors="replace", env=env, timeout=timeout)
     assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     return proc
 
@@ -54,10 +56,98 @@ def weight_names(a: dict, ubatch: dict) -> dict[str, dict]:
     return {a["models"][w["model"]]["tensors"][w["tensor"]]["name"]: w for w in ubatch["weights"]}
 
 
-def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model: Path, n: int, *extra):
+SUMMARY = {
+    "head": re.compile(r"^ttrace: run of pid (\d+) \((.*)\), (\d+\.\d{3}) s$"),
+    "ubatches": re.compile(r"^  ubatches     (\d+) prompt \((\d+) tokens\), (\d+) generate, (\d+) warm-up, "
+                           r"(\d+) other graphs$"),
+    "ops": re.compile(r"^  ops          (\d+) recorded \((\d+) outside any graph\)$"),
+    "weights": re.compile(r"^  weights      (\d+) distinct tensors touched; (.+) per generated token; "
+                          r"accesses (\d+\.\d)% file-backed, (\d+\.\d)% copies$"),
+    "lost": re.compile(r"^  (?:lost events  none|LOST EVENTS  op (\d+), call (\d+), page_fault (\d+), "
+                       r"page_cache (\d+), block (\d+): .*)$"),
+}
+
+
+def human_bytes(n: int) -> str:
+    """The summary's unit formatting (B, KiB, ... with one decimal)."""
+    value, unit = float(n), 0
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and unit + 1 < len(units):
+        value /= 1024
+        unit += 1
+    return f"{n} B" if unit == 0 else f"{value:.1f} {units[unit]}"
+
+
+def parse_summary(stderr: str) -> dict[str, re.Match]:
+    """The end-of-run summary `ttrace run` printed on stderr (after the target's own output)."""
+    lines = stderr.splitlines()
+    heads = [i for i, l in enumerate(lines) if SUMMARY["head"].match(l)]
+    assert len(heads) == 1, f"one summary on stderr:\n{stderr[-3000:]}"
+    got = {"head": SUMMARY["head"].match(lines[heads[0]])}
+    for line in lines[heads[0] + 1:]:
+        for key, pattern in SUMMARY.items():
+            if key != "head" and (m := pattern.match(line)):
+                assert key not in got, f"summary line {key} twice"
+                got[key] = m
+    assert set(got) == set(SUMMARY), f"summary lines missing: {set(SUMMARY) - set(got)}\n{stderr[-3000:]}"
+    return got
+
+
+def check_summary(stderr: str, a: dict, wall_s: float):
+    """The summary's figures, each against `report --json` of the same trace."""
+    s = parse_summary(stderr)
+    assert int(s["head"].group(1)) == a["header"]["pid"]
+    duration_ns = a["last_ts_ns"] - a["first_ts_ns"]
+    assert s["head"].group(3) == f"{duration_ns / 1e9:.3f}"
+    # The run lasted at least as long as its graphs, and no longer than ttrace itself ran.
+    graphs = sum(u["end_ns"] - u["start_ns"] for u in a["ubatches"])
+    assert graphs <= duration_ns and duration_ns / 1e9 <= wall_s
+
+    phases = collections.Counter(u["phase"] for u in a["ubatches"])
+    assert [int(x) for x in s["ubatches"].groups()] == [
+        phases["prompt"], a["prompt_tokens"], phases["generate"], phases["warmup"], phases["aux"]]
+    assert phases["generate"] == a["generate_runs"]
+    assert [int(x) for x in s["ops"].groups()] == [a["ops"], a["ops_outside_ubatches"]]
+    assert a["ops"] == sum(u["ops"] for u in a["ubatches"]) + a["ops_outside_ubatches"]
+
+    distinct = {(w["model"], w["tensor"]) for u in a["ubatches"] for w in u["weights"]}
+    touched = {(t["model"], t["tensor"]) for t in a["stats"]["tensors"] if t["ubatches_touched"] > 0}
+    assert int(s["weights"].group(1)) == len(distinct) == len(touched)
+    assert distinct == touched
+    # Weight bytes per generated token: the mean of the report's per-token weight bytes.
+    generate = [u for u in a["stats"]["ubatches"] if u["phase"] == "generate"]
+    assert generate
+    per_token = sum(u["weight_bytes"] for u in generate) / len(generate)
+    assert s["weights"].group(2) == human_bytes(int(per_token)), (s["weights"].group(0), per_token)
+    file = sum(w["file_backed"] for u in a["ubatches"] for w in u["weights"])
+    copy = sum(w["copy"] for u in a["ubatches"] for w in u["weights"])
+    assert file == sum(u["file_backed_accesses"] for u in a["stats"]["ubatches"])
+    assert copy == sum(u["copy_accesses"] for u in a["stats"]["ubatches"])
+    assert file + copy > 0
+    assert s["weights"].group(3) == f"{100 * file / (file + copy):.1f}"
+    assert s["weights"].group(4) == f"{100 * copy / (file + copy):.1f}"
+
+    # Model reads whose completion was never recorded: said when there are any.
+    uncompleted = re.findall(r"^  WARNING      (\d+) model-file reads issued without a completion recorded",
+                             stderr, re.M)
+    assert [int(n) for n in uncompleted] == ([a["io"]["disk"]["uncompleted"]] if a["io"]["disk"]["uncompleted"] else [])
+
+    lost = s["lost"]
+    kinds = ["op", "call", "page_fault", "page_cache", "block"]
+    assert set(a["lost"]) == set(kinds)
+    if lost.group(1) is None:
+        assert all(a["lost"][k] == 0 for k in kinds), a["lost"]
+    else:
+        assert [int(x) for x in lost.groups()] == [a["lost"][k] for k in kinds]
+        assert sum(a["lost"].values()) > 0
+
+
+def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model: Path, n: int, *extra, ttrace_opts=()):
     out = tmp_path / "trace.data"
     argv = [llama_completion, "-m", model, "-p", "hello world", "-n", str(n), "-no-cnv", "--ignore-eos", "--perf", "-t", "2", "--seed", "1", *extra]
-    proc = trace_run(ttrace, out, argv, flush_log_preload)
+    started = time.monotonic()
+    proc = trace_run(ttrace, out, argv, flush_log_preload, opts=ttrace_opts)
+    proc.wall_s = time.monotonic() - started
     prompt, runs = PERF_PROMPT.findall(proc.stderr), PERF_EVAL.findall(proc.stderr)
     assert len(prompt) == 1 and len(runs) == 1, f"llama's perf lines missing:\n{proc.stderr[-2000:]}"
     return report(ttrace, out), int(prompt[0]), int(runs[0]), proc
@@ -65,7 +155,7 @@ def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model:
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-q8", "moe"])
 def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths, name):
-    a, prompt_tokens, eval_runs, _ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8)
+    a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8)
     # The trace states the build's commit, as `llama-completion --version` reports it.
     assert a["header"]["llama_commit"] == paths["llama_commit"]
     assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs) == (3, 7)
@@ -86,24 +176,55 @@ def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, 
         # Plain mmap loads: every weight read goes through the file mapping.
         assert all(w["file_backed"] > 0 and w["copy"] == 0 for w in read.values())
         assert len(u["token_ids"]) == 1
+    check_summary(proc.stderr, a, proc.wall_s)
+
+
+# llama.cpp's own debug log line for each weight CPU_REPACK moved to a heap buffer.
+REPACKED = re.compile(r"repack tensor (\S+) with ")
 
 
 def test_repacked_q4_weights_are_copies_resolved_by_name(ttrace, tmp_path, llama_completion, flush_log_preload, models):
-    a, prompt_tokens, eval_runs, _ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models["tiny-q4"], 8)
+    # -v: llama.cpp logs each tensor it repacks; that list is the oracle.
+    a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload,
+                                                       models["tiny-q4"], 8, "-v")
     assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs)
+    assert set(a["lost"].values()) == {0}, a["lost"]
     reference = gguf_table(models["tiny-q4"])
     r = gguf.GGUFReader(models["tiny-q4"])
     q4 = {t.name for t in r.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_0 and LAYER_MATRIX.match(t.name)}
     assert q4, "tiny-q4 has Q4_0 layer matrices"
-    for u in (u for u in a["ubatches"] if u["phase"] == "generate"):
+    repacked = set(REPACKED.findall(proc.stderr))
+    assert q4 <= repacked, f"llama.cpp repacked {sorted(repacked)}; expected every Q4_0 layer matrix"
+    types = {t.name: t.tensor_type for t in r.tensors}
+    assert all(types[n] == gguf.GGMLQuantizationType.Q4_0 for n in repacked), repacked
+    generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
+    assert len(generate) == eval_runs
+    for u in generate:
         read = weight_names(a, u)
+        assert set(read) <= set(reference)
+        assert repacked <= set(read), f"ubatch {u['index']} missed {sorted(repacked - set(read))}"
         for name, w in read.items():
-            assert name in reference
-            if name in q4:
+            if name in repacked:
                 # CPU_REPACK moved them to heap buffers: a copy, found by name.
                 assert w["copy"] > 0 and w["file_backed"] == 0, name
-            elif name.endswith("_norm.weight"):
+            else:
+                # Everything else is read where llama.cpp mmap'd it: the model file.
                 assert w["file_backed"] > 0 and w["copy"] == 0, name
+        assert set(read) - repacked, "some weights are read through the file mapping"
+    check_summary(proc.stderr, a, proc.wall_s)
+
+
+def test_end_of_run_summary_matches_report(ttrace, tmp_path, llama_completion, flush_log_preload, models):
+    """`ttrace run`'s summary on stderr, with a worker record per thread and
+    repacked copies, says what `ttrace report --json` of its trace says."""
+    a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload,
+                                                       models["tiny-q4"], 8, ttrace_opts=["--all-threads"])
+    assert a["header"]["options"]["all_threads"]
+    assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs) == (3, 7)
+    check_summary(proc.stderr, a, proc.wall_s)
+    s = parse_summary(proc.stderr)
+    copies = float(s["weights"].group(4))
+    assert 0 < copies < 100, "tiny-q4: some accesses are copies, some file-backed"
 
 
 def test_python_client_matches_llama_completion_per_ubatch(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths):

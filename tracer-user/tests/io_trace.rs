@@ -81,7 +81,8 @@ fn block_bytes_agree_with_the_kernel_blk_tracer() {
     assert_eq!(a.lost.total(), 0);
 
     // The blkparse export: blkparse's columns, then what ttrace adds; its D
-    // lines are the blk tracer's D records in the model's extents.
+    // lines are the blk tracer's D records in the model's extents, its C lines
+    // the blk tracer's C records there.
     let text_path = trace.with_extension("blk");
     let export = Command::new(env!("CARGO_BIN_EXE_ttrace"))
         .args(["export", "--format", "blkparse", "-o"])
@@ -91,20 +92,191 @@ fn block_bytes_agree_with_the_kernel_blk_tracer() {
         .unwrap();
     assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
     let text = std::fs::read_to_string(&text_path).unwrap();
-    let mut ours: Vec<(u64, u64)> = Vec::new();
-    for line in text.lines() {
-        let (blk, suffix) = line.split_once("] ").map_or((line, ""), |(b, s)| (b, s));
-        let f: Vec<&str> = blk.split_whitespace().collect();
-        assert!(f.len() >= 11 && f[0].contains(',') && f[3].contains('.') && f[8] == "+", "not blkparse: {line}");
-        if f[5] == "D" {
-            assert!(suffix.contains("tensor=") && suffix.contains("file_off=") && suffix.contains("ubatch="), "{line}");
-            ours.push((f[7].parse().unwrap(), f[9].parse().unwrap()));
-        }
-    }
-    let mut theirs: Vec<(u64, u64)> = io_support::in_extents(&records, &extents);
+    let lines: Vec<BlkLine> = text.lines().map(parse_blkparse).collect();
+    check_blkparse_lines(&lines, &a, &extents);
+
+    let key = |r: &io_support::BlkRecord| (r.sector, r.nr_sectors, r.rwbs.clone());
+    let mut ours: Vec<_> =
+        lines.iter().filter(|l| l.action == 'D').map(|l| (l.sector, l.sectors, l.rwbs.clone())).collect();
+    let mut theirs: Vec<_> = io_support::records_in_extents(&records, &extents, 'D').into_iter().map(key).collect();
     ours.sort_unstable();
     theirs.sort_unstable();
     assert_eq!(ours, theirs, "blkparse D lines vs the blk tracer's D records");
+    let ours: Vec<_> = lines
+        .iter()
+        .filter(|l| l.action == 'C')
+        .map(|l| (l.sector, l.sectors, l.rwbs.clone(), l.last.clone()))
+        .collect();
+    let theirs: Vec<_> = io_support::records_in_extents(&records, &extents, 'C')
+        .into_iter()
+        .map(|r| (r.sector, r.nr_sectors, r.rwbs.clone(), r.error.map_or_else(String::new, |e| e.to_string())))
+        .collect();
+    assert!(!ours.is_empty(), "completions of the model's reads");
+    // Every C line is one of the blk tracer's. The kernel may not run
+    // ttrace's completion program (it skips a tracepoint program while
+    // another BPF program runs on that CPU): exactly the requests the report
+    // counts as uncompleted, i.e. the D lines no C line follows.
+    let mut missing = theirs.clone();
+    for c in &ours {
+        let i = missing.iter().position(|t| t == c).unwrap_or_else(|| panic!("C line {c:?} not in the blk tracer's"));
+        missing.swap_remove(i);
+    }
+    let mut missing: Vec<(u64, u64)> = missing.into_iter().map(|(s, n, _, _)| (s, n)).collect();
+    let mut open: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for l in &lines {
+        if l.action == 'D' {
+            open.insert(l.sector, l.sectors);
+        } else {
+            open.remove(&l.sector);
+        }
+    }
+    let mut uncompleted: Vec<(u64, u64)> = open.into_iter().collect();
+    missing.sort_unstable();
+    uncompleted.sort_unstable();
+    println!("C lines: {} of the blk tracer's {}; uncompleted {:?}", ours.len(), theirs.len(), uncompleted);
+    assert_eq!(missing, uncompleted, "the blk tracer's completions ttrace lacks are its uncompleted reads");
+    assert_eq!(a.io.disk.uncompleted, uncompleted.len() as u64, "report: uncompleted reads");
+}
+
+/// One line of `ttrace export --format blkparse`.
+#[derive(Debug)]
+struct BlkLine {
+    dev: (u32, u32),
+    ts_ns: u64,
+    action: char,
+    rwbs: String,
+    sector: u64,
+    sectors: u64,
+    /// The bracket: the command of an issue, the error of a completion.
+    last: String,
+    /// ttrace's suffix: `key=value` pairs.
+    suffix: std::collections::BTreeMap<String, String>,
+    line: String,
+}
+
+/// blkparse's `%D %2c %8s %5T.%9t %5p %2a %3d %S + %n [%C]`, then the suffix.
+fn parse_blkparse(line: &str) -> BlkLine {
+    let (blk, suffix) = line.split_once("] ").unwrap_or((line, ""));
+    let f: Vec<&str> = blk.split_whitespace().collect();
+    assert!(f.len() == 11 && f[0].contains(',') && f[3].contains('.') && f[8] == "+", "not blkparse: {line}");
+    let (major, minor) = f[0].split_once(',').unwrap();
+    let (secs, nanos) = f[3].split_once('.').unwrap();
+    assert_eq!(nanos.len(), 9, "nanosecond times: {line}");
+    let action = f[5].chars().next().unwrap();
+    assert_eq!(f[5].len(), 1, "{line}");
+    let last = f[10].strip_prefix('[').unwrap_or_else(|| panic!("no [..] in {line}"));
+    let last = last.strip_suffix(']').unwrap_or(last).to_string();
+    let suffix = suffix
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("suffix `{kv}` is not key=value: {line}"));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    BlkLine {
+        dev: (major.parse().unwrap(), minor.parse().unwrap()),
+        ts_ns: secs.parse::<u64>().unwrap() * 1_000_000_000 + nanos.parse::<u64>().unwrap(),
+        action,
+        rwbs: f[6].to_string(),
+        sector: f[7].parse().unwrap(),
+        sectors: f[9].parse().unwrap(),
+        last,
+        suffix,
+        line: line.to_string(),
+    }
+}
+
+/// What ttrace appends to each line, checked against the model's FIEMAP
+/// extents and tensor table and the trace's ubatches: the first tensor the
+/// request read, the file offset where it starts, its layer, the ubatch it
+/// was issued (or completed) in; a completion carries the issue's tensor and
+/// offset, its error in brackets, and follows its issue.
+fn check_blkparse_lines(lines: &[BlkLine], a: &Analysis, extents: &FileExtents) {
+    let table = &a.models[0];
+    let base = extents.device.partition_start_sector * 512;
+    let disk = (extents.device.disk_major.unwrap(), extents.device.disk_minor.unwrap());
+    let start = a.header.start_monotonic_ns;
+    // The request's file byte ranges, in disk order.
+    let file_ranges = |sector: u64, sectors: u64| -> Vec<(u64, u64)> {
+        let (from, to) = (sector * 512, (sector + sectors) * 512);
+        let mut v: Vec<(u64, u64, u64)> = extents
+            .extents
+            .iter()
+            .filter_map(|e| {
+                let (s, end) = (base + e.physical, base + e.physical + e.length);
+                (to.min(end) > from.max(s)).then(|| (s, e.logical + from.max(s) - s, e.logical + to.min(end) - s))
+            })
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, f, t)| (f, t)).collect()
+    };
+    let mut by_offset: Vec<_> = table.tensors.iter().collect();
+    by_offset.sort_by_key(|t| t.file_offset);
+    let layer_of = |name: &str| {
+        name.strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .map_or_else(|| "-".to_string(), |(n, _)| n.to_string())
+    };
+    let mut issued: std::collections::HashMap<(u64, u64), &BlkLine> = std::collections::HashMap::new();
+    let mut issues_by_when: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for l in lines {
+        let line = &l.line;
+        assert_eq!(l.dev, disk, "the model's disk: {line}");
+        assert!(matches!(l.action, 'D' | 'C'), "{line}");
+        assert!(l.rwbs.contains('R'), "model reads: {line}");
+        let ranges = file_ranges(l.sector, l.sectors);
+        assert!(!ranges.is_empty(), "only requests in the model's extents: {line}");
+        assert_eq!(l.suffix["file_off"], ranges[0].0.to_string(), "{line}");
+        let first = ranges
+            .iter()
+            .find_map(|&(f, t)| by_offset.iter().find(|x| x.file_offset < t && x.file_offset + x.size_bytes > f));
+        let (name, layer) =
+            first.map_or(("(between tensors)".to_string(), "-".to_string()), |t| (t.name.clone(), layer_of(&t.name)));
+        assert_eq!(l.suffix["tensor"], name, "{line}");
+        assert_eq!(l.suffix["layer"], layer, "{line}");
+        if let Some(t) = first {
+            assert_eq!(t.layer.map_or_else(|| "-".to_string(), |n| n.to_string()), layer, "{line}");
+        }
+        // The ubatch: by time, against the trace's graphs.
+        let ts = start + l.ts_ns;
+        let when = &l.suffix["ubatch"];
+        match when.as_str() {
+            "load" => assert!(a.ubatches.first().is_none_or(|u| ts <= u.start_ns), "{line}"),
+            "between" => {
+                assert!(a.ubatches.first().is_some_and(|u| ts >= u.start_ns), "{line}");
+                let inside = a.ubatches.iter().any(|u| u.start_ns < ts && u.end_ns.is_some_and(|e| ts < e));
+                assert!(!inside, "between graphs, yet inside one: {line}");
+            }
+            k => {
+                let u = &a.ubatches[k.parse::<usize>().unwrap_or_else(|_| panic!("ubatch={k}: {line}"))];
+                assert!(u.start_ns <= ts && u.end_ns.is_none_or(|e| ts <= e), "{line} outside ubatch {k}");
+            }
+        }
+        for k in l.suffix.keys() {
+            assert!(["tensor", "file_off", "ubatch", "layer", "op", "tensors"].contains(&k.as_str()), "{line}");
+        }
+        if let Some(op) = l.suffix.get("op") {
+            assert!(a.header.op_names.contains(op) && when.parse::<u32>().is_ok(), "{line}");
+        }
+        if l.action == 'D' {
+            assert!(!l.last.is_empty(), "an issue names its command: {line}");
+            let key = if when.parse::<u32>().is_ok() { format!("ubatch {when}") } else { when.clone() };
+            *issues_by_when.entry(key).or_default() += 1;
+            issued.insert((l.sector, l.sectors), l);
+        } else {
+            assert_eq!(l.last, "0", "a completion's error: {line}");
+            assert!(!l.suffix.contains_key("op"), "op= only on issues: {line}");
+            let d = issued.get(&(l.sector, l.sectors)).unwrap_or_else(|| panic!("a completion without issue: {line}"));
+            assert!(d.ts_ns <= l.ts_ns, "{line}");
+            for k in ["tensor", "file_off", "layer"] {
+                assert_eq!(d.suffix[k], l.suffix[k], "{line} vs its issue {}", d.line);
+            }
+        }
+    }
+    // Per ubatch (and load, between), the issues are the ones the correlator counted.
+    let counted: std::collections::BTreeMap<String, u64> =
+        a.io.by_when.iter().filter(|(_, w)| w.disk.issues > 0).map(|(k, w)| (k.clone(), w.disk.issues)).collect();
+    assert_eq!(issues_by_when, counted, "D lines per ubatch vs report --json io.by_when");
 }
 
 #[test]
@@ -157,11 +329,27 @@ fn prefetch_reads_in_the_load_phase_and_a_memory_limit_streams_every_token() {
     let a = analyze(&limited);
     let generate: Vec<_> = a.ubatches.iter().filter(|u| u.phase == Phase::Generate).collect();
     assert_eq!(generate.len(), 3);
+    // Per layer from the per-(ubatch, tensor) bytes, each tensor's layer read
+    // off its GGUF name.
+    let table = &a.models[0];
+    let mut by_tensor: std::collections::BTreeMap<u32, std::collections::BTreeMap<String, u64>> = Default::default();
+    for e in &a.io.ubatch_tensor_bytes {
+        let layer = e
+            .tensor
+            .and_then(|t| table.tensors[t as usize].name.strip_prefix("blk."))
+            .and_then(|r| r.split_once('.'))
+            .map_or_else(|| "none".to_string(), |(n, _)| n.to_string());
+        *by_tensor.entry(e.ubatch).or_default().entry(layer).or_default() += e.bytes;
+    }
+    assert!(!a.io.ubatch_tensor_bytes_truncated);
     for u in &generate {
         let layers = a.io.ubatch_layer_bytes.get(&u.index).cloned().unwrap_or_default();
         println!("generate ubatch {}: {} disk bytes; by layer {:?}", u.index, u.disk_bytes, layers);
         assert!(u.disk_bytes > 0, "ubatch {} read nothing from disk under the limit", u.index);
-        assert!(layers.len() > 1, "per-layer bytes reported");
+        assert_eq!(layers.values().sum::<u64>(), u.disk_bytes, "ubatch {}: layers add up to the ubatch", u.index);
+        assert_eq!(Some(&layers), by_tensor.get(&u.index), "ubatch {}: per-layer bytes by tensor", u.index);
+        let read = layers.iter().filter(|(k, b)| k.as_str() != "none" && **b > 0).count();
+        assert!(read > 1, "ubatch {}: several layers read from disk", u.index);
     }
 }
 

@@ -28,15 +28,21 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         failures.push(e.to_string());
     }
     if cargo_args.is_empty() {
+        // Screenshots of the HTML reports outlive the run (target/ is
+        // gitignored), so they can be looked at afterwards.
+        let screenshots = root.join("target/ttrace-test-screenshots");
+        std::fs::create_dir_all(&screenshots)?;
         let mut pytest = Command::new(&paths.venv_python);
         pytest
             .current_dir(&root)
             .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"])
             .env("TTRACE_PATHS", &paths_json)
-            .env("TTRACE_BIN", &ttrace);
+            .env("TTRACE_BIN", &ttrace)
+            .env("TTRACE_SCREENSHOT_DIR", &screenshots);
         if let Err(e) = shell::run(&mut pytest) {
             failures.push(e.to_string());
         }
+        eprintln!("xtask: screenshots of the HTML reports in {}", screenshots.display());
     }
     if !failures.is_empty() {
         bail!("test suites failed: {}", failures.join("; "));

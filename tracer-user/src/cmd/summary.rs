@@ -36,15 +36,14 @@ pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
     );
     let _ = writeln!(out, "  ops          {} recorded ({} outside any graph)", a.ops, a.ops_outside_ubatches);
 
-    let size_of = |(m, t): (u32, u32)| {
-        a.models.get(m as usize).and_then(|model| model.tensors.get(t as usize)).map_or(0, |t| t.size_bytes)
-    };
     let distinct: BTreeSet<(u32, u32)> = a.ubatches.iter().flat_map(|u| u.weights.keys().copied()).collect();
     let generate: Vec<_> = a.ubatches.iter().filter(|u| u.phase == Phase::Generate).collect();
+    // Bytes read, as the report's per-token table counts them (the embedding
+    // lookup reads one row per token, not the whole table).
     let per_token = if generate.is_empty() {
         0.0
     } else {
-        generate.iter().map(|u| u.weights.keys().map(|&k| size_of(k)).sum::<u64>()).sum::<u64>() as f64
+        generate.iter().map(|u| u.weights.values().map(|w| w.bytes).sum::<u64>()).sum::<u64>() as f64
             / generate.len() as f64
     };
     let (file, copy) = a
@@ -82,6 +81,15 @@ pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
             "  LOST EVENTS  op {}, call {}, page_fault {}, page_cache {}, block {}: the ring buffer overflowed; \
              raise --ring-mb",
             lost.op, lost.call, lost.page_fault, lost.page_cache, lost.block
+        );
+    }
+    if a.io.disk.uncompleted > 0 {
+        let _ = writeln!(
+            out,
+            "  WARNING      {} model-file reads issued without a completion recorded: the kernel skips a \
+             tracepoint program while another BPF program runs on that CPU (or the read was still in flight when \
+             tracing stopped); their latencies and disk slices are missing",
+            a.io.disk.uncompleted
         );
     }
     if let Some(t) = &a.trailer

@@ -66,6 +66,12 @@ pub struct DiskTotals {
     pub issue_bytes: u64,
     /// Bytes of those requests inside model files.
     pub bytes: u64,
+    /// Of `requests`, those whose completion was never recorded: the kernel
+    /// does not run a tracepoint program while another BPF program runs on
+    /// the same CPU (`trace_call_bpf`; a completion interrupt arriving during
+    /// any probe, counted only in the program's `recursion_misses`), or the
+    /// request was still in flight when tracing stopped.
+    pub uncompleted: u64,
     /// Issue→complete latencies in microseconds: p50, p90, p99, max.
     pub latency_us: [u64; 4],
     #[serde(skip)]
@@ -409,6 +415,9 @@ impl IoCorrelator {
     pub fn finish(mut self) -> IoAnalysis {
         let tids: Vec<u32> = self.open.keys().copied().collect();
         tids.into_iter().for_each(|t| self.close(t));
+        let pending: Vec<When> = self.pending.values().map(|&(_, when)| when).collect();
+        self.out.disk.uncompleted = pending.len() as u64;
+        pending.into_iter().for_each(|when| self.when(when).disk.uncompleted += 1);
         self.out.disk.finish();
         self.out.by_when.values_mut().for_each(|w| w.disk.finish());
         self.out.tensors = self.tensors.into_values().collect();
@@ -423,5 +432,78 @@ impl IoCorrelator {
             })
             .collect();
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::block::{COMPLETE, ISSUE};
+
+    use super::*;
+    use crate::record::{FileExtent, FileInfo, ModelTensor};
+
+    const DEV: u32 = 7;
+    const DISK_AT: u64 = 1 << 20;
+
+    fn correlator() -> IoCorrelator {
+        let info = FileInfo {
+            disk_dev: Some(DEV),
+            extents: vec![FileExtent { logical: 0, physical: DISK_AT, length: 1 << 20 }],
+            ..Default::default()
+        };
+        let tensor = ModelTensor {
+            name: "w".into(),
+            file: 0,
+            file_offset: 0,
+            size_bytes: 1 << 20,
+            type_name: "F32".into(),
+            shape: vec![1 << 18],
+            layer: Some(0),
+            component: "ffn_up".into(),
+            expert_bytes: None,
+        };
+        let table = ModelTable {
+            files: vec!["m.gguf".into()],
+            file_info: vec![info],
+            tensors: vec![tensor],
+            ..Default::default()
+        };
+        let mut io = IoCorrelator::default();
+        io.on_model(0, &table);
+        io
+    }
+
+    fn block(kind: u32, file_offset: u64, ts_ns: u64) -> Block {
+        Block {
+            ts_ns,
+            tid: 1,
+            tgid: 1,
+            cpu: 0,
+            kind,
+            dev: DEV,
+            sector: (DISK_AT + file_offset) / 512,
+            nr_sector: 8,
+            error: 0,
+            rwbs: "RA".into(),
+            comm: "t".into(),
+        }
+    }
+
+    #[test]
+    fn reads_without_a_recorded_completion_are_counted_where_they_were_issued() {
+        let mut io = correlator();
+        // Completed; requeued (issued twice) then completed; never completed.
+        io.on_block(&block(ISSUE, 0, 10), When::Load);
+        io.on_block(&block(COMPLETE, 0, 20), When::Load);
+        io.on_block(&block(ISSUE, 4096, 30), When::Ubatch(0));
+        io.on_block(&block(ISSUE, 4096, 35), When::Ubatch(0));
+        io.on_block(&block(COMPLETE, 4096, 40), When::Ubatch(0));
+        io.on_block(&block(ISSUE, 8192, 50), When::Ubatch(0));
+        io.on_block(&block(ISSUE, 8192, 55), When::Ubatch(0));
+        let out = io.finish();
+        assert_eq!((out.disk.requests, out.disk.issues, out.disk.uncompleted), (3, 5, 1));
+        assert_eq!(out.by_when["load"].disk.uncompleted, 0);
+        assert_eq!(out.by_when["ubatch 0"].disk.uncompleted, 1);
+        assert_eq!(out.ubatch_layer_bytes[&0]["0"], 2 * 4096);
     }
 }

@@ -16,7 +16,10 @@ use std::{collections::BTreeMap, io::Read};
 use serde::Serialize;
 use tracer_common::markers;
 
-use crate::record::{Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer};
+use crate::{
+    export::tensor::op_weight_bytes,
+    record::{Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -36,6 +39,10 @@ pub struct WeightUse {
     pub file_backed: u32,
     /// Reads of a copy (repacked, or loaded without mmap).
     pub copy: u32,
+    /// Bytes of it the ubatch read: the largest single access (the viewed
+    /// bytes; one row per token for the embedding lookup), as `ttrace
+    /// report` counts a token's weight bytes.
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -193,12 +200,12 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                 io.on_op(op.tid);
                 let name = op_name(reader.header(), reader.descriptor(op.dst).op);
                 *a.op_counts.entry(name.clone()).or_default() += 1;
+                match current {
+                    Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader, get_rows(reader.header())),
+                    None => a.ops_outside_ubatches += 1,
+                }
                 if let Some((prev, start)) = running.insert(op.tid, (name, op.ts_ns)) {
                     *a.op_time_ns.entry(prev).or_default() += op.ts_ns.saturating_sub(start);
-                }
-                match current {
-                    Some(u) => account_op(&mut a.ubatches[u], &op, &reader, get_rows(reader.header())),
-                    None => a.ops_outside_ubatches += 1,
                 }
             }
             Record::Fault(fault) => {
@@ -237,9 +244,15 @@ pub fn when(current: Option<usize>, ubatches: &[Ubatch]) -> io::When {
     }
 }
 
-fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>, get_rows: Option<i32>) {
+fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceReader<R>, get_rows: Option<i32>) {
     ubatch.ops += 1;
     let dst = reader.descriptor(op.dst);
+    // Only the embedding lookup's bytes depend on the other sources (its ids).
+    let slotted: Vec<(u32, &Descriptor)> = if Some(dst.op) == get_rows {
+        op.srcs.iter().map(|&(s, id)| (s, reader.descriptor(id))).collect()
+    } else {
+        Vec::new()
+    };
     for &(slot, id) in &op.srcs {
         let src: &Descriptor = reader.descriptor(id);
         let (model, tensor, copy) = match src.memory {
@@ -247,7 +260,13 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>, ge
             Memory::Copy { model, tensor } => (model, tensor, true),
             _ => continue,
         };
+        let bytes = reader
+            .models()
+            .get(model as usize)
+            .and_then(|m| m.tensors.get(tensor as usize))
+            .map_or(0, |t| op_weight_bytes(name, slot, src, t, &slotted));
         let usage = ubatch.weights.entry((model, tensor)).or_default();
+        usage.bytes = usage.bytes.max(bytes);
         if copy {
             usage.copy += 1;
         } else {

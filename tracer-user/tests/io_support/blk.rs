@@ -243,15 +243,20 @@ pub fn overlapping(records: &[BlkRecord], extents: &FileExtents) -> (u64, u64) {
 
 /// `(sector, sectors)` of each `D` record overlapping the file's extents.
 pub fn in_extents(records: &[BlkRecord], extents: &FileExtents) -> Vec<(u64, u64)> {
+    records_in_extents(records, extents, 'D').into_iter().map(|r| (r.sector, r.nr_sectors)).collect()
+}
+
+/// The records of one action (`D`, `C`, ...) on the file's disk whose
+/// sectors overlap the file's extents.
+pub fn records_in_extents<'a>(records: &'a [BlkRecord], extents: &FileExtents, action: char) -> Vec<&'a BlkRecord> {
     let (ranges, dev) = disk_ranges(extents);
     records
         .iter()
-        .filter(|r| r.action == 'D' && dev.is_none_or(|d| d == r.dev))
+        .filter(|r| r.action == action && dev.is_none_or(|d| d == r.dev))
         .filter(|r| {
             let (a, b) = r.disk_bytes();
             ranges.iter().any(|&(s, e)| b.min(e) > a.max(s))
         })
-        .map(|r| (r.sector, r.nr_sectors))
         .collect()
 }
 

@@ -18,6 +18,7 @@ use std::{
 
 pub use blk::{
     BlkLog, BlkRecord, BlkTrace, covered_bytes, final_issues, in_extents, overlapping, overlapping_final, parse_trace,
+    records_in_extents,
 };
 
 /// Root-only tests fail with one line saying why; they never skip.
