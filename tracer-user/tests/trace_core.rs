@@ -4,8 +4,9 @@
 //! and the gguf reader in tests/python/test_trace_core.py.
 
 use std::{
+    os::unix::process::ExitStatusExt,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
@@ -15,10 +16,10 @@ use ttrace::record::{Memory, Record, TraceReader};
 mod common;
 mod target_support;
 
-/// The release binary `cargo xtask test` built (TTRACE_BIN), else this build's.
-fn ttrace() -> Command {
-    Command::new(std::env::var_os("TTRACE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_ttrace").into()))
-}
+use common::{
+    HOOK_SITES, INT3, alive, assert_fails_with, assert_nothing_left, bpf_objects_of, child_of, count_ops,
+    hook_site_bytes, output_within, signal, stderr, ttrace, wait_for_mapping, wait_for_ops,
+};
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -38,18 +39,6 @@ fn first_op_ns(path: &Path) -> Option<u64> {
     None
 }
 
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The last line on stderr must be ttrace's one-line error.
-fn assert_fails_with(out: &Output, needle: &str) {
-    let err = stderr(out);
-    assert!(!out.status.success(), "expected failure, got success:\n{err}");
-    let last = err.lines().last().unwrap_or_default();
-    assert!(last.starts_with("ttrace: error: ") && last.contains(needle), "want `{needle}` in:\n{err}");
-}
-
 fn long_generation(model: &Path) -> Child {
     let llama = target_support::llama();
     Command::new(&llama.completion)
@@ -60,43 +49,6 @@ fn long_generation(model: &Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start llama-completion")
-}
-
-fn wait_for_mapping(pid: u32, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().contains(needle) {
-        assert!(Instant::now() < deadline, "pid {pid} never mapped {needle}");
-        sleep(Duration::from_millis(20));
-    }
-}
-
-/// Ops in a (possibly still growing or cut) trace.
-fn count_ops(path: &Path) -> usize {
-    let Ok(mut reader) = TraceReader::open(path) else { return 0 };
-    let mut n = 0;
-    while let Ok(Some(record)) = reader.next_record() {
-        n += matches!(record, Record::Op(_)) as usize;
-    }
-    n
-}
-
-fn wait_for_ops(path: &Path, within: Duration) -> Duration {
-    let start = Instant::now();
-    while count_ops(path) == 0 {
-        assert!(start.elapsed() < within, "no op recorded in {} within {within:?}", path.display());
-        sleep(Duration::from_millis(25));
-    }
-    start.elapsed()
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !matches!(s.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next()), Some(Some('Z' | 'X'))))
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: plain syscall.
-    unsafe { libc::kill(pid as i32, sig) };
 }
 
 fn scratch_trace(name: &str) -> PathBuf {
@@ -166,12 +118,13 @@ fn attach_records_within_a_second_and_detaches_leaving_target_running() {
     let first_op = Duration::from_nanos(first_op_ns(&out).unwrap() - spawned);
     // Other tests run ttrace in parallel: follow this one's programs and links.
     let (progs, links) = (bpf_objects_of("prog", tracer.id()), bpf_objects_of("link", tracer.id()));
+    // Its uprobes, as the target's code shows them: a breakpoint on every hook.
+    let probed = hook_site_bytes(pid);
     sleep(Duration::from_millis(300));
     signal(tracer.id(), libc::SIGINT);
     let done = tracer.wait_with_output().unwrap();
     let still_running = alive(pid);
-    let (progs_after, links_after) = (bpf_ids("prog"), bpf_ids("link"));
-    let uprobe_events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let restored = hook_site_bytes(pid);
     target.kill().unwrap();
     target.wait().unwrap();
 
@@ -181,10 +134,16 @@ fn attach_records_within_a_second_and_detaches_leaving_target_running() {
     assert!(still_running, "the target must survive the detach");
     assert!(stderr(&done).contains("detached; the target keeps running"), "{}", stderr(&done));
     assert!(progs.len() >= 3 && !links.is_empty(), "ttrace held programs {progs:?} and links {links:?}");
-    assert!(progs.iter().all(|id| !progs_after.contains(id)), "programs {progs:?} still loaded: {progs_after:?}");
-    assert!(links.iter().all(|id| !links_after.contains(id)), "links {links:?} still attached: {links_after:?}");
-    assert!(!uprobe_events.contains("libggml"), "uprobes left behind:\n{uprobe_events}");
+    assert_eq!(probed.len(), HOOK_SITES.len(), "every hook found in the target: {probed:?}");
+    assert!(probed.iter().all(|&(_, mem, file)| mem == INT3 && file != INT3), "while tracing: {probed:x?}");
+    assert_eq!(restored.len(), probed.len());
+    assert!(restored.iter().all(|&(_, mem, file)| mem == file), "breakpoints left in the target: {restored:x?}");
+    assert_nothing_left(&progs, &links);
     assert!(count_ops(&out) > 0);
+    // The header's maps snapshot (taken at attach) shows the model mapped.
+    let model = target_support::model("tiny").canonicalize().unwrap();
+    let maps = TraceReader::open(&out).unwrap().header().maps.clone();
+    assert!(maps.contains(&format!(" {}\n", model.display())), "model not in the header's maps:\n{maps}");
 }
 
 #[test]
@@ -207,6 +166,114 @@ fn attach_fails_clearly_for_missing_exited_and_non_ggml_pids() {
     let out = ttrace().args(["attach", "--pid", &pid.to_string()]).output().unwrap();
     quick.wait().unwrap();
     assert_fails_with(&out, "has already exited");
+}
+
+/// When, during `ttrace attach`'s start-up, the target goes away.
+#[derive(Debug, Clone, Copy)]
+enum ExitPoint {
+    /// ttrace holds its first BPF map: the object is loading, nothing attached.
+    Loading,
+    /// This long after that: somewhere in the probe attachment.
+    After(Duration),
+    /// The trace file exists: probes attached, the exit watch next.
+    TraceFile,
+    /// Ops are being recorded: attaching is over.
+    Recording,
+}
+
+/// Issue 5's "target exits during attach": llama-completion (ggml loaded,
+/// generating) dies at successive points of `ttrace attach`'s start-up and is
+/// reaped at once, as a shell would. Whatever the point, ttrace ends within a
+/// bound, never panics and leaves nothing in the kernel; it either says in
+/// one line that the target exited while it was attaching (exit 1, no trace
+/// file), or — once attached — ends the trace cleanly as "target exited".
+#[test]
+fn target_exiting_during_attach_is_one_line_or_a_clean_end() {
+    common::require_root();
+    let model = target_support::model("tiny");
+    let points = [
+        ExitPoint::Loading,
+        ExitPoint::TraceFile,
+        ExitPoint::After(Duration::from_millis(30)),
+        ExitPoint::After(Duration::from_millis(120)),
+        ExitPoint::After(Duration::from_millis(400)),
+        ExitPoint::Recording,
+    ];
+    for (i, point) in points.into_iter().enumerate() {
+        let mut target = long_generation(&model);
+        let pid = target.id();
+        wait_for_mapping(pid, "libggml-cpu");
+        let out = scratch_trace(&format!("attach-exit-{i}"));
+        let tracer = ttrace()
+            .args(["attach", "--pid", &pid.to_string(), "-o"])
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let tracer_pid = tracer.id();
+        // Every program and link it ever holds, to check none survives it.
+        let (mut progs, mut links) = (Vec::new(), Vec::new());
+        let note = |progs: &mut Vec<u64>, links: &mut Vec<u64>| {
+            progs.extend(bpf_objects_of("prog", tracer_pid));
+            links.extend(bpf_objects_of("link", tracer_pid));
+        };
+        let start = Instant::now();
+        let mut loading_since = None;
+        loop {
+            note(&mut progs, &mut links);
+            if loading_since.is_none() && !bpf_objects_of("map", tracer_pid).is_empty() {
+                loading_since = Some(Instant::now());
+            }
+            let reached = match point {
+                ExitPoint::Loading => loading_since.is_some(),
+                ExitPoint::After(d) => loading_since.is_some_and(|t| t.elapsed() >= d),
+                ExitPoint::TraceFile => out.exists(),
+                ExitPoint::Recording => count_ops(&out) > 0,
+            };
+            // ttrace gone already: nothing left to race with.
+            if reached || !alive(tracer_pid) {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "{point:?} never reached");
+            sleep(Duration::from_millis(1));
+        }
+        target.kill().unwrap();
+        let reaped = target.wait().unwrap();
+        while alive(tracer_pid) {
+            note(&mut progs, &mut links);
+            sleep(Duration::from_millis(2));
+        }
+        let done = output_within(tracer, Duration::from_secs(60), "ttrace attach after its target exited");
+        progs.sort_unstable();
+        progs.dedup();
+        links.sort_unstable();
+        links.dedup();
+
+        let err = stderr(&done);
+        println!("target killed at {point:?}: ttrace {} — {}", done.status, err.lines().last().unwrap_or_default());
+        assert_eq!(reaped.signal(), Some(libc::SIGKILL), "{point:?}: the target died of something else");
+        assert!(!err.contains("panicked"), "{point:?}: ttrace panicked:\n{err}");
+        if done.status.success() {
+            let analysis = ttrace::correlate::analyze(TraceReader::open(&out).unwrap()).unwrap();
+            let trailer = analysis.trailer.expect("a clean end has a trailer");
+            assert_eq!(trailer.stop_reason, "target exited", "{point:?}");
+            assert!(err.contains("stopped      target exited"), "{point:?}:\n{err}");
+        } else {
+            let want = format!("ttrace: error: pid {pid} exited while ttrace was attaching; nothing was traced");
+            assert_eq!(err.trim_end(), want, "{point:?}: not the one-line error");
+            assert_eq!(done.status.code(), Some(1), "{point:?}");
+            assert!(!out.exists(), "{point:?}: a trace file of nothing was left behind");
+        }
+        match point {
+            // Nothing was attached yet: there is nothing to trace.
+            ExitPoint::Loading => assert!(!done.status.success(), "{point:?}: {err}"),
+            // Attached before the exit: an ordinary end of the trace.
+            ExitPoint::Recording => assert!(done.status.success() && count_ops(&out) > 0, "{point:?}: {err}"),
+            _ => {}
+        }
+        assert_nothing_left(&progs, &links);
+    }
 }
 
 #[test]
@@ -270,35 +337,6 @@ fn tracer_killed_leaves_a_readable_trace() {
     assert!(analysis.truncated && analysis.ops > 0);
 }
 
-/// Ids of the BPF programs or links (`kind`) process `pid` holds open, from
-/// its fdinfo (this bpftool does not report owning pids).
-fn bpf_objects_of(kind: &str, pid: u32) -> Vec<u64> {
-    let key = format!("{kind}_id:");
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
-    let mut ids: Vec<u64> = dir
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .flat_map(|info| {
-            info.lines()
-                .filter_map(|l| l.strip_prefix(&key))
-                .filter_map(|v| v.trim().parse().ok())
-                .collect::<Vec<u64>>()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-fn bpf_ids(kind: &str) -> Vec<u64> {
-    bpftool_json(kind).into_iter().filter_map(|o| o["id"].as_u64()).collect()
-}
-
-fn bpftool_json(kind: &str) -> Vec<serde_json::Value> {
-    let out = Command::new("bpftool").args(["-j", kind, "show"]).output().expect("bpftool (installed by set-up)");
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
-}
-
 /// `ttrace run` of a long generation on `tiny`, once its first ops are in `out`.
 fn trace_long_generation(out: &Path) -> Child {
     let llama = target_support::llama();
@@ -316,10 +354,4 @@ fn trace_long_generation(out: &Path) -> Child {
         .unwrap();
     wait_for_ops(out, Duration::from_secs(30));
     tracer
-}
-
-/// The one child process of `pid` (ttrace run's target).
-fn child_of(pid: u32) -> u32 {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    children.split_whitespace().next().expect("ttrace has a child").parse().unwrap()
 }

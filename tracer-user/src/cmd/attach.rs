@@ -35,6 +35,11 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     report::print_summary(&spec.output, Some(&outcome.stats))
 }
 
+/// Whether `pid` exists and has not exited (a zombie has).
+pub(super) fn is_running(pid: u32) -> bool {
+    !matches!(process_state(pid), None | Some('Z' | 'X'))
+}
+
 /// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
 fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

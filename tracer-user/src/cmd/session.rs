@@ -98,6 +98,20 @@ struct Attached {
 }
 
 impl Attached {
+    /// Configure and attach the op probes.
+    fn start_ops(
+        &mut self,
+        tracer: &mut Tracer,
+        all_threads: bool,
+        libs: &HookLibs,
+        names: Option<&OpNames>,
+    ) -> Result<()> {
+        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
+        tracer.configure(all_threads, get_rows)?;
+        self.attach(tracer, libs)?;
+        Ok(())
+    }
+
     /// Attach every hook `libs` provides that is not attached yet.
     fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
         let mut added = 0;
@@ -139,6 +153,44 @@ impl Attached {
 }
 
 pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
+    let attach_pid = match &target {
+        Target::Attach { pid } => Some(*pid),
+        Target::Run { .. } => None,
+    };
+    let mut created = false;
+    let live = match start(target, spec, &mut created) {
+        Ok(live) => live,
+        Err(e) => {
+            // Nothing was recorded: a header-only file would only mislead.
+            if created {
+                let _ = std::fs::remove_file(&spec.output);
+            }
+            // Whatever step failed (maps gone, perf_event_open ESRCH, pidfd),
+            // the cause is the target's exit, so say that rather than the step.
+            return Err(match attach_pid {
+                Some(pid) if !super::attach::is_running(pid) => {
+                    anyhow::anyhow!("pid {pid} exited while ttrace was attaching; nothing was traced")
+                }
+                _ => e,
+            });
+        }
+    };
+    record_until_stop(live, spec).await
+}
+
+/// A session with its probes attached and the target running.
+struct Live<'a> {
+    tracer: Tracer,
+    session: Session<'a>,
+    stream: EventStream,
+    child: Option<RunningChild>,
+    exited: AsyncFd<OwnedFd>,
+    _log_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Load, attach and create the trace file (`created` says whether it was),
+/// then let a `run` child go.
+fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Result<Live<'a>> {
     let (pid, mode, command) = match &target {
         Target::Run { child, argv } => (child.pid(), "run", argv.clone()),
         Target::Attach { pid } => (*pid, "attach", proc_cmdline(*pid)),
@@ -175,7 +227,11 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     for model in &spec.models {
         resolver.add_model(model).with_context(|| format!("reading model {}", model.display()))?;
     }
-    resolver.refresh();
+    // A `run` child has not exec'd: its maps are ttrace's own image. Its
+    // first read comes after exec, when an event needs it.
+    if mode == "attach" {
+        resolver.refresh();
+    }
     if spec.io {
         tracer.attach_page_faults()?;
         tracer.attach_io()?;
@@ -192,20 +248,24 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
         .iter()
         .filter(|lib| lib.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libllama")))
         .find_map(|lib| target::llama_commit(lib));
-    let mut session = Session {
-        attached: Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false },
-        recorder: Recorder { writer: create_trace(spec, &header)?, resolver },
-        spec,
-    };
+    // attach: the maps just read; run: none yet (a MAPS frame follows exec).
+    header.maps = resolver.header_maps();
+    // Probes before the header, so it names (and gives the build-ids of)
+    // the libraries they are in.
+    let mut attached = Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false };
     if libs.cpu.is_some() {
-        session.start_ops(&mut tracer, &libs, names.as_ref(), false)?;
+        attached.start_ops(&mut tracer, spec.all_threads, &libs, names.as_ref())?;
     }
+    header.libraries = attached.libraries.clone();
+    let writer = create_trace(spec, &header)?;
+    *created = true;
+    let mut session = Session { attached, recorder: Recorder { writer, resolver }, spec };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
     let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
-    let mut stream = EventStream::new(tracer.take_events()?)?;
-    let (mut child, exited) = match target {
+    let stream = EventStream::new(tracer.take_events()?)?;
+    let (child, exited) = match target {
         Target::Run { child, .. } => {
             // Last, after ttrace itself has read the model's header: a cold start.
             if spec.drop_caches {
@@ -214,10 +274,15 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
             let running = child.release()?;
             (Some(running), pidfd(pid).context("watching the child for exit")?)
         }
-        Target::Attach { pid } => {
-            (None, pidfd(pid).with_context(|| format!("pid {pid} exited while ttrace was attaching"))?)
-        }
+        Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?),
     };
+    Ok(Live { tracer, session, stream, child, exited, _log_task })
+}
+
+/// Record until the target exits, a signal or the duration; close the trace.
+async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome> {
+    let Live { mut tracer, mut session, mut stream, mut child, exited, _log_task } = live;
+    let pid = session.attached.pid;
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -300,22 +365,18 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// Configure and attach the op probes; a HOOKS frame announces hooks
-    /// found after the header was written.
-    fn start_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>, late: bool) -> Result<()> {
-        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-        tracer.configure(self.spec.all_threads, get_rows)?;
+    /// Attach hooks found after the header was written, announced in a
+    /// HOOKS frame.
+    fn start_late_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>) -> Result<()> {
         let before = self.attached.libraries.len();
-        self.attached.attach(tracer, libs)?;
-        if late {
-            let hooks = Hooks {
-                libraries: self.attached.libraries[before..].to_vec(),
-                op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
-                unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
-                glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
-            };
-            self.recorder.writer.hooks(&hooks)?;
-        }
+        self.attached.start_ops(tracer, self.spec.all_threads, libs, names)?;
+        let hooks = Hooks {
+            libraries: self.attached.libraries[before..].to_vec(),
+            op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
+            unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
+            glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
+        };
+        self.recorder.writer.hooks(&hooks)?;
         Ok(())
     }
 
@@ -335,7 +396,7 @@ impl Session<'_> {
             None => None,
         };
         let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
-        let started = self.start_ops(tracer, &libs, names.as_ref(), true);
+        let started = self.start_late_ops(tracer, &libs, names.as_ref());
         if held && let Some(c) = child {
             c.signal(libc::SIGCONT)?;
         }
@@ -411,7 +472,7 @@ fn header(spec: &SessionSpec, pid: u32, mode: &str, command: &[String], names: O
             mem_limit: spec.mem_limit,
             cgroup: spec.cgroup.clone(),
         },
-        maps: std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default(),
+        maps: String::new(),
     }
 }
 

@@ -42,6 +42,10 @@ pub mod kind {
     /// JSON [`super::Hooks`]: libraries probed after the header was written
     /// (dlopen), with their op-name tables; readers merge it into the header.
     pub const HOOKS: u8 = 12;
+    /// The target's /proc/PID/maps (utf-8), written when first read after
+    /// the header (`run`: after exec) and when a model file first shows up
+    /// mapped; readers put the last one in the header's `maps`.
+    pub const MAPS: u8 = 13;
 }
 
 /// Late-found hooks (see `kind::HOOKS`).
@@ -76,7 +80,9 @@ pub struct Header {
     pub unary_op_names: Vec<String>,
     pub glu_op_names: Vec<String>,
     pub options: Options,
-    /// /proc/PID/maps when tracing started.
+    /// The target's /proc/PID/maps: as written, when tracing started
+    /// (`attach`; empty for `run`, whose child had not exec'd yet); as read,
+    /// the last MAPS frame's (see `kind::MAPS`).
     pub maps: String,
 }
 

@@ -370,6 +370,10 @@ impl<R: Read> TraceReader<R> {
                 }
                 Ok(None)
             }
+            kind::MAPS => {
+                self.header.maps = String::from_utf8_lossy(c.rest()).into_owned();
+                Ok(None)
+            }
             kind::END => {
                 let trailer: Trailer = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 self.ended = true;

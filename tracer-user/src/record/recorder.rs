@@ -58,6 +58,11 @@ pub struct Resolver {
     pub maps_errors: u64,
     /// Block requests on watched devices outside every model file.
     pub blocks_elsewhere: u64,
+    /// The last maps text read, and whether it is worth a MAPS frame: the
+    /// first read, or the first to show a model file mapped.
+    maps_text: String,
+    maps_due: bool,
+    mapped_models: HashSet<PathBuf>,
 }
 
 impl Resolver {
@@ -73,6 +78,9 @@ impl Resolver {
             new_watched: Vec::new(),
             maps_errors: 0,
             blocks_elsewhere: 0,
+            maps_text: String::new(),
+            maps_due: false,
+            mapped_models: HashSet::new(),
         }
     }
 
@@ -140,8 +148,12 @@ impl Resolver {
     /// Re-read the target's maps, opening any GGUF file it maps for the first time.
     pub fn refresh(&mut self) {
         self.last_refresh = Some(Instant::now());
-        let vmas = match read_maps(self.pid).and_then(|text| parse_maps(&text)) {
-            Ok(vmas) => vmas,
+        let vmas = match read_maps(self.pid).and_then(|text| parse_maps(&text).map(|vmas| (text, vmas))) {
+            Ok((text, vmas)) => {
+                self.maps_due |= self.maps_text.is_empty();
+                self.maps_text = String::from_utf8_lossy(&text).into_owned();
+                vmas
+            }
             Err(e) => {
                 // The target may be gone; keep the last snapshot.
                 self.maps_errors += 1;
@@ -157,7 +169,27 @@ impl Resolver {
                 }
             }
         }
+        // Maps name files by their resolved path, as `ModelMap` keeps them.
+        for vma in vmas.iter().filter(|v| v.is_file() && !v.deleted) {
+            if !self.mapped_models.contains(&vma.path)
+                && self.models.iter().any(|m| m.files().iter().any(|f| f.path == vma.path))
+            {
+                self.mapped_models.insert(vma.path.clone());
+                self.maps_due = true;
+            }
+        }
         self.space = AddressSpace::from_vmas(vmas, &self.models);
+    }
+
+    /// The maps as last read, for the header: no MAPS frame is due for them.
+    pub fn header_maps(&mut self) -> String {
+        self.maps_due = false;
+        self.maps_text.clone()
+    }
+
+    /// The maps text, when it is worth a MAPS frame (see `maps_due`).
+    pub fn take_maps_snapshot(&mut self) -> Option<String> {
+        std::mem::take(&mut self.maps_due).then(|| self.maps_text.clone())
     }
 
     fn covers(&self, path: &Path) -> bool {
@@ -235,10 +267,13 @@ impl<W: Write> Recorder<W> {
     }
 
     /// Write model tables found since the last frame (before any frame that
-    /// refers to them).
+    /// refers to them), and the maps once a model shows up in them.
     pub fn flush_models(&mut self) -> io::Result<()> {
         for table in self.resolver.take_new_models() {
             self.writer.model(&table)?;
+        }
+        if let Some(text) = self.resolver.take_maps_snapshot() {
+            self.writer.maps(&text)?;
         }
         Ok(())
     }

@@ -152,3 +152,14 @@ fn rejects_foreign_files_and_dangling_references() {
 fn find_end(bytes: &[u8]) -> usize {
     12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize
 }
+
+#[test]
+fn a_maps_frame_becomes_the_header_snapshot() {
+    let maps = "7f0000000000-7f0000100000 r--p 00000000 fe:00 12 /models/m.gguf\n";
+    let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
+    w.maps(maps).unwrap();
+    let bytes = w.finish(&Trailer::default()).unwrap();
+    let (r, records) = read_all(&bytes).unwrap();
+    assert_eq!(r.header().maps, maps);
+    assert_eq!(records.len(), 1, "only the trailer is a record: {records:?}");
+}

@@ -134,6 +134,12 @@ impl<W: Write> TraceWriter<W> {
         self.emit(kind::HOOKS).map(drop)
     }
 
+    /// The target's /proc/PID/maps (see `kind::MAPS`).
+    pub fn maps(&mut self, text: &str) -> io::Result<()> {
+        self.frame = text.as_bytes().to_vec();
+        self.emit(kind::MAPS).map(drop)
+    }
+
     pub fn model(&mut self, table: &ModelTable) -> io::Result<()> {
         self.frame = serde_json::to_vec(table).map_err(io::Error::other)?;
         self.emit(kind::MODEL).map(drop)
