@@ -18,13 +18,13 @@ use tracer_common::markers;
 
 use super::{
     ExportError, Written,
+    buckets::{Buckets, Points},
     rows::{phase_name, row},
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
 };
 use crate::correlate::Analysis;
 
-const BUCKET_NS: u64 = 10_000_000;
 /// Model pseudo-processes: pid = MODEL_PID + model index.
 const MODEL_PID: u64 = 1 << 30;
 
@@ -35,7 +35,7 @@ struct ChromeSink<W: Write> {
     events: u64,
     threads: BTreeSet<u32>,
     layer_end: HashMap<(u32, u64), u64>,
-    fault_bucket: Option<(u64, u64)>,
+    faults_per_bucket: Buckets,
 }
 
 pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> Result<Written, ExportError> {
@@ -47,7 +47,7 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
         events: 0,
         threads: BTreeSet::new(),
         layer_end: HashMap::new(),
-        fault_bucket: None,
+        faults_per_bucket: Buckets::default(),
     };
     let run = |sink: &mut ChromeSink<BufWriter<File>>| -> Result<(), ExportError> {
         sink.out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n").map_err(io)?;
@@ -97,25 +97,20 @@ impl<W: Write> ChromeSink<W> {
     }
 
     fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
-        let bucket = ts / BUCKET_NS;
-        match self.fault_bucket {
-            Some((b, ref mut n)) if b == bucket => *n += 1,
-            _ => {
-                self.flush_faults()?;
-                self.fault_bucket = Some((bucket, 1));
-            }
-        }
-        Ok(())
+        let points = self.faults_per_bucket.add(ts, 1);
+        self.fault_points(points)
     }
 
     fn flush_faults(&mut self) -> Result<(), ExportError> {
-        if let Some((b, n)) = self.fault_bucket.take() {
-            let (t0, t1) = (self.us(b * BUCKET_NS), self.us((b + 1) * BUCKET_NS));
+        let points = self.faults_per_bucket.finish();
+        self.fault_points(points)
+    }
+
+    fn fault_points(&mut self, points: Points) -> Result<(), ExportError> {
+        for (ts, n) in points.into_iter().flatten() {
+            let ts = self.us(ts);
             self.emit(
-                json!({"ph":"C","name":"page faults per 10 ms","pid":self.pid,"tid":0,"ts":t0,"args":{"faults":n}}),
-            )?;
-            self.emit(
-                json!({"ph":"C","name":"page faults per 10 ms","pid":self.pid,"tid":0,"ts":t1,"args":{"faults":0}}),
+                json!({"ph":"C","name":"page faults per 10 ms","pid":self.pid,"tid":0,"ts":ts,"args":{"faults":n}}),
             )?;
         }
         Ok(())

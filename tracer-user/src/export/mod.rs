@@ -15,6 +15,7 @@
 //! | `blkparse`    | [`blkparse`]  | block requests as blkparse text, with tensors |
 
 pub mod blkparse;
+pub mod buckets;
 pub mod chrome;
 pub mod dot;
 pub mod html;

@@ -21,8 +21,8 @@ pub use hooks::{
     BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, REQUIRED_HOOKS, classify, mapped_files, missing_hooks,
 };
 pub use ldcache::LdCache;
-pub use residency::resident_bytes;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
+pub use residency::resident_bytes;
 pub use spawn::{HeldChild, RunningChild, SpawnOptions};
 pub use user::UserSpec;
 

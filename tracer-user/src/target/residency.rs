@@ -20,7 +20,8 @@ pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
     // SAFETY: a fresh read-only private mapping of an open file; never
     // dereferenced, only passed to mincore and unmapped below. Mapping does not
     // read the file, so the check itself adds nothing to the page cache.
-    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+    let addr =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
     if addr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }

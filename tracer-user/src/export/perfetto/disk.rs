@@ -4,63 +4,48 @@ use std::io::Write;
 
 use super::*;
 
+/// An issued block request waiting for its completion.
+pub(super) struct OpenRequest {
+    issued: u64,
+    lane: usize,
+    sector: u64,
+    bytes: u64,
+    rwbs: String,
+}
+
 impl<W: Write> PerfettoSink<W> {
     pub(super) fn count_fault(&mut self, ts: u64) -> Result<(), ExportError> {
-        let bucket = ts / BUCKET_NS;
-        match self.fault_bucket {
-            Some((b, ref mut n)) if b == bucket => *n += 1,
-            Some((b, _)) => {
-                self.flush_faults()?;
-                if bucket > b + 1 {
-                    self.counter((b + 1) * BUCKET_NS, 0)?;
-                }
-                self.fault_bucket = Some((bucket, 1));
-            }
-            None => self.fault_bucket = Some((bucket, 1)),
-        }
-        Ok(())
-    }
-
-    pub(super) fn flush_faults(&mut self) -> Result<(), ExportError> {
-        if let Some((b, n)) = self.fault_bucket {
-            self.counter(b * BUCKET_NS, n)?;
-            self.counter((b + 1) * BUCKET_NS, 0)?;
+        for (ts, n) in self.faults_per_bucket.add(ts, 1).into_iter().flatten() {
+            self.counter(ts, n)?;
         }
         Ok(())
     }
 
     pub(super) fn add_disk(&mut self, ts: u64, bytes: i64) -> Result<(), ExportError> {
-        let bucket = ts / BUCKET_NS;
-        match self.disk_bucket {
-            Some((b, ref mut n)) if b == bucket => *n += bytes,
-            Some((b, _)) => {
-                self.flush_disk()?;
-                if bucket > b + 1 {
-                    self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
-                }
-                self.disk_bucket = Some((bucket, bytes));
-            }
-            None => {
-                self.disk_descriptors()?;
-                self.disk_bucket = Some((bucket, bytes));
-            }
+        self.disk_descriptors()?;
+        for (ts, n) in self.disk_bytes_per_bucket.add(ts, bytes).into_iter().flatten() {
+            self.counter_on(DISK_BYTES_UUID, ts, n)?;
         }
         Ok(())
     }
 
-    pub(super) fn flush_disk(&mut self) -> Result<(), ExportError> {
-        if let Some((b, n)) = self.disk_bucket {
-            self.counter_on(DISK_BYTES_UUID, b * BUCKET_NS, n)?;
-            self.counter_on(DISK_BYTES_UUID, (b + 1) * BUCKET_NS, 0)?;
+    /// The last bucket of each counter, and the zero after it.
+    pub(super) fn close_counters(&mut self) -> Result<(), ExportError> {
+        for (ts, n) in self.faults_per_bucket.finish().into_iter().flatten() {
+            self.counter(ts, n)?;
+        }
+        for (ts, n) in self.disk_bytes_per_bucket.finish().into_iter().flatten() {
+            self.counter_on(DISK_BYTES_UUID, ts, n)?;
         }
         Ok(())
     }
 
     /// The disk group and its counter, once the first block event shows up.
     pub(super) fn disk_descriptors(&mut self) -> Result<(), ExportError> {
-        if self.disk_bucket.is_some() || !self.lanes.is_empty() {
+        if self.disk_described {
             return Ok(());
         }
+        self.disk_described = true;
         self.descriptor(TrackDescriptor {
             child_ordering: Some(CHILD_ORDERING_EXPLICIT),
             ..track(DISK_UUID, "disk", None)
@@ -113,8 +98,15 @@ impl<W: Write> PerfettoSink<W> {
         let key = (b.dev, b.sector);
         if b.kind == tracer_common::block::ISSUE {
             let lane = self.lane()?;
-            if let Some((_, old)) = self.requests.insert(key, (b.ts_ns, lane)) {
-                self.lanes[old] = false;
+            let open = OpenRequest {
+                issued: b.ts_ns,
+                lane,
+                sector: b.sector,
+                bytes: u64::from(b.nr_sector) * 512,
+                rwbs: b.rwbs.clone(),
+            };
+            if let Some(old) = self.requests.insert(key, open) {
+                self.lanes[old.lane] = false;
             }
             if b.rwbs.contains('R') {
                 self.read_issued(b)?;
@@ -123,29 +115,54 @@ impl<W: Write> PerfettoSink<W> {
         }
         self.reads.remove(&key);
         let flow = self.request_flows.remove(&key);
-        let Some((issued, lane)) = self.requests.remove(&key) else { return Ok(()) };
-        self.lanes[lane] = false;
+        let Some(open) = self.requests.remove(&key) else { return Ok(()) };
+        // The completion's own size and flags: a request can complete partially.
         let bytes = u64::from(b.nr_sector) * 512;
-        let track = LANE_UUID + lane as u64;
+        self.request_slice(OpenRequest { bytes, rwbs: b.rwbs.clone(), ..open }, b.ts_ns, "", flow)?;
+        self.add_disk(b.ts_ns, bytes as i64)
+    }
+
+    /// One request's slice on its lane, from issue to `end`, carrying the
+    /// fault chain that waits for it.
+    fn request_slice(
+        &mut self,
+        r: OpenRequest,
+        end: u64,
+        note: &str,
+        flow: Option<(u64, bool)>,
+    ) -> Result<(), ExportError> {
+        self.lanes[r.lane] = false;
+        let track = LANE_UUID + r.lane as u64;
         let mut new = InternedData::default();
-        let name = self.name_iid(&format!("{} {} KiB", b.rwbs, bytes / 1024), &mut new);
-        let rwbs = self.string_iid(&b.rwbs, &mut new);
-        let e = TrackEvent {
+        let name = self.name_iid(&format!("{} {} KiB{note}", r.rwbs, r.bytes / 1024), &mut new);
+        let rwbs = self.string_iid(&r.rwbs, &mut new);
+        let mut e = TrackEvent {
             r#type: Some(TYPE_SLICE_BEGIN),
             track_uuid: Some(track),
             name_iid: Some(name),
-            debug_annotations: vec![uint(8, b.sector), uint(9, bytes), string(10, rwbs)],
+            debug_annotations: vec![uint(8, r.sector), uint(9, r.bytes), string(10, rwbs)],
             ..Default::default()
         };
-        let mut e = e;
         match flow {
             Some((flow, true)) => e.terminating_flow_ids.push(flow),
             Some((flow, false)) => e.flow_ids.push(flow),
             None => {}
         }
-        self.event(issued, e, new)?;
-        self.end(b.ts_ns.max(issued), track)?;
-        self.add_disk(b.ts_ns, bytes as i64)
+        self.event(r.issued, e, new)?;
+        self.end(end.max(r.issued), track)
+    }
+
+    /// Requests whose completion was never traced (the kernel skips a
+    /// tracepoint program while another BPF program runs on that CPU) end at
+    /// the trace's end, so the fault chains waiting for them still arrive.
+    pub(super) fn close_requests(&mut self, end: u64) -> Result<(), ExportError> {
+        let mut open: Vec<_> = self.requests.drain().collect();
+        open.sort_by_key(|(key, r)| (r.issued, *key));
+        for (key, r) in open {
+            let flow = self.request_flows.remove(&key);
+            self.request_slice(r, end, " (no completion traced)", flow)?;
+        }
+        Ok(())
     }
 
     /// A read request: the cumulative counter, and the chain from the fault

@@ -57,6 +57,7 @@ use tracer_common::markers;
 
 use super::{
     ExportError, Written,
+    buckets::Buckets,
     rows::{phase_name, row},
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
@@ -75,7 +76,6 @@ pub const MODEL_UUID: u64 = 0x2_0000_0000;
 pub const NON_LAYER: u64 = 0xffff;
 const SEQ: u32 = 1;
 const PAGE: u64 = 4096;
-const BUCKET_NS: u64 = 10_000_000;
 const ANNOTATIONS: [&str; 12] = [
     "dst",
     "srcs",
@@ -102,10 +102,12 @@ struct PerfettoSink<W: Write> {
     layer_end: HashMap<u64, u64>,
     /// Flows from an op (by seq) to the faults it took.
     op_flows: HashMap<u64, Vec<u64>>,
-    fault_bucket: Option<(u64, i64)>,
-    disk_bucket: Option<(u64, i64)>,
-    /// Issued block requests by (dev, sector): issue time and lane.
-    requests: HashMap<(u32, u64), (u64, usize)>,
+    faults_per_bucket: Buckets,
+    disk_bytes_per_bucket: Buckets,
+    /// The disk group's descriptors are written (at the first block event).
+    disk_described: bool,
+    /// Issued block requests by (dev, sector), until their completion.
+    requests: HashMap<(u32, u64), disk::OpenRequest>,
     /// Per lane: whether a request occupies it.
     lanes: Vec<bool>,
     pid: u32,
@@ -148,8 +150,8 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
     for tid in tids {
         sink.close_fault(tid).map_err(|e| rewrite(e, out))?;
     }
-    sink.flush_faults().map_err(|e| rewrite(e, out))?;
-    sink.flush_disk().map_err(|e| rewrite(e, out))?;
+    sink.close_requests(a.last_ts_ns.unwrap_or(0)).map_err(|e| rewrite(e, out))?;
+    sink.close_counters().map_err(|e| rewrite(e, out))?;
     sink.out.flush().map_err(io)?;
     Ok(Written { events: progress.position(), items: sink.packets })
 }
@@ -184,8 +186,9 @@ impl<W: Write> PerfettoSink<W> {
             threads: BTreeMap::new(),
             layer_end: HashMap::new(),
             op_flows: HashMap::new(),
-            fault_bucket: None,
-            disk_bucket: None,
+            faults_per_bucket: Buckets::default(),
+            disk_bytes_per_bucket: Buckets::default(),
+            disk_described: false,
             requests: HashMap::new(),
             lanes: Vec::new(),
             pid,

@@ -87,3 +87,19 @@ fn fault_read_by_its_thread_chains_to_the_disk_slice() {
     assert_eq!(cumulative, vec![4096, 8192]);
     assert_eq!(s.next_op_flows.get(&5), None);
 }
+
+#[test]
+fn a_request_without_completion_still_ends_its_fault_chain() {
+    let mut s = sink();
+    fault(&mut s, 5, 1, 8192, true);
+    s.block(&block(tracer_common::block::ISSUE, 5, 8192, 200)).unwrap();
+    s.close_requests(900).unwrap();
+    let events: Vec<(u64, TrackEvent)> =
+        packets(&s.out).into_iter().filter_map(|p| Some((p.timestamp?, p.track_event?))).collect();
+    let slice = events.iter().find(|(t, e)| *t == 200 && e.r#type == Some(TYPE_SLICE_BEGIN)).unwrap();
+    assert_eq!(slice.1.terminating_flow_ids, vec![(1 << 63) | 1]);
+    let end = events.iter().find(|(_, e)| e.r#type == Some(TYPE_SLICE_END)).unwrap();
+    assert_eq!((end.0, end.1.track_uuid), (900, slice.1.track_uuid), "ends at the trace's end, on its lane");
+    assert!(s.requests.is_empty() && s.request_flows.is_empty());
+    assert_eq!(s.lanes, vec![false], "the lane is free again");
+}
