@@ -282,12 +282,16 @@ fn check_blkparse_lines(lines: &[BlkLine], a: &Analysis, extents: &FileExtents) 
 #[test]
 fn synthetic_faults_land_on_their_file_offsets_and_are_major_once() {
     common::require_root();
-    let model = target_support::model("tiny");
+    // A private copy: the cache drop cannot evict pages another process maps,
+    // and other tests (or users) may be running llama.cpp on `tiny` right now.
+    let trace = scratch_trace("touch");
+    let model = trace.with_file_name("touch-model.gguf");
+    std::fs::copy(target_support::model("tiny"), &model).unwrap();
+    std::fs::File::open(&model).unwrap().sync_all().unwrap();
     let size = std::fs::metadata(&model).unwrap().len();
     // Scattered pages, not in file order, none adjacent (MADV_RANDOM: no readahead).
     let offsets: Vec<u64> = (0..24u64).map(|i| ((i * 7919 + 13) % (size / 4096 - 1)) * 4096 + 8 * i).collect();
     let touch = io_support::build_touch();
-    let trace = scratch_trace("touch");
     let mut argv = vec![touch.display().to_string(), model.display().to_string()];
     argv.extend(offsets.iter().map(u64::to_string));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

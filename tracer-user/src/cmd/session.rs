@@ -270,6 +270,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Resul
             // Last, after ttrace itself has read the model's header: a cold start.
             if spec.drop_caches {
                 target::drop_caches()?;
+                warn_still_cached(&spec.models);
             }
             let running = child.release()?;
             (Some(running), pidfd(pid).context("watching the child for exit")?)
@@ -277,6 +278,25 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Resul
         Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?),
     };
     Ok(Live { tracer, session, stream, child, exited, _log_task })
+}
+
+/// Dropping the page cache cannot evict pages that another process maps (a
+/// second llama.cpp on the same model): say how much of each model stayed
+/// cached, because those pages will not be read from disk in this run.
+fn warn_still_cached(models: &[PathBuf]) {
+    for model in models {
+        match target::resident_bytes(model) {
+            Ok((resident, size)) if resident > 0 => eprintln!(
+                "ttrace: warning: {} of {} ({:.1}%) is still in the page cache after dropping it \
+                 (another process maps it?); those pages will not be read from disk",
+                super::summary::human_bytes(resident),
+                model.display(),
+                100.0 * resident as f64 / size as f64
+            ),
+            Ok(_) => {}
+            Err(e) => log::debug!("cannot check the page cache for {}: {e}", model.display()),
+        }
+    }
 }
 
 /// Record until the target exits, a signal or the duration; close the trace.

@@ -309,9 +309,12 @@ fn finish(s: &mut Stats, a: &Analysis) {
 
     let first_graph = a.ubatches.first().map(|u| u.start_ns);
     let load_end = first_graph.or(a.last_ts_ns).unwrap_or(0);
+    // From the target's own first event, not the trace's start: ttrace's
+    // attaching and cache dropping happen before that and are not loading.
+    let load_start = a.first_ts_ns.unwrap_or(a.header.start_monotonic_ns);
     let mut load = PhaseStats {
         phase: "load",
-        duration_ns: load_end.saturating_sub(a.header.start_monotonic_ns),
+        duration_ns: load_end.saturating_sub(load_start),
         faults: s.faults_outside_ubatches,
         ops: a.ops_outside_ubatches,
         ..Default::default()
