@@ -41,7 +41,7 @@ fn first_op_ns(path: &Path) -> Option<u64> {
 
 fn long_generation(model: &Path) -> Child {
     let llama = target_support::llama();
-    Command::new(&llama.completion)
+    common::dies_with_test(&mut Command::new(&llama.completion), libc::SIGKILL)
         .args(["-m"])
         .arg(model)
         .args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "--context-shift", "-t", "2"])

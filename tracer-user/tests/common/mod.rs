@@ -22,8 +22,28 @@ pub fn require_root() {
 }
 
 /// The release binary `cargo xtask test` built (TTRACE_BIN), else this build's.
+/// It gets SIGTERM when the test that started it ends, as after Ctrl-C it
+/// then stops its own `run` target too.
 pub fn ttrace() -> Command {
-    Command::new(std::env::var_os("TTRACE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_ttrace").into()))
+    let mut cmd = Command::new(std::env::var_os("TTRACE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_ttrace").into()));
+    dies_with_test(&mut cmd, libc::SIGTERM);
+    cmd
+}
+
+/// The process gets `sig` when the test thread that spawned it ends, also
+/// when the test panics before its own clean-up: a leaked 100000-token
+/// generation would otherwise load the machine for every later test.
+pub fn dies_with_test(cmd: &mut Command, sig: libc::c_int) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
 }
 
 pub fn stderr(out: &Output) -> String {
