@@ -23,7 +23,10 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         .current_dir(&root)
         .args(["test", "--workspace", "--exclude", "tracer-ebpf"])
         .args(cargo_args)
-        .env("TTRACE_PATHS", &paths_json);
+        .env("TTRACE_PATHS", &paths_json)
+        // The root tests run the release binary users get (its attach speed
+        // is what `attach` promises), not the debug one cargo builds for them.
+        .env("TTRACE_BIN", &ttrace);
     if let Err(e) = shell::run(&mut cargo) {
         failures.push(e.to_string());
     }
