@@ -230,8 +230,7 @@ fn check_blkparse_lines(lines: &[BlkLine], a: &Analysis, extents: &FileExtents) 
         let first = ranges
             .iter()
             .find_map(|&(f, t)| by_offset.iter().find(|x| x.file_offset < t && x.file_offset + x.size_bytes > f));
-        let (name, layer) =
-            first.map_or(("(between tensors)".to_string(), "-".to_string()), |t| (t.name.clone(), layer_of(&t.name)));
+        let (name, layer) = first.map_or(("-".to_string(), "-".to_string()), |t| (t.name.clone(), layer_of(&t.name)));
         assert_eq!(l.suffix["tensor"], name, "{line}");
         assert_eq!(l.suffix["layer"], layer, "{line}");
         if let Some(t) = first {

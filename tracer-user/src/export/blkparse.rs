@@ -10,8 +10,10 @@
 //! sector + sectors, command; a completion's brackets hold its error, as
 //! blkparse prints them). Actions are `D` (issued to the driver) and `C`
 //! (completed). Scripts that read blkparse output can ignore everything
-//! after `]`. The suffix names the first tensor the request read (with
-//! `tensors=N` when it spans several), the file offset where it starts, the
+//! after `]`. The suffix is space-separated `key=value` pairs with no space
+//! in a value. It names the first tensor the request read (with
+//! `tensors=N` when it spans several; `tensor=-` when it read only the
+//! header or padding between tensors), the file offset where it starts, the
 //! ubatch (`load` before the first graph, `between` outside graphs), the
 //! tensor's layer and, when the issuing thread was running a ggml op in that
 //! graph (a synchronous read from a fault), ` op=NAME`.
@@ -103,7 +105,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                     let table = &reader.models()[named.model as usize];
                     let (name, layer) = match table.tensors.get(named.tensor as usize) {
                         Some(t) => (t.name.as_str(), t.layer.map_or_else(|| "-".to_string(), |l| l.to_string())),
-                        None => ("(between tensors)", "-".to_string()),
+                        None => ("-", "-".to_string()),
                     };
                     let ubatch = match current {
                         Some(u) => u.to_string(),
