@@ -187,3 +187,96 @@ fn every_format_from_one_synthetic_trace() {
     assert!(export::export(&trace, &a, Format::Dot, &dot, &export::Options { ubatch: Some(9) }).is_err());
     fs::remove_dir_all(&dir).ok();
 }
+
+/// A random mix of decodes (some not decoding), graphs with and without a
+/// token lookup, ops outside graphs and perf resets: the row formats' phase
+/// scan must settle ubatches exactly as `correlate::analyze` does.
+#[test]
+fn phase_scan_agrees_with_analyze() {
+    let dir = std::env::temp_dir().join(format!("ttrace-phase-test-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    for seed in 1..=20u64 {
+        let trace = dir.join(format!("p{seed}.data"));
+        random_trace(&trace, seed);
+        let full = correlate::analyze(TraceReader::open(&trace).unwrap()).unwrap();
+        let scan = export::phases::scan(TraceReader::open(&trace).unwrap()).unwrap();
+        let key = |a: &correlate::Analysis| {
+            let ubatches: Vec<_> = a
+                .ubatches
+                .iter()
+                .map(|u| (u.index, u.start_ns, u.end_ns, u.decode, u.n_tokens, u.token_ids.clone(), u.phase))
+                .collect();
+            let decodes: Vec<_> = a
+                .decodes
+                .iter()
+                .map(|d| (d.index, d.ts_ns, d.function, d.ubatches.clone(), d.n_tokens, d.phase))
+                .collect();
+            let counts = (a.ops, a.faults, a.prompt_tokens, a.generate_runs, a.warmup_decodes, a.truncated);
+            (a.header.clone(), ubatches, decodes, counts, a.trailer.clone(), a.models.clone())
+        };
+        assert_eq!(key(&scan), key(&full), "seed {seed}");
+        assert!(full.ubatches.len() > 5, "seed {seed}");
+    }
+    fs::remove_dir_all(&dir).ok();
+}
+
+fn random_trace(path: &Path, mut seed: u64) {
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        start_monotonic_ns: 1_000,
+        op_names: vec!["NONE".into(), "GET_ROWS".into(), "MUL_MAT".into()],
+        ..Default::default()
+    };
+    let mut w = TraceWriter::create(fs::File::create(path).unwrap(), &header).unwrap();
+    let table = ModelTable {
+        files: vec!["/m/model.gguf".into()],
+        tensors: vec![model_tensor("token_embd.weight", 0x1000, None, "token_embd")],
+        ..Default::default()
+    };
+    w.model(&table).unwrap();
+    let memory = |r: &TensorRecord| match r.data {
+        d if d >= BASE => Memory::ModelFile { model: 0, tensor: 0, offset: d - BASE - 0x1000 },
+        0x5000 => Memory::Copy { model: 0, tensor: 0 },
+        _ => Memory::Anon,
+    };
+    let mut ts = 10_000;
+    for _ in 0..200 {
+        ts += 10;
+        let header = EventHeader { kind: EventKind::Call as u32, cpu: 0, ts_ns: ts, tgid: 42, tid: 7 };
+        let (cookie, decoding) = match next(12) {
+            0 => (markers::LLAMA_PERF_RESET, 0),
+            1..=3 => (markers::LLAMA_DECODE, 0),
+            4..=5 => (markers::LLAMA_PROCESS, next(3)),
+            6..=8 => (markers::SCHED_GRAPH_COMPUTE, 0),
+            9..=10 => (markers::SCHED_GRAPH_COMPUTE_RETURN, 0),
+            _ => (99, 0),
+        };
+        w.marker(&CallEvent { header, cookie, args: [0, decoding, 0, 0, 0, 0] }).unwrap();
+        for _ in 0..next(4) {
+            ts += 10;
+            let n_tokens = [1i64, 1, 3, 0, -1][next(5) as usize];
+            let mut ids = tensor("inp_tokens", 0x100, if next(5) == 0 { 2 } else { 1 }, 0);
+            ids.ne = [n_tokens, 1, 1, 1];
+            let weight = [BASE + 0x1000, 0x5000, 0x200][next(3) as usize];
+            let op = [1, 1, 2][next(3) as usize];
+            let mut tensors = vec![tensor("inp_embd", 0x300, SLOT_DST, op), tensor("w", weight, next(2) as u32, 0)];
+            if next(4) > 0 {
+                tensors.push(ids);
+            }
+            let header =
+                EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: ts, tgid: 42, tid: 7 + next(2) as u32 };
+            let token_ids = (0..next(3) as i32).collect();
+            let op = OpRecord { header, ith: 0, nth: 1, hook: 0, token_ids, tensors };
+            w.op(&op, &mut |r| memory(r)).unwrap();
+        }
+    }
+    if next(2) == 0 {
+        w.finish(&Trailer { stop_reason: "target exited".into(), end_monotonic_ns: ts, ..Default::default() }).unwrap();
+    }
+}

@@ -5,12 +5,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::report::analyze;
-use crate::{cli::ExportArgs, export};
+use crate::{cli::ExportArgs, export, record::TraceReader};
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let started = Instant::now();
-    let analysis = analyze(&args.file)?;
+    let reader = TraceReader::open(&args.file)?;
+    let analysis =
+        export::analyze_for(args.format, reader).with_context(|| format!("reading {}", args.file.display()))?;
     let options = export::Options { ubatch: args.ubatch };
     let written = export::export(&args.file, &analysis, args.format, &args.output, &options)
         .with_context(|| format!("exporting {} as {:?}", args.file.display(), args.format))?;

@@ -41,23 +41,20 @@
 //! Ops arrive when their end is known, so rows are near, not exactly, in
 //! `seq` order; sort by `seq` or `ts_ns` if it matters.
 
-use std::{
-    fs::File,
-    io::{BufWriter, Write},
-    path::Path,
-};
+use std::borrow::Cow;
 
-use indicatif::ProgressBar;
 use serde::Serialize;
-use tracer_common::markers;
+use tracer_common::{ggml::MAX_SRC, markers};
 
 use super::{
-    ExportError, Written,
     tensor::{memory_class, model_tensor, op_layer, op_weight_bytes, weight_of},
-    walk::{self, Event, Sink, Tables, sources},
+    walk::{Event, OpEvent, Tables},
 };
-use crate::correlate::{Analysis, Phase};
+use crate::{correlate::Phase, record::Descriptor};
 
+pub use super::text::{Text, write};
+
+/// One row, owned (Chrome and Perfetto keep parts of it).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Row {
     pub seq: u64,
@@ -90,6 +87,67 @@ pub struct Row {
     pub sector: Option<u64>,
     pub io_bytes: Option<u64>,
     pub rwbs: Option<String>,
+}
+
+/// One row borrowed from its event and the tables, the same fields as [`Row`]:
+/// the JSONL/CSV/Parquet writers format it without allocating, which an owned
+/// row (five strings per event) cannot.
+#[derive(Clone, Debug, Default)]
+pub struct Cells<'a> {
+    pub seq: u64,
+    pub kind: &'static str,
+    pub ts_ns: u64,
+    pub rel_ns: u64,
+    pub dur_ns: Option<u64>,
+    pub tid: u32,
+    pub ubatch: Option<u32>,
+    pub phase: Option<&'static str>,
+    pub token_index: Option<u32>,
+    pub name: Cow<'a, str>,
+    pub layer: Option<u32>,
+    pub dst: Option<&'a str>,
+    pub dst_memory: Option<&'static str>,
+    pub srcs: Option<Srcs<'a>>,
+    pub n_srcs: u32,
+    pub weights_file: u32,
+    pub weights_copy: u32,
+    pub weight_bytes: u64,
+    pub ith: Option<u32>,
+    pub nth: Option<u32>,
+    pub address: Option<u64>,
+    pub ip: Option<u64>,
+    pub error_code: Option<u64>,
+    pub fault_tensor: Option<&'a str>,
+    pub file_offset: Option<u64>,
+    pub op_seq: Option<u64>,
+    pub dev: Option<u32>,
+    pub sector: Option<u64>,
+    pub io_bytes: Option<u64>,
+    pub rwbs: Option<&'a str>,
+}
+
+/// An op's source names; the `srcs` column joins them with `;`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Srcs<'a> {
+    names: [&'a str; MAX_SRC],
+    len: usize,
+}
+
+impl<'a> Srcs<'a> {
+    pub fn names(&self) -> &[&'a str] {
+        &self.names[..self.len]
+    }
+
+    pub fn joined(&self) -> String {
+        self.names().join(";")
+    }
+
+    /// The first [`MAX_SRC`] of `names`.
+    pub fn from_names(names: &[&'a str]) -> Self {
+        let mut s = Self { len: names.len().min(MAX_SRC), ..Default::default() };
+        s.names[..s.len].copy_from_slice(&names[..s.len]);
+        s
+    }
 }
 
 pub const COLUMNS: &[&str] = &[
@@ -135,61 +193,38 @@ pub fn phase_name(p: Phase) -> &'static str {
 }
 
 pub fn marker_name(cookie: u64) -> String {
+    marker_name_ref(cookie).into_owned()
+}
+
+fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
     match cookie {
         markers::SCHED_GRAPH_COMPUTE => "graph_compute".into(),
         markers::SCHED_GRAPH_COMPUTE_RETURN => "graph_compute_return".into(),
         markers::LLAMA_DECODE => "llama_decode".into(),
         markers::LLAMA_PROCESS => "llama_process".into(),
         markers::LLAMA_PERF_RESET => "llama_perf_reset".into(),
-        other => format!("marker#{other}"),
+        other => format!("marker#{other}").into(),
     }
 }
 
 /// The row of one event; `None` for events that are not rows (lost counters, end).
 pub fn row(event: &Event, t: &Tables) -> Option<Row> {
+    cells(event, t).map(|c| c.to_row())
+}
+
+/// [`row`] without copying strings out of the event and tables.
+pub fn cells<'a>(event: &'a Event, t: &Tables<'a>) -> Option<Cells<'a>> {
     let start = t.analysis.header.start_monotonic_ns;
     let context = |ubatch: Option<u32>| (ubatch, t.phase(ubatch).map(phase_name), t.token_index(ubatch));
     match event {
         Event::Op(e) => {
-            let (ubatch, phase, token_index) = context(e.ctx.ubatch);
-            let dst = t.descriptor(e.op.dst);
-            let srcs = sources(&e.op, t);
-            let mut r = Row {
-                seq: e.ctx.seq,
-                kind: "op",
-                ts_ns: e.op.ts_ns,
-                rel_ns: e.op.ts_ns.saturating_sub(start),
-                dur_ns: e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns)),
-                tid: e.op.tid,
-                ubatch,
-                phase,
-                token_index,
-                name: t.op_name(&e.op),
-                layer: op_layer(t.models, dst, &srcs),
-                dst: Some(dst.name.clone()),
-                dst_memory: Some(memory_class(&dst.memory)),
-                srcs: Some(srcs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(";")),
-                n_srcs: srcs.len() as u32,
-                ith: Some(e.op.ith),
-                nth: Some(e.op.nth),
-                ..Default::default()
-            };
-            let slotted: Vec<(u32, &_)> = e.op.srcs.iter().map(|&(s, _)| s).zip(srcs.iter().copied()).collect();
-            for &(slot, d) in &slotted {
-                let Some(w) = weight_of(d) else { continue };
-                if w.copy {
-                    r.weights_copy += 1;
-                } else {
-                    r.weights_file += 1;
-                }
-                r.weight_bytes += model_tensor(t.models, w.model, w.tensor)
-                    .map_or(0, |m| op_weight_bytes(&r.name, slot, d, m, &slotted));
-            }
-            Some(r)
+            let mut c = op_context(e, t);
+            op_shape(e, t, &mut c);
+            Some(c)
         }
         Event::Marker(ctx, m) => {
             let (ubatch, phase, token_index) = context(ctx.ubatch);
-            Some(Row {
+            Some(Cells {
                 seq: ctx.seq,
                 kind: "marker",
                 ts_ns: m.ts_ns,
@@ -198,7 +233,7 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
                 ubatch,
                 phase,
                 token_index,
-                name: marker_name(m.cookie),
+                name: marker_name_ref(m.cookie),
                 address: Some(m.args[0]),
                 error_code: Some(m.cookie),
                 ..Default::default()
@@ -206,8 +241,8 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
         }
         Event::Fault(f) => {
             let (ubatch, phase, token_index) = context(f.ctx.ubatch);
-            let tensor = f.hit.and_then(|h| Some(model_tensor(t.models, h.model, h.tensor?)?.name.clone()));
-            Some(Row {
+            let tensor = f.hit.and_then(|h| Some(model_tensor(t.models, h.model, h.tensor?)?.name.as_str()));
+            Some(Cells {
                 seq: f.ctx.seq,
                 kind: "fault",
                 ts_ns: f.fault.ts_ns,
@@ -236,7 +271,7 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
                     .iter()
                     .find(|x| x.file == f && x.file_offset <= file_offset && file_offset < x.file_offset + x.size_bytes)
             });
-            Some(Row {
+            Some(Cells {
                 seq: ctx.seq,
                 kind: "page_cache",
                 ts_ns: p.ts_ns,
@@ -246,7 +281,7 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
                 phase,
                 token_index,
                 name: if p.kind == tracer_common::page_cache::ADD { "add" } else { "filemap_fault" }.into(),
-                fault_tensor: tensor.map(|x| x.name.clone()),
+                fault_tensor: tensor.map(|x| x.name.as_str()),
                 file_offset: p.file.map(|_| file_offset),
                 dev: Some(p.dev),
                 io_bytes: Some(4096u64 << p.order.min(20)),
@@ -255,7 +290,7 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
         }
         Event::Block(ctx, b) => {
             let (ubatch, phase, token_index) = context(ctx.ubatch);
-            Some(Row {
+            Some(Cells {
                 seq: ctx.seq,
                 kind: "block",
                 ts_ns: b.ts_ns,
@@ -269,7 +304,7 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
                 dev: Some(b.dev),
                 sector: Some(b.sector),
                 io_bytes: Some(u64::from(b.nr_sector) * 512),
-                rwbs: Some(b.rwbs.clone()),
+                rwbs: Some(&b.rwbs),
                 ..Default::default()
             })
         }
@@ -277,126 +312,106 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Text {
-    Jsonl,
-    Csv,
-}
-
-struct TextSink<W: Write> {
-    out: W,
-    format: Text,
-    rows: u64,
-    line: String,
-}
-
-pub fn write(
-    trace: &Path,
-    a: &Analysis,
-    out: &Path,
-    format: Text,
-    progress: &ProgressBar,
-) -> Result<Written, ExportError> {
-    let file = File::create(out).map_err(ExportError::write(out))?;
-    let mut sink = TextSink { out: BufWriter::with_capacity(1 << 20, file), format, rows: 0, line: String::new() };
-    if format == Text::Csv {
-        writeln!(sink.out, "{}", COLUMNS.join(",")).map_err(ExportError::write(out))?;
-    }
-    walk::walk(trace, a, progress, &mut sink).map_err(|e| with_path(e, out))?;
-    sink.out.flush().map_err(ExportError::write(out))?;
-    Ok(Written { events: sink.rows, items: sink.rows })
-}
-
-fn with_path(e: ExportError, out: &Path) -> ExportError {
-    match e {
-        ExportError::Write { source, .. } => ExportError::Write { path: out.display().to_string(), source },
-        e => e,
+/// An op's columns that change from one execution to the next: position,
+/// time, thread, ubatch, work split. The rest is [`op_shape`].
+pub fn op_context<'a>(e: &OpEvent, t: &Tables<'a>) -> Cells<'a> {
+    Cells {
+        seq: e.ctx.seq,
+        kind: "op",
+        ts_ns: e.op.ts_ns,
+        rel_ns: e.op.ts_ns.saturating_sub(t.analysis.header.start_monotonic_ns),
+        dur_ns: e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns)),
+        tid: e.op.tid,
+        ubatch: e.ctx.ubatch,
+        phase: t.phase(e.ctx.ubatch).map(phase_name),
+        token_index: t.token_index(e.ctx.ubatch),
+        ith: Some(e.op.ith),
+        nth: Some(e.op.nth),
+        ..Default::default()
     }
 }
 
-impl<W: Write> Sink for TextSink<W> {
-    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError> {
-        let Some(r) = row(event, tables) else { return Ok(()) };
-        self.rows += 1;
-        let io = |source| ExportError::Write { path: String::new(), source };
-        match self.format {
-            Text::Jsonl => {
-                serde_json::to_writer(&mut self.out, &r).map_err(|e| io(e.into()))?;
-                self.out.write_all(b"\n").map_err(io)
-            }
-            Text::Csv => {
-                csv_line(&r, &mut self.line);
-                self.out.write_all(self.line.as_bytes()).map_err(io)
-            }
+/// The columns `name` to `weight_bytes` of an op: a function of its
+/// destination and sources (slot, descriptor) and the model tables alone, so
+/// writers may keep them per [`super::shape::OpShapes`] key.
+pub fn op_shape<'a>(e: &OpEvent, t: &Tables<'a>, c: &mut Cells<'a>) {
+    let dst = t.descriptor(e.op.dst);
+    // The reader rejects ops with more than MAX_SRC sources.
+    let n = e.op.srcs.len().min(MAX_SRC);
+    let mut srcs: [&Descriptor; MAX_SRC] = [dst; MAX_SRC];
+    let mut slotted: [(u32, &Descriptor); MAX_SRC] = [(0, dst); MAX_SRC];
+    let mut names = Srcs { len: n, ..Default::default() };
+    for (i, &(slot, id)) in e.op.srcs.iter().take(n).enumerate() {
+        let d = t.descriptor(id);
+        (srcs[i], slotted[i], names.names[i]) = (d, (slot, d), &d.name);
+    }
+    let (srcs, slotted) = (&srcs[..n], &slotted[..n]);
+    c.name = t.op_name_ref(&e.op);
+    c.layer = op_layer(t.models, dst, srcs);
+    c.dst = Some(&dst.name);
+    c.dst_memory = Some(memory_class(&dst.memory));
+    c.srcs = Some(names);
+    c.n_srcs = e.op.srcs.len() as u32;
+    (c.weights_file, c.weights_copy, c.weight_bytes) = (0, 0, 0);
+    for &(slot, d) in slotted {
+        let Some(w) = weight_of(d) else { continue };
+        if w.copy {
+            c.weights_copy += 1;
+        } else {
+            c.weights_file += 1;
         }
+        c.weight_bytes +=
+            model_tensor(t.models, w.model, w.tensor).map_or(0, |m| op_weight_bytes(&c.name, slot, d, m, slotted));
     }
 }
 
-fn csv_line(r: &Row, line: &mut String) {
-    use std::fmt::Write as _;
-    line.clear();
-    let opt = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
-    let o32 = |v: Option<u32>| v.map_or(String::new(), |v| v.to_string());
-    let _ = write!(
-        line,
-        "{},{},{},{},{},{},{},{},{},",
-        r.seq,
-        r.kind,
-        r.ts_ns,
-        r.rel_ns,
-        opt(r.dur_ns),
-        r.tid,
-        o32(r.ubatch),
-        r.phase.unwrap_or(""),
-        o32(r.token_index)
-    );
-    push_field(line, &r.name);
-    let _ = write!(line, ",{},", o32(r.layer));
-    push_field(line, r.dst.as_deref().unwrap_or(""));
-    let _ = write!(line, ",{},", r.dst_memory.unwrap_or(""));
-    push_field(line, r.srcs.as_deref().unwrap_or(""));
-    let _ = write!(
-        line,
-        ",{},{},{},{},{},{},{},{},{},",
-        r.n_srcs,
-        r.weights_file,
-        r.weights_copy,
-        r.weight_bytes,
-        o32(r.ith),
-        o32(r.nth),
-        opt(r.address),
-        opt(r.ip),
-        opt(r.error_code)
-    );
-    push_field(line, r.fault_tensor.as_deref().unwrap_or(""));
-    let _ =
-        write!(line, ",{},{},{},{},{},", opt(r.file_offset), opt(r.op_seq), o32(r.dev), opt(r.sector), opt(r.io_bytes));
-    push_field(line, r.rwbs.as_deref().unwrap_or(""));
-    line.push('\n');
-}
-
-/// RFC 4180 quoting: tensor names may hold commas or quotes (`x (view)`).
-fn push_field(line: &mut String, s: &str) {
-    if s.contains([',', '"', '\n', '\r']) {
-        line.push('"');
-        line.push_str(&s.replace('"', "\"\""));
-        line.push('"');
-    } else {
-        line.push_str(s);
+impl Cells<'_> {
+    /// `address` to `rwbs` are all absent, as in every op's row.
+    pub fn io_columns_empty(&self) -> bool {
+        self.address.is_none()
+            && self.ip.is_none()
+            && self.error_code.is_none()
+            && self.fault_tensor.is_none()
+            && self.file_offset.is_none()
+            && self.op_seq.is_none()
+            && self.dev.is_none()
+            && self.sector.is_none()
+            && self.io_bytes.is_none()
+            && self.rwbs.is_none()
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn csv_has_every_column_and_quotes() {
-        let r = Row { kind: "op", name: "MUL_MAT".into(), dst: Some("a,\"b\"".into()), ..Default::default() };
-        let mut line = String::new();
-        csv_line(&r, &mut line);
-        assert!(line.contains("\"a,\"\"b\"\"\""));
-        let unquoted = line.replace("\"a,\"\"b\"\"\"", "x");
-        assert_eq!(unquoted.trim_end().split(',').count(), COLUMNS.len());
+    pub fn to_row(&self) -> Row {
+        Row {
+            seq: self.seq,
+            kind: self.kind,
+            ts_ns: self.ts_ns,
+            rel_ns: self.rel_ns,
+            dur_ns: self.dur_ns,
+            tid: self.tid,
+            ubatch: self.ubatch,
+            phase: self.phase,
+            token_index: self.token_index,
+            name: self.name.clone().into_owned(),
+            layer: self.layer,
+            dst: self.dst.map(String::from),
+            dst_memory: self.dst_memory,
+            srcs: self.srcs.map(|s| s.joined()),
+            n_srcs: self.n_srcs,
+            weights_file: self.weights_file,
+            weights_copy: self.weights_copy,
+            weight_bytes: self.weight_bytes,
+            ith: self.ith,
+            nth: self.nth,
+            address: self.address,
+            ip: self.ip,
+            error_code: self.error_code,
+            fault_tensor: self.fault_tensor.map(String::from),
+            file_offset: self.file_offset,
+            op_seq: self.op_seq,
+            dev: self.dev,
+            sector: self.sector,
+            io_bytes: self.io_bytes,
+            rwbs: self.rwbs.map(String::from),
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! seen: ops arrive in end order, everything else in trace order. Memory
 //! stays bounded: one pending op per thread plus the reader's tables.
 
-use std::{collections::BTreeMap, fs::File, io::BufReader, path::Path};
+use std::{borrow::Cow, collections::BTreeMap, fs::File, io::BufReader, path::Path};
 
 use indicatif::ProgressBar;
 use tracer_common::markers;
@@ -65,13 +65,22 @@ pub struct Tables<'a> {
     token_of: &'a [Option<u32>],
 }
 
-impl Tables<'_> {
-    pub fn descriptor(&self, id: u32) -> &Descriptor {
+impl<'a> Tables<'a> {
+    pub fn descriptor(&self, id: u32) -> &'a Descriptor {
         &self.descriptors[id as usize]
     }
 
     pub fn op_name(&self, op: &Op) -> String {
-        self.analysis.op_name(self.descriptor(op.dst).op)
+        self.op_name_ref(op).into_owned()
+    }
+
+    /// [`Self::op_name`], borrowed from the header's table when it is there.
+    pub fn op_name_ref(&self, op: &Op) -> Cow<'a, str> {
+        let id = self.descriptor(op.dst).op;
+        match usize::try_from(id).ok().and_then(|i| self.analysis.header.op_names.get(i)) {
+            Some(name) => Cow::Borrowed(name),
+            None => Cow::Owned(crate::correlate::op_name(&self.analysis.header, id)),
+        }
     }
 
     pub fn phase(&self, ubatch: Option<u32>) -> Option<Phase> {
@@ -107,16 +116,25 @@ pub fn event_total(a: &Analysis) -> u64 {
     a.ops + a.faults + a.ubatches.len() as u64 * 2 + a.decodes.len() as u64
 }
 
+const PROGRESS_STEP: u64 = 4096;
+
 pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut dyn Sink) -> Result<(), ExportError> {
     let mut reader: TraceReader<BufReader<File>> = TraceReader::open(path)?;
     let mut seq = 0u64;
     let mut ubatch: Option<u32> = None;
     let mut next_ubatch = 0u32;
     let mut running: BTreeMap<u32, OpEvent> = BTreeMap::new();
-    let mut index = prescan(path)?;
+    // The index only places faults; without any, reading ahead is wasted.
+    let mut index = if analysis.faults > 0 { prescan(path)? } else { AddressIndex::default() };
     let token_of = token_indices(analysis);
+    // The bar is advanced in steps: `inc` reads the clock, per event that is
+    // a few percent of a row export.
+    let mut unreported = 0u64;
     let mut emit = |event: Event, reader: &TraceReader<BufReader<File>>| -> Result<(), ExportError> {
-        progress.inc(1);
+        unreported += 1;
+        if unreported == PROGRESS_STEP {
+            progress.inc(std::mem::take(&mut unreported));
+        }
         let tables =
             Tables { analysis, descriptors: reader.descriptors(), models: reader.models(), token_of: &token_of };
         sink.event(&event, &tables)
@@ -188,6 +206,7 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
     for (_, op) in std::mem::take(&mut running) {
         emit(Event::Op(op), &reader)?;
     }
+    progress.inc(unreported);
     Ok(())
 }
 

@@ -35,7 +35,24 @@ impl<'a> Cursor<'a> {
         Self { bytes, pos: 0 }
     }
 
+    #[inline]
     pub fn u64(&mut self) -> Result<u64, CodecError> {
+        // Most values (slots, ids, time deltas) take one or two bytes.
+        match self.bytes.get(self.pos..self.pos + 2) {
+            Some(&[b0, _]) if b0 < 0x80 => {
+                self.pos += 1;
+                Ok(u64::from(b0))
+            }
+            Some(&[b0, b1]) if b1 < 0x80 => {
+                self.pos += 2;
+                Ok(u64::from(b0 & 0x7f) | u64::from(b1) << 7)
+            }
+            _ => self.u64_long(),
+        }
+    }
+
+    #[inline(never)]
+    fn u64_long(&mut self) -> Result<u64, CodecError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = *self.bytes.get(self.pos).ok_or(CodecError { at: self.pos })?;
@@ -48,16 +65,19 @@ impl<'a> Cursor<'a> {
         Err(CodecError { at: self.pos })
     }
 
+    #[inline(always)]
     pub fn u32(&mut self) -> Result<u32, CodecError> {
         let at = self.pos;
         u32::try_from(self.u64()?).map_err(|_| CodecError { at })
     }
 
+    #[inline]
     pub fn i64(&mut self) -> Result<i64, CodecError> {
         let v = self.u64()?;
         Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
     }
 
+    #[inline]
     pub fn i32(&mut self) -> Result<i32, CodecError> {
         let at = self.pos;
         i32::try_from(self.i64()?).map_err(|_| CodecError { at })

@@ -118,10 +118,17 @@ pub struct TraceReader<R: Read> {
     models: Vec<ModelTable>,
     files: std::collections::HashMap<(u32, u64), (u32, u32)>,
     last_ts: u64,
-    payload: Vec<u8>,
+    /// Read ahead from `input`: `buf[pos..end]` is not parsed yet and starts
+    /// at file byte `offset`. Frames are parsed in place, no copy per frame.
+    buf: Vec<u8>,
+    pos: usize,
+    end: usize,
     /// The file ended inside a frame, or without an END frame.
     pub truncated: bool,
     ended: bool,
+    /// OP frames are stepped over (their timestamp kept) instead of returned.
+    skip_ops: bool,
+    skipped_ops: u64,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -170,9 +177,13 @@ impl<R: Read> TraceReader<R> {
             descriptors: Vec::new(),
             models: Vec::new(),
             files: std::collections::HashMap::new(),
-            payload: Vec::new(),
+            buf: Vec::new(),
+            pos: 0,
+            end: 0,
             truncated: false,
             ended: false,
+            skip_ops: false,
+            skipped_ops: 0,
         })
     }
 
@@ -192,6 +203,17 @@ impl<R: Read> TraceReader<R> {
         &self.models
     }
 
+    /// Until turned off, step over OP frames without decoding or checking
+    /// them: for a pass that needs only some ops (export's phase scan).
+    pub fn skip_ops(&mut self, skip: bool) {
+        self.skip_ops = skip;
+    }
+
+    /// OP frames stepped over so far.
+    pub fn skipped_ops(&self) -> u64 {
+        self.skipped_ops
+    }
+
     /// The next event record, or `None` at the end (check `truncated`).
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
         loop {
@@ -199,13 +221,13 @@ impl<R: Read> TraceReader<R> {
                 return Ok(None);
             }
             let frame_offset = self.offset;
-            let Some(kind) = self.read_frame()? else {
+            let Some((kind, start, end)) = self.read_frame()? else {
                 self.truncated = true;
                 return Ok(None);
             };
-            let payload = std::mem::take(&mut self.payload);
-            let parsed = self.parse(kind, &payload);
-            self.payload = payload;
+            let buf = std::mem::take(&mut self.buf);
+            let parsed = self.parse(kind, &buf[start..end]);
+            self.buf = buf;
             match parsed {
                 Ok(Some(record)) => return Ok(Some(record)),
                 Ok(None) => continue,
@@ -214,40 +236,63 @@ impl<R: Read> TraceReader<R> {
         }
     }
 
-    /// Reads `[kind][len][payload]` into `self.payload`; `None` on a clean or
-    /// mid-frame end of file.
-    fn read_frame(&mut self) -> Result<Option<u8>, TraceError> {
-        let mut kind = [0u8; 1];
-        if !read_exact(&mut self.input, &mut kind, self.offset)? {
-            return Ok(None);
-        }
-        let mut len = 0u64;
-        let mut prefix = 1u64;
-        for shift in (0..64).step_by(7) {
-            let mut byte = [0u8; 1];
-            if !read_exact(&mut self.input, &mut byte, self.offset + prefix)? {
-                return Ok(None);
+    /// Makes `n` unparsed bytes available in `buf`; `false` if the file ends first.
+    fn fill(&mut self, n: usize) -> Result<bool, TraceError> {
+        const CHUNK: usize = 1 << 18;
+        while self.end - self.pos < n {
+            if self.pos > 0 {
+                self.buf.copy_within(self.pos..self.end, 0);
+                (self.end, self.pos) = (self.end - self.pos, 0);
             }
+            if self.end == self.buf.len() {
+                // Grow with what arrives: a corrupt length cannot allocate
+                // much more than the file holds.
+                let grown = (self.buf.len() * 2).clamp(CHUNK, n.max(CHUNK));
+                self.buf.resize(grown, 0);
+            }
+            let got = loop {
+                match self.input.read(&mut self.buf[self.end..]) {
+                    Ok(got) => break got,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(error) => return Err(TraceError::Io { offset: self.offset + self.end as u64, error }),
+                }
+            };
+            if got == 0 {
+                return Ok(false);
+            }
+            self.end += got;
+        }
+        Ok(true)
+    }
+
+    /// The next `[kind][len][payload]`: its kind and the payload's range in
+    /// `buf`; `None` on a clean or mid-frame end of file.
+    fn read_frame(&mut self) -> Result<Option<(u8, usize, usize)>, TraceError> {
+        // Kind and length take at most 11 bytes; fewer are fine near the end.
+        self.fill(11)?;
+        let head = &self.buf[self.pos..self.end];
+        let Some(&kind) = head.first() else { return Ok(None) };
+        let mut len = 0u64;
+        let mut prefix = 1usize;
+        for shift in (0..64).step_by(7) {
+            let Some(&byte) = head.get(prefix) else { return Ok(None) };
             prefix += 1;
-            len |= u64::from(byte[0] & 0x7f) << shift;
-            if byte[0] & 0x80 == 0 {
+            len |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
                 break;
             }
         }
         // No frame is anywhere near this big; a larger length is corruption.
         if len > 1 << 30 {
-            return Err(TraceError::Frame { offset: self.offset, kind: kind[0], detail: format!("length {len}") });
+            return Err(TraceError::Frame { offset: self.offset, kind, detail: format!("length {len}") });
         }
-        self.payload.clear();
-        let got = (&mut self.input)
-            .take(len)
-            .read_to_end(&mut self.payload)
-            .map_err(|error| TraceError::Io { offset: self.offset, error })?;
-        if got as u64 != len {
+        if !self.fill(prefix + len as usize)? {
             return Ok(None);
         }
-        self.offset += prefix + len;
-        Ok(Some(kind[0]))
+        let start = self.pos + prefix;
+        self.pos = start + len as usize;
+        self.offset += prefix as u64 + len;
+        Ok(Some((kind, start, self.pos)))
     }
 
     fn parse(&mut self, frame_kind: u8, payload: &[u8]) -> Result<Option<Record>, String> {
@@ -269,12 +314,16 @@ impl<R: Read> TraceReader<R> {
                 self.descriptors.push(d);
                 Ok(None)
             }
+            kind::OP if self.skip_ops => {
+                self.ts(&mut c).map_err(e)?;
+                self.skipped_ops += 1;
+                Ok(None)
+            }
             kind::OP => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
-                let [ith, nth, hook, dst, n_src] = [0; 5].map(|_| c.u32());
-                let (ith, nth, hook, dst, n_src) =
-                    (ith.map_err(e)?, nth.map_err(e)?, hook.map_err(e)?, dst.map_err(e)?, n_src.map_err(e)?);
+                let (ith, nth, hook) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
+                let (dst, n_src) = (c.u32().map_err(e)?, c.u32().map_err(e)?);
                 self.check_descriptor(dst)?;
                 if n_src as usize > tracer_common::ggml::MAX_SRC {
                     return Err(format!("{n_src} sources"));
@@ -290,7 +339,10 @@ impl<R: Read> TraceReader<R> {
                 if n_ids as usize > tracer_common::MAX_TOKEN_IDS {
                     return Err(format!("{n_ids} token ids"));
                 }
-                let token_ids = (0..n_ids).map(|_| c.i32()).collect::<Result<_, _>>().map_err(e)?;
+                let mut token_ids = Vec::with_capacity(n_ids as usize);
+                for _ in 0..n_ids {
+                    token_ids.push(c.i32().map_err(e)?);
+                }
                 Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs, token_ids })))
             }
             kind::MARKER => {
