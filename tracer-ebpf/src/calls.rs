@@ -2,15 +2,16 @@
 //! (a `tracer_common::markers` value): the self-test's probe, and the rare
 //! boundary markers (ubatch graphs, decode calls, perf resets).
 
+use aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP;
 use aya_ebpf::{
     EbpfContext,
     helpers::generated::bpf_get_attach_cookie,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{CallEvent, EventKind};
+use tracer_common::{CallEvent, EventKind, markers};
 
-use crate::maps::{emit, header, traced_task};
+use crate::maps::{emit, emit_with, header, submit_flags, traced_task};
 
 #[uprobe]
 pub fn call_args(ctx: ProbeContext) -> u32 {
@@ -18,13 +19,18 @@ pub fn call_args(ctx: ProbeContext) -> u32 {
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     // SAFETY: ctx is the program's own context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    emit(
+    // A ubatch graph starting wakes the reader at once: it re-reads the
+    // target's maps then, while the model is surely mapped and the target
+    // alive (a short run may exit before the next timed drain).
+    let flags = if cookie == markers::SCHED_GRAPH_COMPUTE { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
+    emit_with(
         EventKind::Call,
         CallEvent {
             header: header(EventKind::Call, task),
             cookie,
             args: [arg(0), arg(1), arg(2), arg(3), arg(4), arg(5)],
         },
+        flags,
     );
     0
 }

@@ -77,10 +77,17 @@ pub fn submit_flags() -> u64 {
 /// second buffer), or count it lost.
 #[inline(always)]
 pub fn emit<T: 'static>(kind: EventKind, event: T) {
+    emit_with(kind, event, submit_flags());
+}
+
+/// `emit` with explicit submit flags (`BPF_RB_FORCE_WAKEUP` for an event the
+/// reader must see while the target is still alive).
+#[inline(always)]
+pub fn emit_with<T: 'static>(kind: EventKind, event: T, flags: u64) {
     match EVENTS.reserve::<T>(0) {
         Some(mut entry) => {
             entry.write(event);
-            entry.submit(submit_flags());
+            entry.submit(flags);
         }
         None => count_lost(kind),
     }

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_common::{FileKey, TensorRecord};
+use tracer_common::{FileKey, TensorRecord, markers};
 
 use super::{
     format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor},
@@ -248,7 +248,17 @@ impl<W: Write> Recorder<W> {
                 let resolver = &mut self.resolver;
                 self.writer.op(op, &mut |r| resolver.memory_of(r))
             }
-            Event::Call(call) => self.writer.marker(call),
+            Event::Call(call) => {
+                // A graph starting means loading is done: re-read the maps
+                // now, while the target is alive (the kernel wakes the reader
+                // for this marker), so the graph's weights resolve to the
+                // file mapping rather than by name.
+                if call.cookie == markers::SCHED_GRAPH_COMPUTE {
+                    self.resolver.refresh();
+                    self.flush_models()?;
+                }
+                self.writer.marker(call)
+            }
             Event::PageFault(fault) => {
                 let (memory, file) = self.resolver.resolve_fault(fault.address);
                 self.flush_models()?;
