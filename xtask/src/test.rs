@@ -21,7 +21,8 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(&root)
-        .args(["test", "--workspace", "--exclude", "tracer-ebpf"])
+        // Every test binary runs even after one fails, so a run shows all failures.
+        .args(["test", "--no-fail-fast", "--workspace", "--exclude", "tracer-ebpf"])
         .args(cargo_args)
         .env("TTRACE_PATHS", &paths_json)
         // The root tests run the release binary users get (its attach speed
