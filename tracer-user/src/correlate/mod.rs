@@ -18,7 +18,9 @@ use tracer_common::markers;
 
 use crate::{
     export::tensor::op_weight_bytes,
-    record::{Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer},
+    record::{
+        Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
+    },
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -129,8 +131,7 @@ pub fn op_name(header: &Header, op: i32) -> String {
 /// Read the whole trace once, in order, keeping per-ubatch state only.
 pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
-    let mut current: Option<usize> = None;
-    let mut decodes_before_reset = 0usize;
+    let mut bounds = Boundaries::default();
     // Per thread: the op still running (its name and start).
     let mut running: BTreeMap<u32, (String, u64)> = BTreeMap::new();
     let mut io = io::IoCorrelator::default();
@@ -148,62 +149,21 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             a.last_ts_ns = Some(a.last_ts_ns.map_or(ts, |l| l.max(ts)));
         }
         match record {
-            Record::Marker(m) => match m.cookie {
-                markers::SCHED_GRAPH_COMPUTE => {
-                    let index = a.ubatches.len() as u32;
-                    let decode = a.decodes.len().checked_sub(1).map(|d| d as u32);
-                    if let Some(d) = decode {
-                        a.decodes[d as usize].ubatches.push(index);
-                    }
-                    a.ubatches.push(Ubatch {
-                        index,
-                        start_ns: m.ts_ns,
-                        end_ns: None,
-                        decode,
-                        n_tokens: None,
-                        token_ids: Vec::new(),
-                        phase: Phase::Aux,
-                        ops: 0,
-                        disk_bytes: 0,
-                        disk_requests: 0,
-                        faults_major: 0,
-                        faults_minor: 0,
-                        weights: BTreeMap::new(),
-                    });
-                    current = Some(index as usize);
-                }
-                markers::SCHED_GRAPH_COMPUTE_RETURN => {
-                    if let Some(u) = current.take() {
-                        a.ubatches[u].end_ns = Some(m.ts_ns);
-                    }
+            Record::Marker(m) => {
+                bounds.on_marker(&mut a, &m);
+                // A graph's last op on each thread lasts until the graph returns.
+                if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
                     for (_, (name, start)) in std::mem::take(&mut running) {
                         *a.op_time_ns.entry(name).or_default() += m.ts_ns.saturating_sub(start);
                     }
                 }
-                // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
-                markers::LLAMA_DECODE | markers::LLAMA_PROCESS
-                    if m.cookie == markers::LLAMA_DECODE || m.args[1] == 1 =>
-                {
-                    let function = if m.cookie == markers::LLAMA_DECODE { "llama_decode" } else { "llama_process" };
-                    let index = a.decodes.len() as u32;
-                    a.decodes.push(Decode {
-                        index,
-                        ts_ns: m.ts_ns,
-                        function,
-                        ubatches: Vec::new(),
-                        n_tokens: 0,
-                        phase: Phase::Aux,
-                    });
-                }
-                markers::LLAMA_PERF_RESET => decodes_before_reset = a.decodes.len(),
-                _ => {}
-            },
+            }
             Record::Op(op) => {
                 a.ops += 1;
                 io.on_op(op.tid);
                 let name = op_name(reader.header(), reader.descriptor(op.dst).op);
                 *a.op_counts.entry(name.clone()).or_default() += 1;
-                match current {
+                match bounds.current {
                     Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader, get_rows(reader.header())),
                     None => a.ops_outside_ubatches += 1,
                 }
@@ -213,11 +173,11 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             }
             Record::Fault(fault) => {
                 a.faults += 1;
-                io.on_fault(&fault, when(current, &a.ubatches));
+                io.on_fault(&fault, when(bounds.current, &a.ubatches));
             }
             Record::PageCache(event) => io.on_page_cache(&event),
             Record::Block(event) => {
-                io.on_block(&event, when(current, &a.ubatches));
+                io.on_block(&event, when(bounds.current, &a.ubatches));
             }
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
@@ -234,8 +194,67 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
         }
     }
     a.models = reader.models().to_vec();
-    assign_phases(&mut a, decodes_before_reset);
+    assign_phases(&mut a, bounds.decodes_before_reset);
     Ok(a)
+}
+
+/// Ubatch and decode bookkeeping from the boundary markers, shared by
+/// `analyze` and the exports' lighter phase scan.
+#[derive(Default)]
+pub(crate) struct Boundaries {
+    /// The ubatch graph running now.
+    pub current: Option<usize>,
+    pub decodes_before_reset: usize,
+}
+
+impl Boundaries {
+    pub(crate) fn on_marker(&mut self, a: &mut Analysis, m: &Marker) {
+        match m.cookie {
+            markers::SCHED_GRAPH_COMPUTE => {
+                let index = a.ubatches.len() as u32;
+                let decode = a.decodes.len().checked_sub(1).map(|d| d as u32);
+                if let Some(d) = decode {
+                    a.decodes[d as usize].ubatches.push(index);
+                }
+                a.ubatches.push(Ubatch {
+                    index,
+                    start_ns: m.ts_ns,
+                    end_ns: None,
+                    decode,
+                    n_tokens: None,
+                    token_ids: Vec::new(),
+                    phase: Phase::Aux,
+                    ops: 0,
+                    disk_bytes: 0,
+                    disk_requests: 0,
+                    faults_major: 0,
+                    faults_minor: 0,
+                    weights: BTreeMap::new(),
+                });
+                self.current = Some(index as usize);
+            }
+            markers::SCHED_GRAPH_COMPUTE_RETURN => {
+                if let Some(u) = self.current.take() {
+                    a.ubatches[u].end_ns = Some(m.ts_ns);
+                }
+            }
+            // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
+            markers::LLAMA_DECODE | markers::LLAMA_PROCESS if m.cookie == markers::LLAMA_DECODE || m.args[1] == 1 => {
+                let function = if m.cookie == markers::LLAMA_DECODE { "llama_decode" } else { "llama_process" };
+                let index = a.decodes.len() as u32;
+                a.decodes.push(Decode {
+                    index,
+                    ts_ns: m.ts_ns,
+                    function,
+                    ubatches: Vec::new(),
+                    n_tokens: 0,
+                    phase: Phase::Aux,
+                });
+            }
+            markers::LLAMA_PERF_RESET => self.decodes_before_reset = a.decodes.len(),
+            _ => {}
+        }
+    }
 }
 
 /// When an I/O event happened relative to the ubatch graphs.
@@ -286,7 +305,9 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
     }
 }
 
-fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
+/// Decodes before llama's perf reset are warm-up; the rest are prompt or
+/// generate by their token count, and ubatches take their decode's phase.
+pub(crate) fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
     for decode in &mut a.decodes {
         decode.n_tokens = decode.ubatches.iter().filter_map(|&u| a.ubatches[u as usize].n_tokens).sum();
         decode.phase = if (decode.index as usize) < decodes_before_reset {

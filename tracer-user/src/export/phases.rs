@@ -7,10 +7,8 @@
 
 use std::io::Read;
 
-use tracer_common::markers;
-
 use crate::{
-    correlate::{Analysis, Decode, Phase, Ubatch},
+    correlate::{Analysis, Boundaries, assign_phases},
     record::{Memory, Record, TraceError, TraceReader},
 };
 
@@ -20,62 +18,15 @@ use crate::{
 /// I/O, ubatch op counts) is left empty.
 pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
-    let mut current: Option<usize> = None;
-    let mut decodes_before_reset = 0usize;
+    let mut bounds = Boundaries::default();
     let mut ops = 0u64;
     reader.skip_ops(true);
     while let Some(record) = reader.next_record()? {
         match record {
-            Record::Marker(m) => match m.cookie {
-                markers::SCHED_GRAPH_COMPUTE => {
-                    let index = a.ubatches.len() as u32;
-                    let decode = a.decodes.len().checked_sub(1).map(|d| d as u32);
-                    if let Some(d) = decode {
-                        a.decodes[d as usize].ubatches.push(index);
-                    }
-                    a.ubatches.push(Ubatch {
-                        index,
-                        start_ns: m.ts_ns,
-                        end_ns: None,
-                        decode,
-                        n_tokens: None,
-                        token_ids: Vec::new(),
-                        phase: Phase::Aux,
-                        ops: 0,
-                        disk_bytes: 0,
-                        disk_requests: 0,
-                        faults_major: 0,
-                        faults_minor: 0,
-                        weights: Default::default(),
-                    });
-                    current = Some(index as usize);
-                }
-                markers::SCHED_GRAPH_COMPUTE_RETURN => {
-                    if let Some(u) = current.take() {
-                        a.ubatches[u].end_ns = Some(m.ts_ns);
-                    }
-                }
-                // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
-                markers::LLAMA_DECODE | markers::LLAMA_PROCESS
-                    if m.cookie == markers::LLAMA_DECODE || m.args[1] == 1 =>
-                {
-                    let function = if m.cookie == markers::LLAMA_DECODE { "llama_decode" } else { "llama_process" };
-                    let index = a.decodes.len() as u32;
-                    a.decodes.push(Decode {
-                        index,
-                        ts_ns: m.ts_ns,
-                        function,
-                        ubatches: Vec::new(),
-                        n_tokens: 0,
-                        phase: Phase::Aux,
-                    });
-                }
-                markers::LLAMA_PERF_RESET => decodes_before_reset = a.decodes.len(),
-                _ => {}
-            },
+            Record::Marker(m) => bounds.on_marker(&mut a, &m),
             Record::Op(op) => {
                 ops += 1;
-                let Some(u) = current else { continue };
+                let Some(u) = bounds.current else { continue };
                 // As `correlate::account_op`: a weight at slot 0 of a GET_ROWS,
                 // whose slot-1 source holds one id per token.
                 let get_rows = reader.header().op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
@@ -97,42 +48,12 @@ pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError>
             Record::PageCache(_) | Record::Block(_) | Record::Model(_) => {}
         }
         // Only ops of a ubatch whose token count is still open can change it.
-        reader.skip_ops(current.is_none_or(|u| a.ubatches[u].n_tokens.is_some()));
+        reader.skip_ops(bounds.current.is_none_or(|u| a.ubatches[u].n_tokens.is_some()));
     }
     a.ops = ops + reader.skipped_ops();
     a.header = reader.header().clone();
     a.truncated = reader.truncated;
     a.models = reader.models().to_vec();
-    assign_phases(&mut a, decodes_before_reset);
+    assign_phases(&mut a, bounds.decodes_before_reset);
     Ok(a)
-}
-
-/// `correlate::assign_phases`.
-fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
-    for decode in &mut a.decodes {
-        decode.n_tokens = decode.ubatches.iter().filter_map(|&u| a.ubatches[u as usize].n_tokens).sum();
-        decode.phase = if (decode.index as usize) < decodes_before_reset {
-            Phase::Warmup
-        } else {
-            match decode.n_tokens {
-                0 => Phase::Aux,
-                1 => Phase::Generate,
-                _ => Phase::Prompt,
-            }
-        };
-        match decode.phase {
-            Phase::Prompt => a.prompt_tokens += u64::from(decode.n_tokens),
-            Phase::Generate => a.generate_runs += 1,
-            Phase::Warmup => a.warmup_decodes += 1,
-            Phase::Aux => {}
-        }
-    }
-    for ubatch in &mut a.ubatches {
-        ubatch.phase = match (ubatch.n_tokens, ubatch.decode) {
-            (None, _) => Phase::Aux,
-            (Some(_), Some(d)) => a.decodes[d as usize].phase,
-            (Some(1), None) => Phase::Generate,
-            (Some(_), None) => Phase::Prompt,
-        };
-    }
 }
