@@ -13,17 +13,42 @@ use serde_json::Value;
 use super::{Ctx, median, overhead};
 use crate::{cache, shell};
 
-/// One rate step of `tracer-user/benches/ingest.rs`.
+/// One step of `tracer-user/benches/ingest.rs`: `threads` producers offering
+/// `offered` calls/s in all (0 = unpaced) while the reader drains the ring.
 pub struct IngestStep {
     pub traced: bool,
-    pub target: u64,
+    pub threads: u32,
+    pub offered: u64,
     pub achieved: f64,
     pub calls: u64,
     pub delivered: u64,
     pub lost: u64,
+    pub secs: f64,
+    pub reader_cpu_s: f64,
+    pub producer_cpu_s: f64,
 }
 
-pub fn ingest(ctx: &Ctx) -> Result<Vec<IngestStep>> {
+impl IngestStep {
+    /// Every call reached the reader: nothing lost, nothing unaccounted for.
+    pub fn lossless(&self) -> bool {
+        self.lost == 0 && self.delivered == self.calls
+    }
+
+    pub fn delivered_per_s(&self) -> f64 {
+        self.delivered as f64 / self.secs
+    }
+}
+
+pub struct Ingest {
+    pub steps: Vec<IngestStep>,
+    /// The reader alone: records per CPU second of one `drain_now` of a
+    /// pre-filled ring, per fill.
+    pub drain_per_s: Vec<f64>,
+    /// The `# cores …` line: the set-up the bench ran with.
+    pub setup: String,
+}
+
+pub fn ingest(ctx: &Ctx) -> Result<Ingest> {
     let secs = if ctx.quick { "0.5" } else { "2" };
     let out = shell::output(Command::new("cargo").current_dir(cache::repo_root()).args([
         "bench",
@@ -35,25 +60,35 @@ pub fn ingest(ctx: &Ctx) -> Result<Vec<IngestStep>> {
         "--",
         secs,
     ]))?;
-    let mut steps = Vec::new();
-    for line in out.lines().filter(|l| l.starts_with(['0', '1'])) {
+    parse_ingest(&out)
+}
+
+fn parse_ingest(out: &str) -> Result<Ingest> {
+    let mut ingest = Ingest { steps: Vec::new(), drain_per_s: Vec::new(), setup: String::new() };
+    for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 6 {
-            continue;
+        match (f[0], f.len()) {
+            ("step", 11) => ingest.steps.push(IngestStep {
+                traced: f[1] == "1",
+                threads: f[2].parse()?,
+                offered: f[3].parse()?,
+                achieved: f[4].parse()?,
+                calls: f[5].parse()?,
+                delivered: f[6].parse()?,
+                lost: f[7].parse()?,
+                secs: f[8].parse()?,
+                reader_cpu_s: f[9].parse()?,
+                producer_cpu_s: f[10].parse()?,
+            }),
+            ("drain", 7) => ingest.drain_per_s.push(f[5].parse()?),
+            _ if line.starts_with("# cores") => ingest.setup = line.trim_start_matches("# ").to_string(),
+            _ => {}
         }
-        steps.push(IngestStep {
-            traced: f[0] == "1",
-            target: f[1].parse()?,
-            achieved: f[2].parse()?,
-            calls: f[3].parse()?,
-            delivered: f[4].parse()?,
-            lost: f[5].parse()?,
-        });
     }
-    if steps.is_empty() {
+    if ingest.steps.is_empty() {
         bail!("the ingest benchmark printed no steps:\n{out}");
     }
-    Ok(steps)
+    Ok(ingest)
 }
 
 /// Trace size of one bench-model trace.
@@ -225,4 +260,26 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
 
 pub fn median_secs(e: &Export) -> f64 {
     median(&e.secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ingest_output() {
+        let out = "# cores 2, ring 16777216 bytes\n\
+                   # step,traced,threads,offered_per_s,achieved_per_s,calls,delivered,lost,secs,reader_cpu_s,producer_cpu_s\n\
+                   step,0,1,0,219108653,67170816,0,0,0.307,0.000,0.122\n\
+                   step,1,2,2000000,1999000,3998000,3997000,1000,2.000,0.050,1.900\n\
+                   # drain,threads,records,secs,cpu_s,records_per_cpu_s,lost\n\
+                   drain,2,152520,0.019910,0.019000,8027368,0\n";
+        let ingest = parse_ingest(out).unwrap();
+        assert_eq!(ingest.setup, "cores 2, ring 16777216 bytes");
+        assert_eq!(ingest.steps.len(), 2);
+        let s = &ingest.steps[1];
+        assert!(s.traced && s.threads == 2 && s.offered == 2_000_000 && s.lost == 1000 && !s.lossless());
+        assert!(ingest.steps[0].lossless() || !ingest.steps[0].traced);
+        assert_eq!(ingest.drain_per_s, vec![8027368.0]);
+    }
 }
