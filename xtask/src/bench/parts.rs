@@ -34,8 +34,9 @@ impl IngestStep {
         self.lost == 0 && self.delivered == self.calls
     }
 
+    /// `achieved` is calls over the producers' exact wall time (`secs` is rounded).
     pub fn delivered_per_s(&self) -> f64 {
-        self.delivered as f64 / self.secs
+        if self.calls == 0 { 0.0 } else { self.achieved * self.delivered as f64 / self.calls as f64 }
     }
 }
 
@@ -46,6 +47,8 @@ pub struct Ingest {
     pub drain_per_s: Vec<f64>,
     /// The `# cores …` line: the set-up the bench ran with.
     pub setup: String,
+    /// CPUs the producers and the reader shared (0: not printed).
+    pub cores: u32,
 }
 
 pub fn ingest(ctx: &Ctx) -> Result<Ingest> {
@@ -63,8 +66,8 @@ pub fn ingest(ctx: &Ctx) -> Result<Ingest> {
     parse_ingest(&out)
 }
 
-fn parse_ingest(out: &str) -> Result<Ingest> {
-    let mut ingest = Ingest { steps: Vec::new(), drain_per_s: Vec::new(), setup: String::new() };
+pub fn parse_ingest(out: &str) -> Result<Ingest> {
+    let mut ingest = Ingest { steps: Vec::new(), drain_per_s: Vec::new(), setup: String::new(), cores: 0 };
     for line in out.lines() {
         let f: Vec<&str> = line.split(',').collect();
         match (f[0], f.len()) {
@@ -81,7 +84,10 @@ fn parse_ingest(out: &str) -> Result<Ingest> {
                 producer_cpu_s: f[10].parse()?,
             }),
             ("drain", 7) => ingest.drain_per_s.push(f[5].parse()?),
-            _ if line.starts_with("# cores") => ingest.setup = line.trim_start_matches("# ").to_string(),
+            _ if line.starts_with("# cores ") => {
+                ingest.setup = line.trim_start_matches("# ").to_string();
+                ingest.cores = line["# cores ".len()..].split(',').next().unwrap_or("").trim().parse().unwrap_or(0);
+            }
             _ => {}
         }
     }
@@ -275,7 +281,7 @@ mod tests {
                    # drain,threads,records,secs,cpu_s,records_per_cpu_s,lost\n\
                    drain,2,152520,0.019910,0.019000,8027368,0\n";
         let ingest = parse_ingest(out).unwrap();
-        assert_eq!(ingest.setup, "cores 2, ring 16777216 bytes");
+        assert_eq!((ingest.setup.as_str(), ingest.cores), ("cores 2, ring 16777216 bytes", 2));
         assert_eq!(ingest.steps.len(), 2);
         let s = &ingest.steps[1];
         assert!(s.traced && s.threads == 2 && s.offered == 2_000_000 && s.lost == 1000 && !s.lossless());
