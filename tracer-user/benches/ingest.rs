@@ -47,24 +47,9 @@ use ttrace::{
     },
 };
 
-/// Starts like a compiled C function (`push rbp`), as the ggml functions
-/// ttrace probes do: the kernel emulates a probed `push`, while a probed
-/// `mov` (what rustc emits for a leaf function) is single-stepped out of
-/// line, a second trap: 16 µs instead of 0.6 µs per call on this VM.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub extern "C" fn bench_ingest_target(a: u64, b: u64) -> u64 {
-    core::arch::naked_asm!(
-        "push rbp",
-        "mov rbp, rsp",
-        "mov rax, rdi",
-        "shl rax, 5",
-        "sub rax, rdi",
-        "xor rax, rsi",
-        "pop rbp",
-        "ret",
-    )
-}
+#[path = "common/probe_target.rs"]
+mod probe_target;
+use probe_target::bench_probe_target;
 
 /// `(producer threads, aggregate offered calls/s)`; 0 = unpaced.
 const STEPS: &[(usize, u64)] = &[
@@ -130,7 +115,7 @@ fn paced_calls(rate: u64, secs: f64, limit: u64) -> Produced {
             continue;
         }
         while n < due {
-            std::hint::black_box(bench_ingest_target(n, 7));
+            std::hint::black_box(bench_probe_target(n, 7));
             n += 1;
         }
     }
@@ -176,7 +161,7 @@ impl Producers {
     }
 }
 
-/// A loaded tracer probing `bench_ingest_target` in this process, and the
+/// A loaded tracer probing `bench_probe_target` in this process, and the
 /// reader side as `ttrace run` has it.
 struct Traced {
     tracer: Tracer,
@@ -191,7 +176,7 @@ impl Traced {
         let mut tracer = Tracer::load(&LoadOptions { ring_bytes: RING_BYTES }).unwrap();
         tracer.add_target(pid).unwrap();
         tracer.set_wakeup_bytes(WAKEUP_BYTES).unwrap();
-        tracer.attach_call_args(&exe, "bench_ingest_target", Some(pid)).unwrap();
+        tracer.attach_call_args(&exe, "bench_probe_target", Some(pid)).unwrap();
         let stream = EventStream::new(tracer.take_events().unwrap()).unwrap();
         let writer =
             TraceWriter::create(BufWriter::with_capacity(1 << 20, std::io::sink()), &Header::default()).unwrap();

@@ -13,24 +13,9 @@ use ttrace::{
     load::{LoadOptions, Tracer},
 };
 
-/// Starts like a compiled C function (`push rbp`), as the ggml hooks do: the
-/// kernel emulates a probed `push`, while the `mov` a Rust leaf starts with
-/// is single-stepped out of line (a second trap, ~16 µs a hit on this VM),
-/// which would measure the wrong path.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub extern "C" fn bench_probe_target(a: u64, b: u64) -> u64 {
-    core::arch::naked_asm!(
-        "push rbp",
-        "mov rbp, rsp",
-        "mov rax, rdi",
-        "shl rax, 5",
-        "sub rax, rdi",
-        "xor rax, rsi",
-        "pop rbp",
-        "ret",
-    )
-}
+#[path = "common/probe_target.rs"]
+mod probe_target;
+use probe_target::bench_probe_target;
 
 const CALLS: u64 = 200_000;
 const RING_BYTES: u32 = 1 << 26;
