@@ -655,7 +655,7 @@ def test_memory_limited_run_reads_every_token_from_disk(ttrace, tmp_path, llama_
     generate rows."""
     out = tmp_path / "lim.data"
     argv = [ttrace, "run", "--drop-caches", "--mem-limit", "384M", "-o", out, "--", llama_completion,
-            "-m", models["bench"], "-p", "hello world", "-n", "3", "-no-cnv", "--ignore-eos", "-t", "2",
+            "-m", models["bench"], "-p", "hello world", "-n", "8", "-no-cnv", "--ignore-eos", "-t", "2",
             "-c", "256", "-b", "64", "-ub", "64"]
     env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
