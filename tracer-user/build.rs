@@ -1,11 +1,20 @@
 //! Builds the eBPF object (tracer-ebpf, for bpfel-unknown-none on nightly) via
-//! aya-build, as aya-template does; `src/load.rs` embeds it from OUT_DIR.
-use std::path::Path;
-
-use anyhow::Context as _;
-use aya_build::{Package, Toolchain};
+//! aya-build, as aya-template does; `src/live/load.rs` embeds it from OUT_DIR.
+//! Only the `live` feature needs it: the offline build skips it.
 
 fn main() -> anyhow::Result<()> {
+    #[cfg(feature = "live")]
+    build_ebpf()?;
+    Ok(())
+}
+
+#[cfg(feature = "live")]
+fn build_ebpf() -> anyhow::Result<()> {
+    use std::path::Path;
+
+    use anyhow::Context as _;
+    use aya_build::{Package, Toolchain};
+
     let ebpf_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tracer-ebpf");
     let ebpf_dir =
         ebpf_dir.canonicalize().with_context(|| format!("tracer-ebpf not found at {}", ebpf_dir.display()))?;

@@ -1,9 +1,9 @@
 //! What the fuzz targets assert, as plain functions, so tracer-user's
 //! `fuzz_corpus` test replays the seeds and every past crash through exactly
-//! the same checks. `crate::resolve` is the module the includer provides.
+//! the same checks.
 #![allow(dead_code)]
 
-use crate::resolve::{self, AddressSpace, GgufHeader, ModelMap};
+use ttrace::model::{AddressSpace, GgufHeader, MemoryClass, ModelMap};
 
 /// The GGUF reader on arbitrary bytes: Ok or Err, never a panic, and whatever
 /// it accepts builds a model map that resolves consistently.
@@ -27,7 +27,7 @@ pub fn gguf_reader(data: &[u8]) {
     let space = AddressSpace::from_maps_text(maps.as_bytes(), std::slice::from_ref(&model)).unwrap();
     for t in model.tensors() {
         let r = space.resolve(0x1000_0000 + t.file_offset);
-        assert_eq!(r.class(), resolve::MemoryClass::ModelFile);
+        assert_eq!(r.class(), MemoryClass::ModelFile);
         let _ = space.tensor_for(0x1000_0000 + t.file_offset, &t.name);
     }
 }

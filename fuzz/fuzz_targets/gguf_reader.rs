@@ -2,8 +2,5 @@
 #![no_main]
 
 mod checks;
-#[allow(dead_code, unused_imports)]
-#[path = "../../tracer-user/src/resolve/mod.rs"]
-mod resolve;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::gguf_reader(data));

@@ -38,13 +38,11 @@ use std::{
 
 use tracer_common::CallEvent;
 use ttrace::{
-    collect::EventStream,
     events::Event,
-    load::{LoadOptions, Tracer},
-    record::{
-        Header, TraceWriter,
-        recorder::{Recorder, Resolver},
-    },
+    format::{Header, TraceWriter},
+    live::collect::EventStream,
+    live::load::{LoadOptions, Tracer},
+    live::recorder::{Recorder, Resolver},
 };
 
 #[path = "common/probe_target.rs"]
@@ -253,7 +251,7 @@ fn drain_alone(threads: usize) -> Vec<(u64, f64, f64, u64)> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    if !ttrace::privileges::is_root() {
+    if !ttrace::live::privileges::is_root() {
         eprintln!("ingest loads eBPF programs and needs root: run `sudo -E cargo bench -p tracer-user --bench ingest`");
         std::process::exit(1);
     }

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use tracer_common::{markers, programs};
 use ttrace::{
-    collect::EventStream,
-    load::{LoadOptions, Tracer},
+    live::collect::EventStream,
+    live::load::{LoadOptions, Tracer},
 };
 
 #[path = "common/probe_target.rs"]
@@ -31,7 +31,7 @@ fn ns_per_call() -> f64 {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    if !ttrace::privileges::is_root() {
+    if !ttrace::live::privileges::is_root() {
         eprintln!(
             "probe_cost loads eBPF programs and needs root: run `sudo -E cargo bench -p tracer-user --bench probe_cost`"
         );

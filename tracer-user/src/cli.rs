@@ -37,12 +37,14 @@ sudo ttrace run -- llama-completion -m model.gguf -p \"hello world\" -n 32 -no-c
 sudo ttrace run -o moe.data --all-threads -- llama-completion -m moe.gguf -p hi -n 8\n  \
 sudo ttrace run --lib ./build/bin/libggml-cpu.so -- python3 client.py\n\n\
 The command runs as the user who invoked sudo (or --user), never as root unless asked.")]
+    #[cfg(feature = "live")]
     Run(RunArgs),
     /// Attach to a running process and trace it until it exits, Ctrl-C,
     /// SIGTERM or --duration; detaching leaves it running.
     #[command(
         after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data"
     )]
+    #[cfg(feature = "live")]
     Attach(AttachArgs),
     /// Summarise a trace: run metadata, ubatches per phase, ops, weights
     /// touched, lost events. Needs no root.
@@ -69,6 +71,7 @@ per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs
     /// function in ttrace itself, trace page faults, and compare what arrives
     /// with what was done.
     #[command(after_help = "Examples:\n  sudo ttrace check\n  sudo ttrace check --calls 100000 --pages 256")]
+    #[cfg(feature = "live")]
     Check(CheckArgs),
     /// List a GGUF model's tensors: file offset, size, layer, component, type
     /// and shape, then a summary. Reads the file only; needs no root.

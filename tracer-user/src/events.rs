@@ -101,11 +101,12 @@ fn decode_op(bytes: &[u8]) -> Result<OpRecord, DecodeError> {
     })
 }
 
-fn read<T: aya::Pod>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
+/// `T` is one of tracer-common's `#[repr(C)]` integer-only event structs.
+fn read<T: Copy>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() != size_of::<T>() {
         return Err(DecodeError::Size { kind: kind.name(), len: bytes.len(), expected: size_of::<T>() });
     }
-    // SAFETY: exact length checked; T is Pod (any bit pattern is valid).
+    // SAFETY: exact length checked; T holds only integers (any bit pattern is valid).
     Ok(unsafe { ptr::read_unaligned(bytes.as_ptr().cast()) })
 }
 

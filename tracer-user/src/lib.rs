@@ -1,15 +1,21 @@
-//! ttrace as a library, split by stage: load → collect → (resolve → correlate
-//! → record → export). The binary in `main.rs` is a thin CLI over it.
+//! ttrace as a library. Data flows one way along two paths:
+//!
+//! - live ([`live`], feature `live`): load the eBPF programs → collect ring
+//!   records → record them into a trace file, resolving every tensor
+//!   pointer against the model files ([`model`]) while recording;
+//! - offline: read the trace ([`format`]) → [`analyze`] → [`export`].
+//!
+//! `model`, `format` and `analyze` depend on neither `export` nor `live`
+//! (a test in `tests/module_deps.rs` checks it), and the offline path builds
+//! without the eBPF toolchain: `cargo build -p tracer-user --no-default-features`.
+//! The binary in `main.rs` is a thin CLI over [`cmd`].
+pub mod analyze;
 pub mod cli;
 pub mod cmd;
-pub mod collect;
-pub mod correlate;
 pub mod events;
 pub mod export;
-pub mod load;
-pub mod privileges;
-pub mod record;
-pub mod resolve;
-pub mod selftest;
-pub mod target;
-pub mod tracefs;
+pub mod format;
+#[cfg(feature = "live")]
+pub mod live;
+pub mod model;
+pub mod units;

@@ -1,6 +1,8 @@
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+#[cfg(feature = "live")]
+use anyhow::Context;
+use anyhow::Result;
 use clap::Parser;
 use ttrace::{
     cli::{Cli, Command},
@@ -30,16 +32,20 @@ fn init_logging(verbose: u8) {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        #[cfg(feature = "live")]
         Command::Check(args) => runtime()?.block_on(cmd::check::run(args)),
         // Reads files only: no root, no async runtime.
         Command::Gguf(args) => cmd::gguf::run(args),
+        #[cfg(feature = "live")]
         Command::Run(args) => runtime()?.block_on(cmd::run::run(args)),
+        #[cfg(feature = "live")]
         Command::Attach(args) => runtime()?.block_on(cmd::attach::run(args)),
         Command::Report(args) => cmd::report::run(args),
         Command::Export(args) => cmd::export::run(args),
     }
 }
 
+#[cfg(feature = "live")]
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

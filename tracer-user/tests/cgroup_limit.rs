@@ -11,7 +11,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use ttrace::target::{CgroupVersion, MemoryCgroup, drop_caches};
+use ttrace::live::target::{CgroupVersion, MemoryCgroup, drop_caches};
 
 const MIB: u64 = 1 << 20;
 

@@ -1,6 +1,6 @@
 //! `--mem-limit` size parsing and error messages (no root needed).
 
-use ttrace::target::{CgroupError, MemLimit};
+use ttrace::live::target::{CgroupError, MemLimit};
 
 #[test]
 fn sizes() {

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use ttrace::selftest::{self, RoundTrip, TAG};
+use ttrace::live::selftest::{self, RoundTrip, TAG};
 
 mod common;
 
@@ -89,9 +89,9 @@ async fn full_ring_buffer_is_counted_as_lost() {
 fn tracepoint_offsets_match_this_kernel() {
     common::require_root();
     use tracer_common::tracepoints::page_fault_user as tp;
-    ttrace::tracefs::ensure_mounted().expect("tracefs");
+    ttrace::live::tracefs::ensure_mounted().expect("tracefs");
     for (field, offset) in [("address", tp::ADDRESS), ("ip", tp::IP), ("error_code", tp::ERROR_CODE)] {
-        let found = ttrace::tracefs::field_offset(tp::GROUP, tp::NAME, field).expect("format file");
+        let found = ttrace::live::tracefs::field_offset(tp::GROUP, tp::NAME, field).expect("format file");
         assert_eq!(found, Some(offset), "{}:{} field {field}", tp::GROUP, tp::NAME);
     }
 }
@@ -111,6 +111,6 @@ fn object_defines_every_shared_map_and_program() {
 /// Symbol names in the embedded object (maps and programs are global symbols).
 fn aya_obj_names() -> Vec<String> {
     use object::{Object, ObjectSymbol};
-    let file = object::File::parse(ttrace::load::EBPF_OBJECT).expect("valid ELF");
+    let file = object::File::parse(ttrace::live::load::EBPF_OBJECT).expect("valid ELF");
     file.symbols().filter_map(|s| s.name().ok().map(str::to_string)).collect()
 }

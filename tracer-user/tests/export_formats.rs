@@ -8,10 +8,10 @@ use std::{fs, path::Path};
 use prost::Message;
 use tracer_common::{CallEvent, EventHeader, EventKind, SLOT_DST, TensorRecord, markers};
 use ttrace::{
-    correlate,
+    analyze,
     events::OpRecord,
     export::{self, Format, perfetto::proto::TracePacket},
-    record::{Header, Memory, ModelTable, ModelTensor, TraceReader, TraceWriter, Trailer, format::FORMAT_VERSION},
+    format::{Header, Memory, ModelTable, ModelTensor, TraceReader, TraceWriter, Trailer, frames::FORMAT_VERSION},
 };
 
 const BASE: u64 = 0x7000_0000;
@@ -127,7 +127,7 @@ fn every_format_from_one_synthetic_trace() {
     fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("t.data");
     synthetic(&trace);
-    let a = correlate::analyze(TraceReader::open(&trace).unwrap()).unwrap();
+    let a = analyze::analyze(TraceReader::open(&trace).unwrap()).unwrap();
     assert_eq!((a.prompt_tokens, a.generate_runs, a.ops), (3, 2, 12));
     let opts = export::Options { ubatch: None };
 
@@ -190,7 +190,7 @@ fn every_format_from_one_synthetic_trace() {
 
 /// A random mix of decodes (some not decoding), graphs with and without a
 /// token lookup, ops outside graphs and perf resets: the row formats' phase
-/// scan must settle ubatches exactly as `correlate::analyze` does.
+/// scan must settle ubatches exactly as `analyze::analyze` does.
 #[test]
 fn phase_scan_agrees_with_analyze() {
     let dir = std::env::temp_dir().join(format!("ttrace-phase-test-{}", std::process::id()));
@@ -198,9 +198,9 @@ fn phase_scan_agrees_with_analyze() {
     for seed in 1..=20u64 {
         let trace = dir.join(format!("p{seed}.data"));
         random_trace(&trace, seed);
-        let full = correlate::analyze(TraceReader::open(&trace).unwrap()).unwrap();
-        let scan = export::phases::scan(TraceReader::open(&trace).unwrap()).unwrap();
-        let key = |a: &correlate::Analysis| {
+        let full = analyze::analyze(TraceReader::open(&trace).unwrap()).unwrap();
+        let scan = analyze::phases::scan(TraceReader::open(&trace).unwrap()).unwrap();
+        let key = |a: &analyze::Analysis| {
             let ubatches: Vec<_> = a
                 .ubatches
                 .iter()

@@ -4,8 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use ttrace::resolve;
-
 #[path = "../../fuzz/fuzz_targets/checks.rs"]
 mod checks;
 

@@ -8,7 +8,7 @@ use std::{
     process::Command,
 };
 
-use ttrace::resolve::{GgufError, GgufHeader, ModelMap, ParseError, ParseErrorKind};
+use ttrace::model::{GgufError, GgufHeader, ModelMap, ParseError, ParseErrorKind};
 
 /// Records the largest single allocation made by the current thread.
 struct Tracking;

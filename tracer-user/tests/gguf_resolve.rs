@@ -7,7 +7,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use ttrace::resolve::{
+use ttrace::model::{
     AddressSpace, GgmlType, GgufHeader, MemoryClass, ModelMap, Resolution, TensorHit, Value,
     gguf::Array,
     gguf_write::{GgufWriter, fill_byte},

@@ -7,7 +7,7 @@ mod io_support;
 use std::{process::Command, time::Instant};
 
 use io_support::{BlkTrace, covered_bytes, overlapping, overlapping_final, parse_trace};
-use ttrace::resolve::FileExtents;
+use ttrace::model::FileExtents;
 
 const SAMPLE: &str = "# tracer: blk
 #
@@ -57,7 +57,7 @@ fn record(action: char, sector: u64, nr_sectors: u64) -> io_support::BlkRecord {
 
 #[test]
 fn overlap_arithmetic() {
-    use ttrace::resolve::{BlockDevice, FileExtents, extents::Extent};
+    use ttrace::model::{BlockDevice, FileExtents, extents::Extent};
     // A partition starting at sector 2048 of disk 8:0; two extents of 8 KiB.
     let device = BlockDevice {
         major: 8,
@@ -103,7 +103,7 @@ fn blk_tracer_covers_a_cold_read() {
     io_support::write_file(&file, len);
     let ext = FileExtents::read(&file).unwrap();
     let disk = ext.device.disk.clone().expect("the test file is not on a block device");
-    ttrace::target::drop_caches().unwrap();
+    ttrace::live::target::drop_caches().unwrap();
     assert!(io_support::resident_bytes(&file).0 < len / 100, "drop_caches left the file resident");
 
     let trace = BlkTrace::start(&disk);

@@ -10,9 +10,9 @@ use std::{
 };
 
 use ttrace::{
-    correlate::{self, Analysis, Phase},
-    record::TraceReader,
-    resolve::FileExtents,
+    analyze::{self, Analysis, Phase},
+    format::TraceReader,
+    model::FileExtents,
 };
 
 mod common;
@@ -33,7 +33,7 @@ fn ttrace(args: &[&str], trace: &Path, command: &[&str]) -> Output {
 }
 
 fn analyze(trace: &Path) -> Analysis {
-    correlate::analyze(TraceReader::open(trace).unwrap()).unwrap()
+    analyze::analyze(TraceReader::open(trace).unwrap()).unwrap()
 }
 
 fn llama(model: &Path, n: &str) -> Vec<String> {
@@ -361,10 +361,10 @@ async fn a_full_ring_buffer_counts_lost_io_events_per_kind() {
     common::require_root();
     use std::os::unix::fs::MetadataExt;
     use ttrace::{
-        collect::EventStream,
         events::Event,
-        load::{LoadOptions, Tracer},
-        record::recorder::kernel_dev,
+        live::collect::EventStream,
+        live::load::{LoadOptions, Tracer},
+        live::recorder::kernel_dev,
     };
     let file = io_support::scratch("io-overflow").join("data.bin");
     io_support::write_file(&file, 32 << 20);

@@ -14,11 +14,12 @@ use std::{
 };
 
 use ttrace::{
-    collect::EventStream,
     events::Event,
-    load::{LoadOptions, Tracer},
-    record::{Lost, TraceReader, recorder::kernel_dev},
-    resolve::FileExtents,
+    format::{Lost, TraceReader},
+    live::collect::EventStream,
+    live::load::{LoadOptions, Tracer},
+    live::recorder::kernel_dev,
+    model::FileExtents,
 };
 
 mod common;
@@ -218,7 +219,7 @@ fn run_summary_reports_lost_events_per_kind_loudly() {
     assert!(shown.page_fault > 0 && shown.page_cache > 0 && shown.block > 0, "{err}");
     assert_eq!((shown.op, shown.call), (0, 0), "no probe of those kinds was attached");
     // The same counts are in the trace, and `ttrace report` shows them.
-    let analysis = ttrace::correlate::analyze(TraceReader::open(&trace).unwrap()).unwrap();
+    let analysis = ttrace::analyze::analyze(TraceReader::open(&trace).unwrap()).unwrap();
     assert_eq!(analysis.lost, shown);
     let report = ttrace().arg("report").arg(&trace).output().unwrap();
     assert!(report.status.success(), "{}", stderr(&report));

@@ -15,8 +15,8 @@ use std::{
 };
 
 use ttrace::{
-    record::{Record, TraceReader},
-    target::UserSpec,
+    format::{Record, TraceReader},
+    live::target::UserSpec,
 };
 
 mod common;
@@ -170,8 +170,8 @@ fn ctrl_c_on_a_memory_limited_run_removes_its_cgroup_and_keeps_the_trace() {
     wait_for_ops(&trace, Duration::from_secs(60));
     // Generating: past its start-up, llama-completion handles SIGINT itself.
     let start = Instant::now();
-    while !ttrace::correlate::analyze(TraceReader::open(&trace).unwrap())
-        .is_ok_and(|a| a.ubatches.iter().any(|u| u.phase == ttrace::correlate::Phase::Generate))
+    while !ttrace::analyze::analyze(TraceReader::open(&trace).unwrap())
+        .is_ok_and(|a| a.ubatches.iter().any(|u| u.phase == ttrace::analyze::Phase::Generate))
     {
         assert!(start.elapsed() < Duration::from_secs(60), "no generate ubatch recorded");
         sleep(Duration::from_millis(50));

@@ -12,7 +12,7 @@ use std::{
 };
 
 use target_support::{cc, llama, scratch};
-use ttrace::target::{
+use ttrace::live::target::{
     HookSource, OpNames, build_id, classify, has_symbols, mapped_files, missing_hooks, op_names, program_image,
     resolve, resolve_needed,
 };

@@ -11,7 +11,7 @@ use std::{
 };
 
 use target_support::scratch;
-use ttrace::target::{HeldChild, SpawnOptions, TargetError, UserSpec};
+use ttrace::live::target::{HeldChild, SpawnOptions, TargetError, UserSpec};
 
 fn argv(args: &[&str]) -> Vec<OsString> {
     args.iter().map(OsString::from).collect()

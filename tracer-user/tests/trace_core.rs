@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ttrace::record::{Memory, Record, TraceReader};
+use ttrace::format::{Memory, Record, TraceReader};
 
 mod common;
 mod target_support;
@@ -255,7 +255,7 @@ fn target_exiting_during_attach_is_one_line_or_a_clean_end() {
         assert_eq!(reaped.signal(), Some(libc::SIGKILL), "{point:?}: the target died of something else");
         assert!(!err.contains("panicked"), "{point:?}: ttrace panicked:\n{err}");
         if done.status.success() {
-            let analysis = ttrace::correlate::analyze(TraceReader::open(&out).unwrap()).unwrap();
+            let analysis = ttrace::analyze::analyze(TraceReader::open(&out).unwrap()).unwrap();
             let trailer = analysis.trailer.expect("a clean end has a trailer");
             assert_eq!(trailer.stop_reason, "target exited", "{point:?}");
             assert!(err.contains("stopped      target exited"), "{point:?}:\n{err}");
@@ -313,7 +313,7 @@ fn target_killed_mid_trace_keeps_the_trace_and_fails() {
     signal(child, libc::SIGKILL);
     let done = tracer.wait_with_output().unwrap();
     assert_fails_with(&done, "killed by signal 9");
-    let analysis = ttrace::correlate::analyze(TraceReader::open(&out).unwrap()).unwrap();
+    let analysis = ttrace::analyze::analyze(TraceReader::open(&out).unwrap()).unwrap();
     assert!(!analysis.truncated && analysis.ops > 0);
     assert_eq!(analysis.trailer.unwrap().exit_signal, Some(9));
 }
@@ -333,7 +333,7 @@ fn tracer_killed_leaves_a_readable_trace() {
     assert!(report.status.success(), "{}", stderr(&report));
     let text = String::from_utf8_lossy(&report.stdout);
     assert!(text.contains("trace cut short"), "{text}");
-    let analysis = ttrace::correlate::analyze(TraceReader::open(&out).unwrap()).unwrap();
+    let analysis = ttrace::analyze::analyze(TraceReader::open(&out).unwrap()).unwrap();
     assert!(analysis.truncated && analysis.ops > 0);
 }
 

@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{
-    report,
-    session::{self, SessionSpec, Target},
+use super::report;
+use crate::{
+    cli::AttachArgs,
+    live::privileges::require_tracing_privileges,
+    live::session::{self, SessionSpec, Target},
+    live::target::{UserSpec, process_state},
 };
-use crate::{cli::AttachArgs, privileges::require_tracing_privileges, target::UserSpec};
 
 pub async fn run(args: AttachArgs) -> Result<()> {
     require_tracing_privileges()?;
@@ -33,16 +35,4 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     };
     let outcome = session::trace(Target::Attach { pid: args.pid }, &spec).await?;
     report::print_summary(&spec.output, Some(&outcome.stats))
-}
-
-/// Whether `pid` exists and has not exited (a zombie has).
-pub(super) fn is_running(pid: u32) -> bool {
-    !matches!(process_state(pid), None | Some('Z' | 'X'))
-}
-
-/// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
-fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: the state follows the last ')'.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }

@@ -4,7 +4,7 @@ use anyhow::{Result, bail};
 
 use crate::{
     cli::CheckArgs,
-    selftest::{self, RoundTrip, TAG},
+    live::selftest::{self, RoundTrip, TAG},
 };
 
 pub async fn run(args: CheckArgs) -> Result<()> {

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::{cli::ExportArgs, export, record::TraceReader};
+use crate::{cli::ExportArgs, export, format::TraceReader};
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let started = Instant::now();

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::{
     cli::{GgufArgs, GgufFormat},
-    resolve::{
+    model::{
         Component, FileExtents, Fragment, ModelMap, Tensor, Value,
         gguf::{Array, KeyValue},
     },

@@ -10,23 +10,23 @@ use serde::Serialize;
 
 use super::summary;
 use crate::{
+    analyze::{self, Analysis, stats::Stats},
     cli::ReportArgs,
-    correlate,
-    export::{self, stats::Stats},
-    record::{TraceReader, WriterStats},
+    export,
+    format::{TraceReader, WriterStats},
 };
 
 #[derive(Serialize)]
 struct Report<'a> {
     #[serde(flatten)]
-    analysis: &'a correlate::Analysis,
+    analysis: &'a Analysis,
     stats: &'a Stats,
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    let analysis = analyze(&args.file)?;
-    let progress = export::progress_bar(export::walk::event_total(&analysis), "summarising");
-    let stats = export::stats::collect(&args.file, &analysis, &progress)
+    let analysis = read_analysis(&args.file)?;
+    let progress = export::progress_bar(analyze::walk::event_total(&analysis), "summarising");
+    let stats = analyze::stats::collect(&args.file, &analysis, &progress)
         .with_context(|| format!("reading {}", args.file.display()))?;
     progress.finish_and_clear();
     let path = args.file.display().to_string();
@@ -47,14 +47,14 @@ pub fn run(args: ReportArgs) -> Result<()> {
     Ok(())
 }
 
-pub fn analyze(path: &Path) -> Result<correlate::Analysis> {
+pub fn read_analysis(path: &Path) -> Result<Analysis> {
     let reader = TraceReader::open(path)?;
-    correlate::analyze(reader).with_context(|| format!("reading {}", path.display()))
+    analyze::analyze(reader).with_context(|| format!("reading {}", path.display()))
 }
 
 /// After tracing: the summary of what was written, read back from the file.
 pub fn print_summary(path: &Path, stats: Option<&WriterStats>) -> Result<()> {
-    let analysis = analyze(path)?;
+    let analysis = read_analysis(path)?;
     eprint!("{}", summary::render(&analysis, &path.display().to_string(), stats));
     Ok(())
 }

@@ -4,15 +4,12 @@ use std::ffi::OsString;
 
 use anyhow::{Result, bail};
 
-use super::{
-    report,
-    session::{self, SessionSpec, Target},
-    summary,
-};
+use super::report;
 use crate::{
     cli::RunArgs,
-    privileges::require_tracing_privileges,
-    target::{HeldChild, MemLimit, MemoryCgroup, SpawnOptions, UserSpec},
+    live::privileges::require_tracing_privileges,
+    live::session::{self, SessionSpec, Target},
+    live::target::{HeldChild, MemLimit, MemoryCgroup, SpawnOptions, UserSpec},
 };
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -55,8 +52,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             eprintln!(
                 "  memory       cgroup {} limit {}, peak {}, limit hit {} times, {} OOM kills",
                 cgroup.version(),
-                summary::human_bytes(stats.limit_bytes),
-                stats.peak_bytes.map_or_else(|| "unknown".to_string(), summary::human_bytes),
+                crate::units::human_bytes(stats.limit_bytes),
+                stats.peak_bytes.map_or_else(|| "unknown".to_string(), crate::units::human_bytes),
                 stats.limit_hits,
                 stats.oom_kills
             );
@@ -87,7 +84,7 @@ fn models_in_command(argv: &[String]) -> Vec<std::path::PathBuf> {
             other => other.strip_prefix("--model=").map(str::to_string),
         };
         if let Some(path) = value.map(std::path::PathBuf::from)
-            && crate::record::recorder::is_gguf(&path)
+            && crate::live::recorder::is_gguf(&path)
         {
             out.push(path);
         }

@@ -4,9 +4,10 @@
 use std::{collections::BTreeSet, fmt::Write as _};
 
 use crate::{
-    correlate::{Analysis, Phase},
-    export::stats::Stats,
-    record::WriterStats,
+    analyze::stats::Stats,
+    analyze::{Analysis, Phase},
+    format::WriterStats,
+    units::human_bytes,
 };
 
 pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
@@ -98,17 +99,6 @@ pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
         let _ = writeln!(out, "  WARNING      {} kernel records did not decode (layout mismatch)", t.decode_errors);
     }
     out
-}
-
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 /// The summary's `key   value` lines as pairs (for the HTML table).

@@ -29,8 +29,8 @@ use tracer_common::{block, markers};
 
 use super::{ExportError, Written};
 use crate::{
-    correlate::io::IoCorrelator,
-    record::{Record, TraceError, TraceReader},
+    analyze::io::IoCorrelator,
+    format::{Record, TraceError, TraceReader},
 };
 
 /// Write every block event of the trace at `trace` to `out`.
@@ -74,7 +74,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                 running.clear();
             }
             Record::Op(op) if current.is_some() => {
-                let name = crate::correlate::op_name(reader.header(), reader.descriptor(op.dst).op);
+                let name = crate::analyze::op_name(reader.header(), reader.descriptor(op.dst).op);
                 running.insert(op.tid, name);
             }
             Record::Block(b) => {

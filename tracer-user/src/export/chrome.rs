@@ -20,10 +20,12 @@ use super::{
     ExportError, Written,
     buckets::{Buckets, Points},
     rows::{phase_name, row},
+};
+use crate::analyze::Analysis;
+use crate::analyze::{
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::Analysis;
 
 /// Model pseudo-processes: pid = MODEL_PID + model index.
 const MODEL_PID: u64 = 1 << 30;
@@ -118,6 +120,8 @@ impl<W: Write> ChromeSink<W> {
 }
 
 impl<W: Write> Sink for ChromeSink<W> {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             Event::Op(e) => {

@@ -8,12 +8,12 @@ use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path};
 
 use indicatif::ProgressBar;
 
-use super::{
-    ExportError, Written,
+use super::{ExportError, Written};
+use crate::analyze::{
     tensor::{memory_class, view_bytes},
     walk::{self, Event, Sink, Tables},
 };
-use crate::{correlate::Analysis, record::Descriptor};
+use crate::{analyze::Analysis, format::Descriptor};
 
 struct Node {
     label: String,
@@ -37,7 +37,7 @@ pub fn write(
 ) -> Result<Written, ExportError> {
     // Default: the first generate ubatch, the graph of one generated token.
     let ubatch = ubatch
-        .or_else(|| a.ubatches.iter().find(|u| u.phase == crate::correlate::Phase::Generate).map(|u| u.index))
+        .or_else(|| a.ubatches.iter().find(|u| u.phase == crate::analyze::Phase::Generate).map(|u| u.index))
         .or_else(|| a.ubatches.first().map(|u| u.index))
         .ok_or_else(|| ExportError::Invalid("the trace has no ubatch graphs".into()))?;
     if ubatch as usize >= a.ubatches.len() {
@@ -95,6 +95,8 @@ fn label(d: &Descriptor) -> String {
 }
 
 impl Sink for DotSink {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         let Event::Op(e) = event else { return Ok(()) };
         if e.ctx.ubatch != Some(self.ubatch) {

@@ -15,12 +15,9 @@ use std::{fs, path::Path};
 
 use serde_json::json;
 
-use super::{
-    ExportError,
-    rows::phase_name,
-    stats::{Stats, layer_key},
-};
-use crate::correlate::Analysis;
+use super::{ExportError, rows::phase_name};
+use crate::analyze::Analysis;
+use crate::analyze::stats::{Stats, layer_key};
 
 const TEMPLATE: &str = include_str!("report.html");
 
@@ -29,7 +26,7 @@ const MAX_ROWS: usize = 200;
 
 pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Path) -> Result<(), ExportError> {
     let bin = stats.ubatches.len().div_ceil(MAX_ROWS).max(1);
-    let label = |u: &super::stats::UbatchStats| {
+    let label = |u: &crate::analyze::stats::UbatchStats| {
         let phase = u.phase.map_or("aux", phase_name);
         match u.token_index {
             Some(k) => format!("token {k}"),

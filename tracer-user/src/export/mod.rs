@@ -22,14 +22,10 @@ pub mod dot;
 pub mod html;
 pub mod parquet;
 pub mod perfetto;
-pub mod phases;
 pub mod rows;
 pub mod shape;
-pub mod stats;
-pub mod tensor;
 mod text;
 pub mod tokens;
-pub mod walk;
 
 use std::{
     io::{self, Read},
@@ -39,8 +35,8 @@ use std::{
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::{
-    correlate::Analysis,
-    record::{TraceError, TraceReader},
+    analyze::Analysis,
+    format::{TraceError, TraceReader},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -99,8 +95,8 @@ pub struct Options {
 /// [`phases::scan`] finds at a fraction of `correlate::analyze`'s cost.
 pub fn analyze_for<R: Read>(format: Format, reader: TraceReader<R>) -> Result<Analysis, TraceError> {
     match format {
-        Format::Jsonl | Format::Csv | Format::Parquet => phases::scan(reader),
-        _ => crate::correlate::analyze(reader),
+        Format::Jsonl | Format::Csv | Format::Parquet => crate::analyze::phases::scan(reader),
+        _ => crate::analyze::analyze(reader),
     }
 }
 
@@ -111,7 +107,7 @@ pub fn export(
     out: &Path,
     options: &Options,
 ) -> Result<Written, ExportError> {
-    let progress = progress_bar(walk::event_total(analysis), "exporting");
+    let progress = progress_bar(crate::analyze::walk::event_total(analysis), "exporting");
     let written = match format {
         Format::Perfetto => perfetto::write(trace, analysis, out, &progress),
         Format::ChromeJson => chrome::write(trace, analysis, out, &progress),

@@ -37,9 +37,9 @@ use super::{
     ExportError, Written,
     rows::{COLUMNS, Cells, cells, op_context, op_shape},
     shape::{FxMap, OpShapes},
-    walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::Analysis;
+use crate::analyze::Analysis;
+use crate::analyze::walk::{self, Event, Sink, Tables};
 
 const ROW_GROUP: usize = 128 * 1024;
 
@@ -321,6 +321,8 @@ impl ParquetSink {
 }
 
 impl Sink for ParquetSink {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError> {
         if let Event::Op(e) = event {
             // Most rows are ops: their shape columns are interned once per shape.

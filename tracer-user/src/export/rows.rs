@@ -46,11 +46,11 @@ use std::borrow::Cow;
 use serde::Serialize;
 use tracer_common::{ggml::MAX_SRC, markers};
 
-use super::{
+use crate::analyze::{
     tensor::{memory_class, model_tensor, op_layer, op_weight_bytes, weight_of},
     walk::{Event, OpEvent, Tables},
 };
-use crate::{correlate::Phase, record::Descriptor};
+use crate::{analyze::Phase, format::Descriptor};
 
 pub use super::text::{Text, write};
 

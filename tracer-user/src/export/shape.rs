@@ -9,7 +9,7 @@ use std::{
     hash::{BuildHasherDefault, Hasher},
 };
 
-use crate::record::Op;
+use crate::format::Op;
 
 /// FxHash (rustc's): keys here are short, SipHash would cost more than the
 /// lookup saves.

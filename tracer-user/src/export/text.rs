@@ -18,9 +18,9 @@ use super::{
     ExportError, Written,
     rows::{COLUMNS, Cells, cells, op_context, op_shape},
     shape::OpShapes,
-    walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::Analysis;
+use crate::analyze::Analysis;
+use crate::analyze::walk::{self, Event, Sink, Tables};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Text {
@@ -60,6 +60,8 @@ struct TextSink {
 }
 
 impl Sink for TextSink {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError> {
         let out = &mut self.out.buf;
         let (head, shape, rest): (Encode, Encode, Encode) = match self.format {

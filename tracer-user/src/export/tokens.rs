@@ -23,15 +23,14 @@ use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use tracer_common::markers;
 
-use super::{
-    ExportError, Written,
-    rows::phase_name,
+use super::{ExportError, Written, rows::phase_name};
+use crate::analyze::{
     tensor::{memory_class, model_tensor, op_layer, view_bytes},
     walk::{self, Event, Sink, Tables, sources},
 };
 use crate::{
-    correlate::{Analysis, Phase},
-    record::Memory,
+    analyze::{Analysis, Phase},
+    format::Memory,
 };
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -75,6 +74,8 @@ fn write_json(path: &Path, v: &Value) -> Result<(), ExportError> {
 }
 
 impl Sink for TokenSink {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             Event::Op(e) => {

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ttrace::record::{Record, TraceReader};
+use ttrace::format::{Record, TraceReader};
 
 /// The eBPF tests load real programs: without root they fail with one line
 /// saying why, never skip.
@@ -196,7 +196,7 @@ pub fn hook_site_bytes(pid: u32) -> Vec<(String, u8, u8)> {
         if !name.starts_with("libggml") && !name.starts_with("libllama") {
             continue;
         }
-        let offsets = ttrace::target::symbol_file_offsets(lib, &HOOK_SITES).unwrap();
+        let offsets = ttrace::live::target::symbol_file_offsets(lib, &HOOK_SITES).unwrap();
         let file = std::fs::File::open(lib).unwrap();
         for (symbol, off) in HOOK_SITES.iter().zip(offsets) {
             let Some(off) = off else { continue };

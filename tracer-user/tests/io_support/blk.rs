@@ -45,7 +45,7 @@
 //!
 //! Sectors are 512-byte units of the *whole disk* (`/sys/block/vda`), whatever
 //! the logical block size. FIEMAP (`ttrace gguf MODEL --extents`,
-//! `ttrace::resolve::FileExtents::read`) gives each extent's `physical` byte
+//! `ttrace::model::FileExtents::read`) gives each extent's `physical` byte
 //! offset on the *file system's* device, which for a partition starts
 //! `device.partition_start_sector` sectors into the disk. So file bytes
 //! `[logical, logical + length)` of an extent are disk sectors
@@ -62,7 +62,7 @@ use std::{
     sync::{Mutex, MutexGuard},
 };
 
-use ttrace::resolve::FileExtents;
+use ttrace::model::FileExtents;
 
 const SECTOR: u64 = 512;
 const BUFFER_KB: &str = "65536";
@@ -335,7 +335,7 @@ impl BlkTrace {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
             panic!("cannot lock {LOCK_FILE}: {}", std::io::Error::last_os_error());
         }
-        let tracefs = ttrace::tracefs::ensure_mounted().unwrap_or_else(|e| panic!("{e}")).to_path_buf();
+        let tracefs = ttrace::live::tracefs::ensure_mounted().unwrap_or_else(|e| panic!("{e}")).to_path_buf();
         let enable = Path::new("/sys/class/block").join(device_name).join("trace/enable");
         assert!(
             enable.exists(),

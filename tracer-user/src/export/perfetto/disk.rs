@@ -94,7 +94,7 @@ impl<W: Write> PerfettoSink<W> {
 
     /// Issue opens a request on a free lane; completion closes it as one
     /// slice (a completion without its issue is dropped).
-    pub(super) fn block(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+    pub(super) fn block(&mut self, b: &crate::format::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
         if b.kind == tracer_common::block::ISSUE {
             let lane = self.lane()?;
@@ -167,7 +167,7 @@ impl<W: Write> PerfettoSink<W> {
 
     /// A read request: the cumulative counter, and the chain from the fault
     /// its thread is waiting in when the request covers the fault's page.
-    pub(super) fn read_issued(&mut self, b: &crate::record::reader::Block) -> Result<(), ExportError> {
+    pub(super) fn read_issued(&mut self, b: &crate::format::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
         let ranges = self.io.file_ranges(b.dev, b.sector, b.nr_sector);
         let bytes: u64 = ranges.iter().map(|&(_, _, from, to)| to - from).sum();

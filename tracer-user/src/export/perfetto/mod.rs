@@ -59,10 +59,12 @@ use super::{
     ExportError, Written,
     buckets::Buckets,
     rows::{phase_name, row},
+};
+use crate::analyze::{Analysis, io::IoCorrelator};
+use crate::analyze::{
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::{Analysis, io::IoCorrelator};
 
 pub const PROCESS_UUID: u64 = 1;
 pub const UBATCH_UUID: u64 = 2;
@@ -334,6 +336,8 @@ fn string(name: usize, iid: u64) -> DebugAnnotation {
 }
 
 impl<W: Write> Sink for PerfettoSink<W> {
+    type Error = ExportError;
+
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             Event::Op(e) => {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::record::{FileExtent, FileInfo, ModelTable, ModelTensor, reader::Block};
+use crate::format::{FileExtent, FileInfo, ModelTable, ModelTensor, reader::Block};
 
 const DEV: u32 = 7;
 const DISK_AT: u64 = 1 << 20;

@@ -1,11 +1,11 @@
 use tracer_common::{CallEvent, EventHeader, EventKind, PageFaultEvent, SLOT_DST, TensorRecord};
 
-use super::{format::kind, *};
+use super::{frames::kind, *};
 use crate::events::OpRecord;
 
 fn header() -> Header {
     Header {
-        format_version: format::FORMAT_VERSION,
+        format_version: frames::FORMAT_VERSION,
         ttrace_version: "test".into(),
         mode: "run".into(),
         pid: 42,

@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     codec::{CodecError, Cursor},
-    format::{Descriptor, FORMAT_VERSION, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    frames::{Descriptor, FORMAT_VERSION, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
 };
 
 #[derive(Debug, thiserror::Error)]

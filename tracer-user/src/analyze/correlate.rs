@@ -1,5 +1,5 @@
-//! Stage 4, correlate: from a trace's raw records to decode calls, ubatches
-//! and phases, with the weight tensors each ubatch read.
+//! Correlation: from a trace's raw records to decode calls, ubatches and
+//! phases, with the weight tensors each ubatch read.
 //!
 //! Phases follow llama.cpp's own accounting (`llama_context::synchronize`):
 //! a decode of more than one token adds its tokens to "prompt eval", a decode
@@ -9,18 +9,14 @@
 //! GET_ROWS that reads the token-embedding weight, whose index source holds
 //! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
 
-pub mod io;
-
 use std::{collections::BTreeMap, io::Read};
 
 use serde::Serialize;
 use tracer_common::markers;
 
-use crate::{
-    export::tensor::op_weight_bytes,
-    record::{
-        Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
-    },
+use super::{io, op_time::OpClock, tensor::op_weight_bytes};
+use crate::format::{
+    Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -86,13 +82,7 @@ pub struct Analysis {
     pub decodes: Vec<Decode>,
     pub ubatches: Vec<Ubatch>,
     pub ops: u64,
-    /// Time per op name: each op lasts until the next op on the same thread,
-    /// the last one of a graph until the graph returns. Chosen over a
-    /// uretprobe, which could not time ops here (the hook returns before the
-    /// op runs unless an extra buffer type computes it) and costs more:
-    /// `benches/probe_cost.rs` measured 1.26 µs per probed call for the
-    /// uprobe alone and 7.75 µs with a uretprobe too (median of 7 rounds,
-    /// 2026-11-23, this 2-core VM), i.e. 6.2x the entry probe's overhead.
+    /// Time per op name, by the rule of [`super::op_time`].
     pub op_time_ns: BTreeMap<String, u64>,
     /// Ops seen outside any ubatch graph (no graph hook in the target).
     pub ops_outside_ubatches: u64,
@@ -132,8 +122,8 @@ pub fn op_name(header: &Header, op: i32) -> String {
 pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
     let mut bounds = Boundaries::default();
-    // Per thread: the op still running (its name and start).
-    let mut running: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    // Per thread: the op still running (its name).
+    let mut clock: OpClock<String> = OpClock::default();
     let mut io = io::IoCorrelator::default();
     // Op names may arrive late (a HOOKS frame, for dlopen'ed libraries).
     let get_rows = |h: &Header| h.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
@@ -153,8 +143,8 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                 bounds.on_marker(&mut a, &m);
                 // A graph's last op on each thread lasts until the graph returns.
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
-                    for (_, (name, start)) in std::mem::take(&mut running) {
-                        *a.op_time_ns.entry(name).or_default() += m.ts_ns.saturating_sub(start);
+                    for ended in clock.graph_returned(m.ts_ns) {
+                        *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
                     }
                 }
             }
@@ -167,8 +157,8 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                     Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader, get_rows(reader.header())),
                     None => a.ops_outside_ubatches += 1,
                 }
-                if let Some((prev, start)) = running.insert(op.tid, (name, op.ts_ns)) {
-                    *a.op_time_ns.entry(prev).or_default() += op.ts_ns.saturating_sub(start);
+                if let Some(ended) = clock.start(op.tid, op.ts_ns, name) {
+                    *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
                 }
             }
             Record::Fault(fault) => {

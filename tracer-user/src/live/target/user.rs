@@ -26,7 +26,7 @@ impl UserSpec {
         if let Some(name) = explicit {
             return Self::by_name(name).map(Some);
         }
-        if crate::privileges::is_root() { Self::from_sudo_env() } else { Ok(None) }
+        if crate::live::privileges::is_root() { Self::from_sudo_env() } else { Ok(None) }
     }
 
     /// The invoking user from sudo's `SUDO_UID`/`SUDO_GID`/`SUDO_USER`;

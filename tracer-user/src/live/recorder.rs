@@ -14,13 +14,10 @@ use std::{
 
 use tracer_common::{FileKey, TensorRecord, markers};
 
-use super::{
-    format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor},
-    writer::TraceWriter,
-};
 use crate::{
     events::Event,
-    resolve::{
+    format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor, TraceWriter},
+    model::{
         AddressSpace, FileExtents, ModelMap, Resolution,
         maps::{parse_maps, read_maps},
     },
@@ -86,7 +83,7 @@ impl Resolver {
 
     /// Start from a model known before the target maps it (`ttrace run`
     /// finds it on the command line), so its load-time reads are watched.
-    pub fn add_model(&mut self, path: &Path) -> Result<(), crate::resolve::GgufError> {
+    pub fn add_model(&mut self, path: &Path) -> Result<(), crate::model::GgufError> {
         if !self.covers(path) {
             let model = ModelMap::open(path)?;
             self.push_model(model);

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    record::{Descriptor, Memory, ModelTable, ModelTensor},
-    resolve::ggml_types::GgmlType,
+    format::{Descriptor, Memory, ModelTable, ModelTensor},
+    model::ggml_types::GgmlType,
 };
 
 /// Bytes a tensor (or view) spans, as `ggml_nbytes` computes them; `None`

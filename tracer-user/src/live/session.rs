@@ -23,15 +23,15 @@ use tokio::{
 use tracer_common::{hooks, markers, programs};
 
 use crate::{
-    collect::{EventStream, spawn_logger},
     events::Event,
-    load::{LoadOptions, Tracer},
-    record::{
+    format::{
         Header, Hooks, Lost, TraceWriter, Trailer, WriterStats,
-        format::{FORMAT_VERSION, Library, Options},
-        recorder::{Recorder, Resolver},
+        frames::{FORMAT_VERSION, Library, Options},
     },
-    target::{self, HeldChild, HookLibs, OpNames, RunningChild, UserSpec},
+    live::collect::{EventStream, spawn_logger},
+    live::load::{LoadOptions, Tracer},
+    live::recorder::{Recorder, Resolver},
+    live::target::{self, HeldChild, HookLibs, OpNames, RunningChild, UserSpec},
 };
 
 /// What to trace.
@@ -168,7 +168,7 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
             // Whatever step failed (maps gone, perf_event_open ESRCH, pidfd),
             // the cause is the target's exit, so say that rather than the step.
             return Err(match attach_pid {
-                Some(pid) if !super::attach::is_running(pid) => {
+                Some(pid) if !target::is_running(pid) => {
                     anyhow::anyhow!("pid {pid} exited while ttrace was attaching; nothing was traced")
                 }
                 _ => e,
@@ -289,7 +289,7 @@ fn warn_still_cached(models: &[PathBuf]) {
             Ok((resident, size)) if resident > 0 => eprintln!(
                 "ttrace: warning: {} of {} ({:.1}%) is still in the page cache after dropping it \
                  (another process maps it?); those pages will not be read from disk",
-                super::summary::human_bytes(resident),
+                crate::units::human_bytes(resident),
                 model.display(),
                 100.0 * resident as f64 / size as f64
             ),
@@ -515,7 +515,7 @@ fn pidfd(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: fd is a fresh descriptor we own.
     let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     debug_assert!(owned.as_raw_fd() >= 0);
-    crate::collect::register(owned)
+    crate::live::collect::register(owned)
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

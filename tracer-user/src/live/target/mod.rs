@@ -60,7 +60,7 @@ pub enum TargetError {
     Maps {
         pid: u32,
         #[source]
-        source: crate::resolve::MapsError,
+        source: crate::model::MapsError,
     },
     #[error(
         "{}: cannot find the op-name table behind `{function}` ({reason}); \
@@ -127,4 +127,16 @@ pub(crate) fn errno_text(errno: i32) -> String {
         Some(i) => text[..i].to_string(),
         None => text,
     }
+}
+
+/// Whether `pid` exists and has not exited.
+pub fn is_running(pid: u32) -> bool {
+    !matches!(process_state(pid), None | Some('Z' | 'X'))
+}
+
+/// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
+pub fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the state follows the last ')'.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
 }

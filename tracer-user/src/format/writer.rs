@@ -10,7 +10,7 @@ use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_
 
 use super::{
     codec::{put_bytes, put_i64, put_u64},
-    format::{Descriptor, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    frames::{Descriptor, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
 };
 use crate::events::OpRecord;
 

@@ -142,7 +142,7 @@ pub fn mapped_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
     if text.is_empty() && !Path::new(&format!("/proc/{pid}/exe")).exists() {
         return Err(TargetError::NoSuchPid { pid });
     }
-    let vmas = crate::resolve::maps::parse_maps(&text).map_err(|source| TargetError::Maps { pid, source })?;
+    let vmas = crate::model::maps::parse_maps(&text).map_err(|source| TargetError::Maps { pid, source })?;
     let root = other_mount_namespace(pid).then(|| PathBuf::from(format!("/proc/{pid}/root")));
     let mut seen = HashSet::new();
     let mut out = Vec::new();

@@ -19,8 +19,8 @@ use tracer_common::{
 };
 
 use crate::{
-    privileges::{PrivilegeError, require_tracing_privileges},
-    tracefs::{self, TracefsError},
+    live::privileges::{PrivilegeError, require_tracing_privileges},
+    live::tracefs::{self, TracefsError},
 };
 
 /// The object built by tracer-user's build.rs from tracer-ebpf.

@@ -1,11 +1,11 @@
-//! Stage 5, record: the trace file format, its writer and its reader.
+//! The trace file: its frames, codec, writer and reader. Shared by both
+//! paths: the live side writes it, the offline side reads it.
 pub mod codec;
-pub mod format;
+pub mod frames;
 pub mod reader;
-pub mod recorder;
 pub mod writer;
 
-pub use format::{
+pub use frames::{
     Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, ModelTable, ModelTensor, Trailer,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};

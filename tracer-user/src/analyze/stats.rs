@@ -17,11 +17,11 @@ use serde::Serialize;
 use tracer_common::markers;
 
 use super::{
-    ExportError,
+    Analysis, Phase,
     tensor::{is_expert_tensor, model_tensor, op_weight_bytes, weight_of},
     walk::{self, Event, Sink, Tables},
 };
-use crate::correlate::{Analysis, Phase};
+use crate::format::TraceError;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct UbatchStats {
@@ -120,7 +120,7 @@ struct Collector {
     tensor_index: BTreeMap<(u32, u32), usize>,
 }
 
-pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Stats, ExportError> {
+pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Stats, TraceError> {
     let token_of = walk::token_indices(a);
     let mut c = Collector::default();
     c.stats.ubatches = a
@@ -160,7 +160,9 @@ pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Sta
 }
 
 impl Sink for Collector {
-    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError> {
+    type Error = TraceError;
+
+    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), TraceError> {
         match event {
             Event::Op(e) => {
                 let Some(u) = e.ctx.ubatch else { return Ok(()) };

@@ -8,7 +8,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
     events::{Event, decode},
-    load::Logger,
+    live::load::Logger,
 };
 
 pub struct EventStream {

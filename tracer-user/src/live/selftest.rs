@@ -9,9 +9,9 @@ use tokio::sync::oneshot;
 use tracer_common::{CallEvent, PageFaultEvent};
 
 use crate::{
-    collect::{EventStream, spawn_logger},
     events::Event,
-    load::{LoadError, LoadOptions, LostCounts, Tracer},
+    live::collect::{EventStream, spawn_logger},
+    live::load::{LoadError, LoadOptions, LostCounts, Tracer},
 };
 
 /// The function `ttrace check` probes; its arguments are what it expects back.

@@ -8,8 +8,8 @@
 use std::io::Read;
 
 use crate::{
-    correlate::{Analysis, Boundaries, assign_phases},
-    record::{Memory, Record, TraceError, TraceReader},
+    analyze::{Analysis, Boundaries, assign_phases},
+    format::{Memory, Record, TraceError, TraceReader},
 };
 
 /// An [`Analysis`] holding the header, models, decodes and ubatches (index,

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 use tracer_common::{block, page_cache};
 
-use crate::record::{Block, Fault, ModelTable, PageCache};
+use crate::format::{Block, Fault, ModelTable, PageCache};
 
 const PAGE: u64 = 4096;
 
@@ -440,7 +440,7 @@ mod tests {
     use tracer_common::block::{COMPLETE, ISSUE};
 
     use super::*;
-    use crate::record::{FileExtent, FileInfo, ModelTensor};
+    use crate::format::{FileExtent, FileInfo, ModelTensor};
 
     const DEV: u32 = 7;
     const DISK_AT: u64 = 1 << 20;

@@ -1,23 +1,23 @@
 //! The second pass every export shares: re-read the trace in order and hand
 //! each event to a sink with its context (ubatch, running op, duration).
 //!
-//! An op lasts until the next op on the same thread, or until its graph
-//! returns (as in `correlate`), so an op is handed over when that end is
-//! seen: ops arrive in end order, everything else in trace order. Memory
-//! stays bounded: one pending op per thread plus the reader's tables.
+//! An op lasts as [`super::op_time`] says, so an op is handed over when its
+//! end is seen: ops arrive in end order, everything else in trace order.
+//! Memory stays bounded: one pending op per thread plus the reader's tables.
 
-use std::{borrow::Cow, collections::BTreeMap, fs::File, io::BufReader, path::Path};
+use std::{borrow::Cow, fs::File, io::BufReader, path::Path};
 
 use indicatif::ProgressBar;
 use tracer_common::markers;
 
-use super::{ExportError, tensor::AddressIndex, tensor::FileHit};
-use crate::{
-    correlate::{Analysis, Phase},
-    record::{
-        Descriptor, Lost, ModelTable, Op, Record, TraceReader, Trailer,
-        reader::{Block, Fault, Marker, PageCache},
-    },
+use super::{
+    Analysis, Phase,
+    op_time::OpClock,
+    tensor::{AddressIndex, FileHit},
+};
+use crate::format::{
+    Descriptor, Lost, ModelTable, Op, Record, TraceError, TraceReader, Trailer,
+    reader::{Block, Fault, Marker, PageCache},
 };
 
 /// Where an event happened.
@@ -79,7 +79,7 @@ impl<'a> Tables<'a> {
         let id = self.descriptor(op.dst).op;
         match usize::try_from(id).ok().and_then(|i| self.analysis.header.op_names.get(i)) {
             Some(name) => Cow::Borrowed(name),
-            None => Cow::Owned(crate::correlate::op_name(&self.analysis.header, id)),
+            None => Cow::Owned(crate::analyze::op_name(&self.analysis.header, id)),
         }
     }
 
@@ -107,8 +107,10 @@ pub fn token_indices(a: &Analysis) -> Vec<Option<u32>> {
         .collect()
 }
 
+/// Whoever consumes pass two; its error type carries the trace's own.
 pub trait Sink {
-    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), ExportError>;
+    type Error: From<TraceError>;
+    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), Self::Error>;
 }
 
 /// Event count of pass two, for progress bars.
@@ -118,19 +120,24 @@ pub fn event_total(a: &Analysis) -> u64 {
 
 const PROGRESS_STEP: u64 = 4096;
 
-pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut dyn Sink) -> Result<(), ExportError> {
+pub fn walk<S: Sink + ?Sized>(
+    path: &Path,
+    analysis: &Analysis,
+    progress: &ProgressBar,
+    sink: &mut S,
+) -> Result<(), S::Error> {
     let mut reader: TraceReader<BufReader<File>> = TraceReader::open(path)?;
     let mut seq = 0u64;
     let mut ubatch: Option<u32> = None;
     let mut next_ubatch = 0u32;
-    let mut running: BTreeMap<u32, OpEvent> = BTreeMap::new();
+    let mut clock: OpClock<OpEvent> = OpClock::default();
     // The index only places faults; without any, reading ahead is wasted.
     let mut index = if analysis.faults > 0 { prescan(path)? } else { AddressIndex::default() };
     let token_of = token_indices(analysis);
     // The bar is advanced in steps: `inc` reads the clock, per event that is
     // a few percent of a row export.
     let mut unreported = 0u64;
-    let mut emit = |event: Event, reader: &TraceReader<BufReader<File>>| -> Result<(), ExportError> {
+    let mut emit = |event: Event, reader: &TraceReader<BufReader<File>>| -> Result<(), S::Error> {
         unreported += 1;
         if unreported == PROGRESS_STEP {
             progress.inc(std::mem::take(&mut unreported));
@@ -144,17 +151,14 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
             Record::Op(op) => {
                 let ctx = Context { seq, ubatch };
                 seq += 1;
-                let started = op.ts_ns;
-                if let Some(mut prev) = running.insert(op.tid, OpEvent { ctx, op, end_ns: None }) {
-                    prev.end_ns = Some(started);
-                    emit(Event::Op(prev), &reader)?;
+                if let Some(ended) = clock.start(op.tid, op.ts_ns, OpEvent { ctx, op, end_ns: None }) {
+                    emit(Event::Op(ended.into_op()), &reader)?;
                 }
             }
             Record::Marker(m) => {
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
-                    for (_, mut op) in std::mem::take(&mut running) {
-                        op.end_ns = Some(m.ts_ns);
-                        emit(Event::Op(op), &reader)?;
+                    for ended in clock.graph_returned(m.ts_ns) {
+                        emit(Event::Op(ended.into_op()), &reader)?;
                     }
                 }
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE {
@@ -172,7 +176,7 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
                 index.learn(reader.descriptors(), reader.models());
                 let ctx = Context { seq, ubatch };
                 seq += 1;
-                let op_seq = running.get(&fault.tid).map(|o| o.ctx.seq);
+                let op_seq = clock.running_on(fault.tid).map(|o| o.ctx.seq);
                 // Newer traces carry the file position; older ones are resolved here.
                 let hit = match fault.file {
                     Some(pos) => {
@@ -195,16 +199,16 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
             }
             Record::Lost(lost) => emit(Event::Lost(lost), &reader)?,
             Record::End(trailer) => {
-                for (_, op) in std::mem::take(&mut running) {
-                    emit(Event::Op(op), &reader)?;
+                for ended in clock.unfinished() {
+                    emit(Event::Op(ended.into_op()), &reader)?;
                 }
                 emit(Event::End(trailer), &reader)?;
             }
             _ => {}
         }
     }
-    for (_, op) in std::mem::take(&mut running) {
-        emit(Event::Op(op), &reader)?;
+    for ended in clock.unfinished() {
+        emit(Event::Op(ended.into_op()), &reader)?;
     }
     progress.inc(unreported);
     Ok(())
@@ -213,7 +217,7 @@ pub fn walk(path: &Path, analysis: &Analysis, progress: &ProgressBar, sink: &mut
 /// Faults during load come before any descriptor shows where the model is
 /// mapped: learn the mapping bases first, reading until every model file has
 /// one (usually the first graph) or a bounded number of records.
-fn prescan(path: &Path) -> Result<AddressIndex, ExportError> {
+fn prescan(path: &Path) -> Result<AddressIndex, TraceError> {
     const LIMIT: u64 = 1 << 20;
     let mut reader: TraceReader<BufReader<File>> = TraceReader::open(path)?;
     let mut index = AddressIndex::default();
@@ -232,6 +236,12 @@ fn prescan(path: &Path) -> Result<AddressIndex, ExportError> {
     }
     index.learn(reader.descriptors(), reader.models());
     Ok(index)
+}
+
+impl super::op_time::Ended<OpEvent> {
+    fn into_op(self) -> OpEvent {
+        OpEvent { end_ns: self.end_ns, ..self.item }
+    }
 }
 
 /// Descriptors of an op's sources, in slot order.

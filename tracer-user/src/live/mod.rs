@@ -1,0 +1,13 @@
+//! The live path: load the eBPF programs ([`load`]), attach them to a target
+//! ([`target`], [`session`]), collect ring records ([`collect`]) and record
+//! them into a trace file, resolving while recording ([`recorder`]). Needs
+//! root and the embedded eBPF object (feature `live`).
+
+pub mod collect;
+pub mod load;
+pub mod privileges;
+pub mod recorder;
+pub mod selftest;
+pub mod session;
+pub mod target;
+pub mod tracefs;
