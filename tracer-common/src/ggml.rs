@@ -7,6 +7,10 @@
 
 /// `GGML_MAX_SRC`.
 pub const MAX_SRC: usize = 10;
+/// ggml's name of the row-gather op (`ggml_op_name(GGML_OP_GET_ROWS)`). Op
+/// enum values move between ggml versions, so ops are found by name in the
+/// target's own table.
+pub const OP_GET_ROWS: &str = "GET_ROWS";
 /// `GGML_MAX_NAME`.
 pub const MAX_NAME: usize = 64;
 /// `GGML_MAX_OP_PARAMS / sizeof(int32_t)`.

@@ -274,7 +274,7 @@ fn check_blkparse_lines(lines: &[BlkLine], a: &Analysis, extents: &FileExtents) 
     }
     // Per ubatch (and load, between), the issues are the ones the correlator counted.
     let counted: std::collections::BTreeMap<String, u64> =
-        a.io.by_when.iter().filter(|(_, w)| w.disk.issues > 0).map(|(k, w)| (k.clone(), w.disk.issues)).collect();
+        a.io.by_when.iter().filter(|(_, w)| w.disk.issues > 0).map(|(k, w)| (k.to_string(), w.disk.issues)).collect();
     assert_eq!(issues_by_when, counted, "D lines per ubatch vs report --json io.by_when");
 }
 
@@ -318,7 +318,7 @@ fn prefetch_reads_in_the_load_phase_and_a_memory_limit_streams_every_token() {
     let cold = scratch_trace("bench-cold");
     ttrace(&["run", "--drop-caches"], &cold, &argv);
     let a = analyze(&cold);
-    let load = a.io.by_when.get("load").map_or(0, |w| w.disk.bytes);
+    let load = a.io.by_when.get(&ttrace::analyze::io::When::Load).map_or(0, |w| w.disk.bytes);
     println!("cold bench run: {} of {} disk bytes in the load phase ({size} byte model)", load, a.io.disk.bytes);
     assert!(a.io.disk.bytes as f64 >= 0.9 * size as f64, "a cold run reads the model");
     assert!(load as f64 >= 0.95 * a.io.disk.bytes as f64, "prefetch: nearly all reads at load");

@@ -15,11 +15,12 @@ use crate::{cache, setup::Paths, shell};
 
 /// The sdist that vendors llama.cpp (tools/completion included).
 const LLAMA_CPP_PYTHON: &str = "llama-cpp-python==0.3.36";
-/// The server pulls in a large HTTP library and is never traced. AMX is off:
+/// llama-server is built too: it is the common deployment, and batched
+/// serving (several sequences per ubatch) is traced through it. AMX is off:
 /// with GGML_NATIVE on this CPU, ggml moves Q4_0/Q8_0 weights into its AMX
 /// buffer, whose matmul crashes here on prompt-sized batches (SIGSEGV/SIGILL);
 /// without it they take the CPU_REPACK path ttrace must handle anyway.
-const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=OFF \
+const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=ON \
     -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
     -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'";
 

@@ -12,7 +12,7 @@
 use std::{collections::BTreeMap, io::Read};
 
 use serde::Serialize;
-use tracer_common::markers;
+use tracer_common::{ggml::OP_GET_ROWS, markers};
 
 use super::{io, op_time::OpClock, tensor::op_weight_bytes};
 use crate::format::{
@@ -125,8 +125,6 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     // Per thread: the op still running (its name).
     let mut clock: OpClock<String> = OpClock::default();
     let mut io = io::IoCorrelator::default();
-    // Op names may arrive late (a HOOKS frame, for dlopen'ed libraries).
-    let get_rows = |h: &Header| h.op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
     while let Some(record) = reader.next_record()? {
         let ts = match &record {
             Record::Op(op) => Some(op.ts_ns),
@@ -154,7 +152,8 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                 let name = op_name(reader.header(), reader.descriptor(op.dst).op);
                 *a.op_counts.entry(name.clone()).or_default() += 1;
                 match bounds.current {
-                    Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader, get_rows(reader.header())),
+                    // Op names may arrive late (a HOOKS frame, for dlopen'ed libraries).
+                    Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader),
                     None => a.ops_outside_ubatches += 1,
                 }
                 if let Some(ended) = clock.start(op.tid, op.ts_ns, name) {
@@ -178,7 +177,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     a.truncated = reader.truncated;
     a.io = io.finish();
     for u in &mut a.ubatches {
-        if let Some(w) = a.io.by_when.get(&format!("ubatch {}", u.index)) {
+        if let Some(w) = a.io.by_when.get(&io::When::Ubatch(u.index)) {
             (u.disk_bytes, u.disk_requests) = (w.disk.bytes, w.disk.requests);
             (u.faults_major, u.faults_minor) = (w.faults_major, w.faults_minor);
         }
@@ -256,8 +255,9 @@ pub fn when(current: Option<usize>, ubatches: &[Ubatch]) -> io::When {
     }
 }
 
-fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceReader<R>, get_rows: Option<i32>) {
+fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceReader<R>) {
     ubatch.ops += 1;
+    let get_rows = reader.header().op_id(OP_GET_ROWS);
     let dst = reader.descriptor(op.dst);
     // Only the embedding lookup's bytes depend on the other sources (its ids).
     let slotted: Vec<(u32, &Descriptor)> = if Some(dst.op) == get_rows {
@@ -284,15 +284,29 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
         } else {
             usage.file_backed += 1;
         }
-        // The token-embedding lookup: GET_ROWS(weight, token ids).
-        if slot == 0 && Some(dst.op) == get_rows && ubatch.n_tokens.is_none() {
-            let ids = op.srcs.iter().find(|(s, _)| *s == 1).map(|&(_, id)| reader.descriptor(id));
-            if let Some(ids) = ids {
-                ubatch.n_tokens = u32::try_from(ids.ne[0]).ok();
-                ubatch.token_ids = op.token_ids.clone();
-            }
-        }
     }
+    if ubatch.n_tokens.is_none() {
+        take_token_input(ubatch, op, reader);
+    }
+}
+
+/// A ubatch's token count and ids come from its token-embedding lookup:
+/// GET_ROWS(weight, ids), whose slot-1 source holds one id per token. Sets
+/// them and says whether `op` was that lookup.
+pub(crate) fn take_token_input<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>) -> bool {
+    if Some(reader.descriptor(op.dst).op) != reader.header().op_id(OP_GET_ROWS) {
+        return false;
+    }
+    let reads_weight = op.srcs.iter().any(|&(slot, id)| {
+        slot == 0 && matches!(reader.descriptor(id).memory, Memory::ModelFile { .. } | Memory::Copy { .. })
+    });
+    let Some(&(_, ids)) = op.srcs.iter().find(|(slot, _)| *slot == 1) else { return false };
+    if !reads_weight {
+        return false;
+    }
+    ubatch.n_tokens = u32::try_from(reader.descriptor(ids).ne[0]).ok();
+    ubatch.token_ids = op.token_ids.clone();
+    true
 }
 
 /// Decodes before llama's perf reset are warm-up; the rest are prompt or

@@ -26,8 +26,9 @@ use crate::format::{Block, Fault, ModelTable, PageCache};
 const PAGE: u64 = 4096;
 
 /// Where in the run an I/O event happened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Serialised (and shown) as `load`, `ubatch K` or `between`, so it can key
+/// a JSON object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum When {
     /// Before the first ubatch graph: model loading (llama.cpp's prefetch).
     Load,
@@ -35,6 +36,22 @@ pub enum When {
     Ubatch(u32),
     /// Between graphs (sampling, tokenizing, after the last graph).
     Between,
+}
+
+impl Serialize for When {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::fmt::Display for When {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            When::Load => f.write_str("load"),
+            When::Ubatch(u) => write!(f, "ubatch {u}"),
+            When::Between => f.write_str("between"),
+        }
+    }
 }
 
 /// A byte range of one model tensor read by one block request.
@@ -115,7 +132,7 @@ pub struct IoAnalysis {
     pub page_cache_bytes: u64,
     pub disk: DiskTotals,
     /// Disk totals and faults by when they happened.
-    pub by_when: BTreeMap<String, WhenIo>,
+    pub by_when: BTreeMap<When, WhenIo>,
     /// Per ubatch: disk bytes by layer (`None` = outside any layer).
     pub ubatch_layer_bytes: BTreeMap<u32, BTreeMap<String, u64>>,
     pub tensors: Vec<TensorIo>,
@@ -404,12 +421,7 @@ impl IoCorrelator {
     }
 
     fn when(&mut self, when: When) -> &mut WhenIo {
-        let key = match when {
-            When::Load => "load".to_string(),
-            When::Ubatch(u) => format!("ubatch {u}"),
-            When::Between => "between".to_string(),
-        };
-        self.out.by_when.entry(key).or_default()
+        self.out.by_when.entry(when).or_default()
     }
 
     pub fn finish(mut self) -> IoAnalysis {
@@ -502,8 +514,9 @@ mod tests {
         io.on_block(&block(ISSUE, 8192, 55), When::Ubatch(0));
         let out = io.finish();
         assert_eq!((out.disk.requests, out.disk.issues, out.disk.uncompleted), (3, 5, 1));
-        assert_eq!(out.by_when["load"].disk.uncompleted, 0);
-        assert_eq!(out.by_when["ubatch 0"].disk.uncompleted, 1);
+        assert_eq!(out.by_when[&When::Load].disk.uncompleted, 0);
+        assert_eq!(out.by_when[&When::Ubatch(0)].disk.uncompleted, 1);
+        assert_eq!(serde_json::to_value(&out.by_when).unwrap()["ubatch 0"]["disk"]["uncompleted"], 1);
         assert_eq!(out.ubatch_layer_bytes[&0]["0"], 2 * 4096);
     }
 }

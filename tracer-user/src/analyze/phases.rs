@@ -7,10 +7,8 @@
 
 use std::io::Read;
 
-use crate::{
-    analyze::{Analysis, Boundaries, assign_phases},
-    format::{Memory, Record, TraceError, TraceReader},
-};
+use super::{Analysis, Boundaries, assign_phases, correlate::take_token_input};
+use crate::format::{Record, TraceError, TraceReader};
 
 /// An [`Analysis`] holding the header, models, decodes and ubatches (index,
 /// times, decode, token count and ids, phase), the op and fault counts, lost
@@ -27,19 +25,8 @@ pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError>
             Record::Op(op) => {
                 ops += 1;
                 let Some(u) = bounds.current else { continue };
-                // As `correlate::account_op`: a weight at slot 0 of a GET_ROWS,
-                // whose slot-1 source holds one id per token.
-                let get_rows = reader.header().op_names.iter().position(|n| n == "GET_ROWS").map(|i| i as i32);
-                let dst = reader.descriptor(op.dst);
-                for &(slot, id) in &op.srcs {
-                    let weight = matches!(reader.descriptor(id).memory, Memory::ModelFile { .. } | Memory::Copy { .. });
-                    if !weight || slot != 0 || Some(dst.op) != get_rows || a.ubatches[u].n_tokens.is_some() {
-                        continue;
-                    }
-                    if let Some(&(_, ids)) = op.srcs.iter().find(|(s, _)| *s == 1) {
-                        a.ubatches[u].n_tokens = u32::try_from(reader.descriptor(ids).ne[0]).ok();
-                        a.ubatches[u].token_ids = op.token_ids.clone();
-                    }
+                if a.ubatches[u].n_tokens.is_none() {
+                    take_token_input(&mut a.ubatches[u], &op, &reader);
                 }
             }
             Record::Fault(_) => a.faults += 1,

@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 use tracer_common::markers;
 
+use super::io::When;
 use super::{
     Analysis, Phase,
     tensor::{is_expert_tensor, model_tensor, op_weight_bytes, weight_of},
@@ -242,7 +243,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
     let has_io = io.disk.issues > 0 || io.page_cache_adds > 0;
     if has_io {
         for u in &mut s.ubatches {
-            let w = io.by_when.get(&format!("ubatch {}", u.index));
+            let w = io.by_when.get(&When::Ubatch(u.index));
             u.disk_bytes = Some(w.map_or(0, |w| w.disk.bytes));
             u.faults_major = Some(w.map_or(0, |w| w.faults_major));
             u.faults_minor = Some(w.map_or(0, |w| w.faults_minor));
@@ -321,7 +322,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
         ops: a.ops_outside_ubatches,
         ..Default::default()
     };
-    load.disk_bytes = has_io.then(|| io.by_when.get("load").map_or(0, |w| w.disk.bytes));
+    load.disk_bytes = has_io.then(|| io.by_when.get(&When::Load).map_or(0, |w| w.disk.bytes));
     s.phases.push(load);
     for (phase, name) in
         [(Phase::Warmup, "warmup"), (Phase::Prompt, "prompt"), (Phase::Generate, "generate"), (Phase::Aux, "aux")]

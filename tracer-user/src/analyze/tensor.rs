@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use tracer_common::ggml::OP_GET_ROWS;
+
 use crate::{
     format::{Descriptor, Memory, ModelTable, ModelTensor},
     model::ggml_types::GgmlType,
@@ -60,7 +62,7 @@ pub fn weight_access_bytes(d: &Descriptor, t: &ModelTensor) -> u64 {
 /// index (the token embedding lookup), anything else the whole view.
 pub fn op_weight_bytes(op_name: &str, slot: u32, d: &Descriptor, t: &ModelTensor, srcs: &[(u32, &Descriptor)]) -> u64 {
     let whole = weight_access_bytes(d, t);
-    if op_name == "GET_ROWS"
+    if op_name == OP_GET_ROWS
         && slot == 0
         && let Some((_, ids)) = srcs.iter().find(|(s, _)| *s == 1)
         && ids.ne[0] > 0

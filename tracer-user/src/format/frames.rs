@@ -86,6 +86,13 @@ pub struct Header {
     pub maps: String,
 }
 
+impl Header {
+    /// The target's enum value of the op named `name`, from its own table.
+    pub fn op_id(&self, name: &str) -> Option<i32> {
+        self.op_names.iter().position(|n| n == name).and_then(|i| i32::try_from(i).ok())
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Library {
     pub path: String,
