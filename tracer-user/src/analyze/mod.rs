@@ -9,6 +9,7 @@ pub mod io;
 pub mod op_time;
 pub mod phases;
 pub mod stats;
+pub mod summary;
 pub mod tensor;
 pub mod walk;
 

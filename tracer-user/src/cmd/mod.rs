@@ -8,4 +8,3 @@ pub mod gguf;
 pub mod report;
 #[cfg(feature = "live")]
 pub mod run;
-pub mod summary;

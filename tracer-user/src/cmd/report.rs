@@ -1,6 +1,7 @@
 //! `ttrace report FILE`: the summary a researcher reads first (`--json` for
 //! scripts: the analysis — per-ubatch phases, token ids and weight tensors
-//! read — plus `stats`: per token, phase, layer, component and tensor;
+//! read — plus `summary`, the overview as data, and `stats`: per token,
+//! phase, layer, component and tensor;
 //! `--html` for a page to look at).
 
 use std::path::Path;
@@ -8,11 +9,10 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::summary;
 use crate::{
-    analyze::{self, Analysis, stats::Stats},
+    analyze::{self, Analysis, stats::Stats, summary::Summary},
     cli::ReportArgs,
-    export,
+    export::{self, summary},
     format::{TraceReader, WriterStats},
 };
 
@@ -20,6 +20,7 @@ use crate::{
 struct Report<'a> {
     #[serde(flatten)]
     analysis: &'a Analysis,
+    summary: &'a Summary,
     stats: &'a Stats,
 }
 
@@ -30,16 +31,21 @@ pub fn run(args: ReportArgs) -> Result<()> {
         .with_context(|| format!("reading {}", args.file.display()))?;
     progress.finish_and_clear();
     let path = args.file.display().to_string();
-    let text = summary::render(&analysis, &path, None);
+    let overview = Summary::new(&analysis, &path, None);
+    let text = summary::render(&overview);
     if let Some(html) = &args.html {
-        let mut pairs = summary::pairs(&text);
+        let mut pairs = vec![(String::new(), overview.title())];
+        pairs.extend(overview.rows().into_iter().map(|(k, v)| (k.to_string(), v)));
         pairs.push(("details".into(), summary::render_details(&analysis, &stats)));
         export::html::write(&analysis, &stats, &pairs, html)
             .with_context(|| format!("writing the HTML report {}", html.display()))?;
         eprintln!("ttrace: wrote {}", html.display());
     }
     if args.json {
-        serde_json::to_writer_pretty(std::io::stdout().lock(), &Report { analysis: &analysis, stats: &stats })?;
+        serde_json::to_writer_pretty(
+            std::io::stdout().lock(),
+            &Report { analysis: &analysis, summary: &overview, stats: &stats },
+        )?;
         println!();
     } else {
         print!("{text}{}", summary::render_details(&analysis, &stats));
@@ -55,6 +61,6 @@ pub fn read_analysis(path: &Path) -> Result<Analysis> {
 /// After tracing: the summary of what was written, read back from the file.
 pub fn print_summary(path: &Path, stats: Option<&WriterStats>) -> Result<()> {
     let analysis = read_analysis(path)?;
-    eprint!("{}", summary::render(&analysis, &path.display().to_string(), stats));
+    eprint!("{}", summary::render(&Summary::new(&analysis, &path.display().to_string(), stats)));
     Ok(())
 }

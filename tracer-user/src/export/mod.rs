@@ -24,6 +24,7 @@ pub mod parquet;
 pub mod perfetto;
 pub mod rows;
 pub mod shape;
+pub mod summary;
 mod text;
 pub mod tokens;
 

@@ -1,117 +1,20 @@
-//! The end-of-run summary (stderr after `run`/`attach`) and `ttrace report`'s
-//! text: what was traced, per phase, and whether anything was lost.
+//! `ttrace report`'s text: the summary (also printed after `run`/`attach`)
+//! and the detail tables that follow it.
 
-use std::{collections::BTreeSet, fmt::Write as _};
+use std::fmt::Write as _;
 
 use crate::{
-    analyze::stats::Stats,
-    analyze::{Analysis, Phase},
-    format::WriterStats,
+    analyze::{Analysis, Phase, stats::Stats, summary::Summary},
     units::human_bytes,
 };
 
-pub fn render(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> String {
-    let mut out = String::new();
-    let h = &a.header;
-    let command = h.command.join(" ");
-    let _ = writeln!(out, "ttrace: {} of pid {} ({command}), {:.3} s", h.mode, h.pid, a.duration_ns() as f64 / 1e9);
-    if let Some(t) = &a.trailer {
-        let exit = match (t.exit_code, t.exit_signal) {
-            (Some(code), _) => format!(", exit status {code}"),
-            (None, Some(sig)) => format!(", killed by signal {sig}"),
-            _ => String::new(),
-        };
-        let _ = writeln!(out, "  stopped      {}{exit}", t.stop_reason);
-    } else {
-        let _ = writeln!(out, "  stopped      trace cut short (no end record): read up to its last complete record");
-    }
-    let count = |p: Phase| a.ubatches.iter().filter(|u| u.phase == p).count();
-    let _ = writeln!(
-        out,
-        "  ubatches     {} prompt ({} tokens), {} generate, {} warm-up, {} other graphs",
-        count(Phase::Prompt),
-        a.prompt_tokens,
-        count(Phase::Generate),
-        count(Phase::Warmup),
-        count(Phase::Aux)
-    );
-    let _ = writeln!(out, "  ops          {} recorded ({} outside any graph)", a.ops, a.ops_outside_ubatches);
-
-    let distinct: BTreeSet<(u32, u32)> = a.ubatches.iter().flat_map(|u| u.weights.keys().copied()).collect();
-    let generate: Vec<_> = a.ubatches.iter().filter(|u| u.phase == Phase::Generate).collect();
-    // Bytes read, as the report's per-token table counts them (the embedding
-    // lookup reads one row per token, not the whole table).
-    let per_token = if generate.is_empty() {
-        0.0
-    } else {
-        generate.iter().map(|u| u.weights.values().map(|w| w.bytes).sum::<u64>()).sum::<u64>() as f64
-            / generate.len() as f64
-    };
-    let (file, copy) = a
-        .ubatches
-        .iter()
-        .flat_map(|u| u.weights.values())
-        .fold((0u64, 0u64), |(f, c), w| (f + u64::from(w.file_backed), c + u64::from(w.copy)));
-    let share = |n: u64| if file + copy == 0 { 0.0 } else { 100.0 * n as f64 / (file + copy) as f64 };
-    let _ = writeln!(
-        out,
-        "  weights      {} distinct tensors touched; {} per generated token; accesses {:.1}% file-backed, {:.1}% copies",
-        distinct.len(),
-        human_bytes(per_token as u64),
-        share(file),
-        share(copy)
-    );
-    if let Some(s) = stats {
-        let per_op = |bytes: u64| if s.ops == 0 { 0.0 } else { bytes as f64 / s.ops as f64 };
-        let _ = writeln!(
-            out,
-            "  trace        {path}: {}, {:.1} bytes per op frame ({:.1} with tensor descriptors)",
-            human_bytes(s.total_bytes),
-            per_op(s.op_bytes),
-            per_op(s.op_bytes + s.descriptor_bytes)
-        );
-    } else {
-        let _ = writeln!(out, "  trace        {path}");
-    }
-    let lost = a.lost;
-    if lost.total() == 0 {
-        let _ = writeln!(out, "  lost events  none");
-    } else {
-        let _ = writeln!(
-            out,
-            "  LOST EVENTS  op {}, call {}, page_fault {}, page_cache {}, block {}: the ring buffer overflowed; \
-             raise --ring-mb",
-            lost.op, lost.call, lost.page_fault, lost.page_cache, lost.block
-        );
-    }
-    if a.io.disk.uncompleted > 0 {
-        let _ = writeln!(
-            out,
-            "  WARNING      {} model-file reads issued without a completion recorded: the kernel skips a \
-             tracepoint program while another BPF program runs on that CPU (or the read was still in flight when \
-             tracing stopped); their latencies and disk slices are missing",
-            a.io.disk.uncompleted
-        );
-    }
-    if let Some(t) = &a.trailer
-        && t.decode_errors > 0
-    {
-        let _ = writeln!(out, "  WARNING      {} kernel records did not decode (layout mismatch)", t.decode_errors);
+/// The summary as text: a title line, then one `key   value` line per row.
+pub fn render(summary: &Summary) -> String {
+    let mut out = format!("{}\n", summary.title());
+    for (key, value) in summary.rows() {
+        let _ = writeln!(out, "  {key:<12} {value}");
     }
     out
-}
-
-/// The summary's `key   value` lines as pairs (for the HTML table).
-pub fn pairs(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .map(|line| {
-            let line = line.trim_start();
-            match line.find("  ") {
-                Some(i) => (line[..i].to_string(), line[i..].trim().to_string()),
-                None => (String::new(), line.to_string()),
-            }
-        })
-        .collect()
 }
 
 /// `ttrace report`'s sections after the summary: phases, per generated

@@ -1,0 +1,203 @@
+//! The summary a researcher reads first, as data: what was traced, how it
+//! stopped, ubatches per phase, weights touched, the trace's size, and what
+//! was lost. Rendered as text (`export::summary`), in `report --json` and in
+//! the HTML report's table, all from these fields.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use super::{Analysis, Phase};
+use crate::{
+    format::{Lost, WriterStats},
+    units::human_bytes,
+};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub mode: String,
+    pub pid: u32,
+    pub command: Vec<String>,
+    pub duration_ns: u64,
+    /// `None`: the trace was cut short (no end record).
+    pub stopped: Option<Stopped>,
+    pub prompt_ubatches: usize,
+    pub prompt_tokens: u64,
+    pub generate_ubatches: usize,
+    pub warmup_ubatches: usize,
+    pub other_graphs: usize,
+    pub ops: u64,
+    pub ops_outside_graphs: u64,
+    pub distinct_weights: usize,
+    /// Weight bytes read per generated token, as the report's per-token
+    /// table counts them (the embedding lookup reads one row per token).
+    pub weight_bytes_per_token: u64,
+    pub file_backed_accesses: u64,
+    pub copy_accesses: u64,
+    pub trace: TraceFile,
+    pub lost: Lost,
+    /// Model-file reads issued without a recorded completion.
+    pub uncompleted_reads: u64,
+    /// Kernel records that did not decode (layout mismatch).
+    pub decode_errors: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Stopped {
+    pub reason: String,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+}
+
+/// The trace file; sizes are known only right after recording it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceFile {
+    pub path: String,
+    pub bytes: Option<u64>,
+    pub bytes_per_op_frame: Option<f64>,
+    pub bytes_per_op_with_descriptors: Option<f64>,
+}
+
+impl Summary {
+    pub fn new(a: &Analysis, path: &str, stats: Option<&WriterStats>) -> Self {
+        let h = &a.header;
+        let count = |p: Phase| a.ubatches.iter().filter(|u| u.phase == p).count();
+        let generate: Vec<_> = a.ubatches.iter().filter(|u| u.phase == Phase::Generate).collect();
+        let per_token = if generate.is_empty() {
+            0.0
+        } else {
+            generate.iter().map(|u| u.weights.values().map(|w| w.bytes).sum::<u64>()).sum::<u64>() as f64
+                / generate.len() as f64
+        };
+        let (file, copy) = a
+            .ubatches
+            .iter()
+            .flat_map(|u| u.weights.values())
+            .fold((0u64, 0u64), |(f, c), w| (f + u64::from(w.file_backed), c + u64::from(w.copy)));
+        let distinct: BTreeSet<(u32, u32)> = a.ubatches.iter().flat_map(|u| u.weights.keys().copied()).collect();
+        let per_op = |s: &WriterStats, bytes: u64| if s.ops == 0 { 0.0 } else { bytes as f64 / s.ops as f64 };
+        Summary {
+            mode: h.mode.to_string(),
+            pid: h.pid,
+            command: h.command.clone(),
+            duration_ns: a.duration_ns(),
+            stopped: a.trailer.as_ref().map(|t| Stopped {
+                reason: t.stop_reason.to_string(),
+                exit_code: t.exit_code,
+                exit_signal: t.exit_signal,
+            }),
+            prompt_ubatches: count(Phase::Prompt),
+            prompt_tokens: a.prompt_tokens,
+            generate_ubatches: count(Phase::Generate),
+            warmup_ubatches: count(Phase::Warmup),
+            other_graphs: count(Phase::Aux),
+            ops: a.ops,
+            ops_outside_graphs: a.ops_outside_ubatches,
+            distinct_weights: distinct.len(),
+            weight_bytes_per_token: per_token as u64,
+            file_backed_accesses: file,
+            copy_accesses: copy,
+            trace: TraceFile {
+                path: path.to_string(),
+                bytes: stats.map(|s| s.total_bytes),
+                bytes_per_op_frame: stats.map(|s| per_op(s, s.op_bytes)),
+                bytes_per_op_with_descriptors: stats.map(|s| per_op(s, s.op_bytes + s.descriptor_bytes)),
+            },
+            lost: a.lost,
+            uncompleted_reads: a.io.disk.uncompleted,
+            decode_errors: a.trailer.as_ref().map_or(0, |t| t.decode_errors),
+        }
+    }
+
+    pub fn title(&self) -> String {
+        format!(
+            "ttrace: {} of pid {} ({}), {:.3} s",
+            self.mode,
+            self.pid,
+            self.command.join(" "),
+            self.duration_ns as f64 / 1e9
+        )
+    }
+
+    /// `(key, value)` rows: the text summary's lines and the HTML table's.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let mut rows = Vec::new();
+        rows.push((
+            "stopped",
+            match &self.stopped {
+                Some(s) => {
+                    let exit = match (s.exit_code, s.exit_signal) {
+                        (Some(code), _) => format!(", exit status {code}"),
+                        (None, Some(sig)) => format!(", killed by signal {sig}"),
+                        _ => String::new(),
+                    };
+                    format!("{}{exit}", s.reason)
+                }
+                None => "trace cut short (no end record): read up to its last complete record".to_string(),
+            },
+        ));
+        rows.push((
+            "ubatches",
+            format!(
+                "{} prompt ({} tokens), {} generate, {} warm-up, {} other graphs",
+                self.prompt_ubatches,
+                self.prompt_tokens,
+                self.generate_ubatches,
+                self.warmup_ubatches,
+                self.other_graphs
+            ),
+        ));
+        rows.push(("ops", format!("{} recorded ({} outside any graph)", self.ops, self.ops_outside_graphs)));
+        let accesses = self.file_backed_accesses + self.copy_accesses;
+        let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };
+        rows.push((
+            "weights",
+            format!(
+                "{} distinct tensors touched; {} per generated token; accesses {:.1}% file-backed, {:.1}% copies",
+                self.distinct_weights,
+                human_bytes(self.weight_bytes_per_token),
+                share(self.file_backed_accesses),
+                share(self.copy_accesses)
+            ),
+        ));
+        let t = &self.trace;
+        rows.push((
+            "trace",
+            match (t.bytes, t.bytes_per_op_frame, t.bytes_per_op_with_descriptors) {
+                (Some(bytes), Some(frame), Some(with_descriptors)) => format!(
+                    "{}: {}, {frame:.1} bytes per op frame ({with_descriptors:.1} with tensor descriptors)",
+                    t.path,
+                    human_bytes(bytes)
+                ),
+                _ => t.path.clone(),
+            },
+        ));
+        let lost = self.lost;
+        if lost.total() == 0 {
+            rows.push(("lost events", "none".to_string()));
+        } else {
+            rows.push((
+                "LOST EVENTS",
+                format!(
+                    "op {}, call {}, page_fault {}, page_cache {}, block {}: the ring buffer overflowed; raise --ring-mb",
+                    lost.op, lost.call, lost.page_fault, lost.page_cache, lost.block
+                ),
+            ));
+        }
+        if self.uncompleted_reads > 0 {
+            rows.push((
+                "WARNING",
+                format!(
+                    "{} model-file reads issued without a completion recorded: the kernel skips a tracepoint program \
+                     while another BPF program runs on that CPU (or the read was still in flight when tracing \
+                     stopped); their latencies and disk slices are missing",
+                    self.uncompleted_reads
+                ),
+            ));
+        }
+        if self.decode_errors > 0 {
+            rows.push(("WARNING", format!("{} kernel records did not decode (layout mismatch)", self.decode_errors)));
+        }
+        rows
+    }
+}
