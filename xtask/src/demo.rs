@@ -50,7 +50,9 @@ pub fn run() -> Result<()> {
 pub fn build_ttrace() -> Result<PathBuf> {
     let root = cache::repo_root();
     shell::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "--quiet", "-p", "tracer-user"]))?;
-    Ok(root.join("target/release/ttrace"))
+    // Where cargo put it: CARGO_TARGET_DIR moves the target directory.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    Ok(target.join("release/ttrace"))
 }
 
 /// Write `cargo xtask paths` output to `<cache>/paths.json` for test processes.
