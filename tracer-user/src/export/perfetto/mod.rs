@@ -230,7 +230,7 @@ impl<W: Write> PerfettoSink<W> {
         let names = ANNOTATIONS
             .iter()
             .enumerate()
-            .map(|(i, n)| NameIid { iid: Some(i as u64 + 1), name: Some((*n).into()) })
+            .map(|(i, n)| DebugAnnotationName { iid: Some(i as u64 + 1), name: Some((*n).into()) })
             .collect();
         self.packet(TracePacket {
             interned_data: Some(InternedData { debug_annotation_names: names, ..Default::default() }),
