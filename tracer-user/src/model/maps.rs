@@ -15,7 +15,7 @@ use std::{
 
 use serde::Serialize;
 
-use super::model::{Index, ModelMap, expert_of};
+use super::map::{Index, ModelMap, expert_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {

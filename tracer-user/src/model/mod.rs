@@ -9,11 +9,11 @@ pub mod gguf;
 pub mod gguf_value;
 pub mod gguf_write;
 pub mod maps;
-pub mod model;
+pub mod map;
 
 pub use classify::Component;
 pub use extents::{BlockDevice, ExtentError, FileExtents, Fragment};
 pub use ggml_types::GgmlType;
 pub use gguf::{GgufHeader, ParseError, ParseErrorKind, Value};
 pub use maps::{AddressSpace, MapsError, MemoryClass, Resolution, TensorHit, TensorRef};
-pub use model::{GgufError, ModelFile, ModelInfo, ModelMap, Tensor};
+pub use map::{GgufError, ModelFile, ModelInfo, ModelMap, Tensor};
