@@ -2,6 +2,8 @@
 //! really caps a child's page cache, cleanup leaves nothing behind even with
 //! the child still running, stale cgroups are recognised, and drop_caches
 //! empties the page cache.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 mod io_support;
 

@@ -1,4 +1,6 @@
 //! `--mem-limit` size parsing and error messages (no root needed).
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use ttrace::live::target::{CgroupError, MemLimit};
 

@@ -2,6 +2,8 @@
 //! in this test binary and trace page faults, then check that exactly what
 //! was done arrives through the ring buffer — and that a full ring buffer is
 //! accounted for by the program's own lost-event counter.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use std::collections::HashSet;
 

@@ -1,6 +1,8 @@
 //! Self-tests of the I/O test support: the block-tracer parser, the blk
 //! tracer as an oracle for a cold read (root), and the `touch` fault
 //! generator.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 mod io_support;
 

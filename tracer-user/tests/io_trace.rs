@@ -3,6 +3,8 @@
 //! `blk` tracer's issue (`D`) records, faults land on the right file offsets
 //! and are classified major once on a cold cache, llama.cpp's prefetch reads
 //! in the load phase, and a memory limit makes every token read from disk.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use std::{
     path::{Path, PathBuf},

@@ -2,6 +2,8 @@
 //! program's own per-kind counters for block requests and page faults too
 //! (page-cache fills: io_trace.rs), and `ttrace run`'s end-of-run summary
 //! says so loudly when a target outruns the reader.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use std::{
     fs::File,

@@ -2,6 +2,8 @@
 //! trace header states, Ctrl-C on a memory-limited run (the cgroup goes
 //! away, the trace stays), and a run under sudo (the target runs as the
 //! invoking user, who gets the trace file).
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use std::{
     os::unix::{

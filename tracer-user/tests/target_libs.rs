@@ -1,6 +1,8 @@
 //! Finding the hook libraries of a program before it runs, and reading facts
 //! out of them, on the real llama.cpp build and on small cc-built fixtures
 //! whose library choice is checked against the real ld.so.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 mod target_support;
 

@@ -1,5 +1,7 @@
 //! The held child of `ttrace run`: nothing of the program runs before
 //! release, exec failures come back as errors, nothing is left behind.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 mod target_support;
 

@@ -2,6 +2,8 @@
 //! MoE routing, attach and detach, and every fault case the issue names.
 //! Token counts and weight tables are checked against llama's own counters
 //! and the gguf reader in tests/python/test_trace_core.py.
+// Traces real processes (or uses the live side): needs the default `live` feature.
+#![cfg(feature = "live")]
 
 use std::{
     os::unix::process::ExitStatusExt,
