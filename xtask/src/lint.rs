@@ -1,7 +1,7 @@
 //! `cargo xtask lint`: rustfmt and clippy (warnings are errors) over the
 //! host crates, and clippy over the eBPF crate on its own target, where it is
 //! actually compiled (a host check would skip its `#[cfg(target_arch = "bpf")]`
-//! code).
+//! code). tracer-user is also checked without its `live` feature.
 
 use std::process::Command;
 
@@ -22,6 +22,17 @@ pub fn run() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The offline build (report, export, gguf) without the eBPF toolchain.
+    shell::run(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "-p",
+        "tracer-user",
+        "--no-default-features",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     shell::run(
         Command::new("cargo")
             .current_dir(&root)
@@ -29,6 +40,6 @@ pub fn run() -> Result<()> {
             .args(["-Z", "build-std=core", "--", "-D", "warnings"])
             .env("CARGO_TARGET_DIR", root.join("target/bpf-lint")),
     )?;
-    eprintln!("xtask: fmt and clippy clean (host crates, and tracer-ebpf on bpfel-unknown-none)");
+    eprintln!("xtask: fmt and clippy clean (host crates, tracer-user without `live`, and tracer-ebpf on bpfel-unknown-none)");
     Ok(())
 }
