@@ -14,11 +14,20 @@ fn main() -> ExitCode {
     init_logging(cli.verbose);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`ttrace report T | head`): not an error, as
+        // for any Unix filter. Every stdout write returns its io::Error here.
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("ttrace: error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn init_logging(verbose: u8) {

@@ -280,3 +280,34 @@ fn random_trace(path: &Path, mut seed: u64) {
         w.finish(&Trailer { stop_reason: "target exited".into(), end_monotonic_ns: ts, ..Default::default() }).unwrap();
     }
 }
+
+/// `ttrace report T | head -1`: a reader that went away is no error, for
+/// every stdout writer (text, JSON, gguf tables).
+#[test]
+fn closed_stdout_is_a_quiet_success() {
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("ttrace-pipe-test-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.data");
+    synthetic(&trace);
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-moe.gguf");
+    let runs: [&[&std::ffi::OsStr]; 3] = [
+        &["report".as_ref(), trace.as_os_str()],
+        &["report".as_ref(), trace.as_os_str(), "--json".as_ref()],
+        &["gguf".as_ref(), model.as_os_str(), "--format".as_ref(), "json".as_ref()],
+    ];
+    for args in runs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ttrace"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the read end before ttrace writes: its first write gets EPIPE.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}, stderr {stderr}", out.status);
+        assert!(stderr.is_empty(), "{args:?} printed on stderr: {stderr}");
+    }
+}

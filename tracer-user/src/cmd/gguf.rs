@@ -6,7 +6,7 @@ use std::{
     io::{self, BufWriter, Write},
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::json;
 
@@ -36,17 +36,12 @@ pub fn run(args: GgufArgs) -> Result<()> {
         GgufFormat::Json => json(&mut out, &model, extents.as_deref(), args.full),
     }
     .and_then(|()| out.flush());
-    match written {
-        // `ttrace gguf M | head` is fine.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        Err(e) => bail!("writing the output: {e}"),
-        Ok(()) => {
-            if args.format == GgufFormat::Csv {
-                summary_text(&mut io::stderr().lock(), &model)?;
-            }
-            Ok(())
-        }
+    // A closed pipe (`ttrace gguf M | head`) ends the program quietly in main.
+    written.context("writing the output")?;
+    if args.format == GgufFormat::Csv {
+        summary_text(&mut io::stderr().lock(), &model)?;
     }
+    Ok(())
 }
 
 fn fragments(extents: Option<&[FileExtents]>, t: &Tensor) -> Option<Vec<Fragment>> {

@@ -4,7 +4,7 @@
 //! phase, layer, component and tensor;
 //! `--html` for a page to look at).
 
-use std::path::Path;
+use std::{io::Write, path::Path};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -41,15 +41,15 @@ pub fn run(args: ReportArgs) -> Result<()> {
             .with_context(|| format!("writing the HTML report {}", html.display()))?;
         eprintln!("ttrace: wrote {}", html.display());
     }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        serde_json::to_writer_pretty(
-            std::io::stdout().lock(),
-            &Report { analysis: &analysis, summary: &overview, stats: &stats },
-        )?;
-        println!();
+        serde_json::to_writer_pretty(&mut out, &Report { analysis: &analysis, summary: &overview, stats: &stats })
+            .map_err(std::io::Error::from)?;
+        writeln!(out)?;
     } else {
-        print!("{text}{}", summary::render_details(&analysis, &stats));
+        write!(out, "{text}{}", summary::render_details(&analysis, &stats))?;
     }
+    out.flush()?;
     Ok(())
 }
 
