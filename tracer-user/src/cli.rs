@@ -82,6 +82,7 @@ ttrace gguf model-00001-of-00003.gguf --format json --full\n  ttrace gguf model.
     Gguf(GgufArgs),
 }
 
+#[cfg(feature = "live")]
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// Calls made to the probed function.
@@ -114,6 +115,7 @@ pub struct GgufArgs {
     pub full: bool,
 }
 
+#[cfg(feature = "live")]
 /// Options shared by `run` and `attach`.
 #[derive(Debug, Args)]
 pub struct TraceArgs {
@@ -128,9 +130,9 @@ pub struct TraceArgs {
     /// e.g. a libggml-cpu.so loaded from an unusual place.
     #[arg(long, value_name = "PATH")]
     pub lib: Vec<std::path::PathBuf>,
-    /// Ring buffer between kernel and ttrace, in MiB (a power of two).
-    #[arg(long, default_value_t = 16, value_name = "MIB")]
-    pub ring_mb: u32,
+    /// Ring buffer between kernel and ttrace, in MiB (a power of two from 1 to 2048).
+    #[arg(long = "ring-mb", default_value = "16", value_name = "MIB", value_parser = ring_bytes)]
+    pub ring_bytes: u32,
     /// A GGUF model whose page-cache fills and disk reads are watched from
     /// the start (repeatable). `run` also takes the command's own `-m` /
     /// `--model`; models the target maps later are found in its maps.
@@ -141,15 +143,38 @@ pub struct TraceArgs {
     pub no_io: bool,
 }
 
-impl TraceArgs {
-    pub fn ring_bytes(&self) -> Result<u32, String> {
-        match self.ring_mb.checked_mul(1 << 20) {
-            Some(bytes) if self.ring_mb.is_power_of_two() => Ok(bytes),
-            _ => Err(format!("--ring-mb {} must be a power of two from 1 to 2048", self.ring_mb)),
-        }
+#[cfg(feature = "live")]
+/// `--ring-mb`: MiB, a power of two, to bytes.
+#[cfg(feature = "live")]
+fn ring_bytes(text: &str) -> Result<u32, String> {
+    let mib: u32 = text.parse().map_err(|_| format!("`{text}` is not a whole number of MiB"))?;
+    match mib.checked_mul(1 << 20) {
+        Some(bytes) if mib.is_power_of_two() => Ok(bytes),
+        _ => Err(format!("{mib} is not a power of two from 1 to 2048")),
     }
 }
 
+/// `--mem-limit`: a size such as 512M or 1.5G, to bytes.
+#[cfg(feature = "live")]
+fn mem_limit(text: &str) -> Result<u64, String> {
+    crate::live::target::MemLimit::parse(text).map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "live")]
+/// `--duration`: seconds (`10`, `2.5`) or a duration with units (`90s`, `2m`, `500ms`).
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    let parsed = match text.trim().parse::<f64>() {
+        Ok(secs) => std::time::Duration::try_from_secs_f64(secs).map_err(|e| e.to_string()),
+        Err(_) => humantime::parse_duration(text.trim()).map_err(|e| e.to_string()),
+    };
+    match parsed {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("the duration must be above zero".into()),
+        Err(e) => Err(format!("{e} (examples: 10, 2.5, 90s, 2m, 500ms)")),
+    }
+}
+
+#[cfg(feature = "live")]
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -162,13 +187,14 @@ pub struct RunArgs {
     pub drop_caches: bool,
     /// Run the command in a memory cgroup with this limit (e.g. 512M, 2G),
     /// so a model larger than it is streamed from disk while generating.
-    #[arg(long, value_name = "SIZE")]
-    pub mem_limit: Option<String>,
+    #[arg(long, value_name = "SIZE", value_parser = mem_limit)]
+    pub mem_limit: Option<u64>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
+#[cfg(feature = "live")]
 #[derive(Debug, Args)]
 pub struct AttachArgs {
     #[command(flatten)]
@@ -176,9 +202,9 @@ pub struct AttachArgs {
     /// Process to trace.
     #[arg(long)]
     pub pid: u32,
-    /// Stop after this many seconds.
-    #[arg(long, value_name = "SECONDS")]
-    pub duration: Option<f64>,
+    /// Stop after this long: seconds (10, 2.5) or with units (90s, 2m, 500ms).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub duration: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -35,3 +35,19 @@ fn error_names_the_fix() {
     let e = CgroupError::DropCaches { error: std::io::Error::from_raw_os_error(libc::EACCES) };
     assert!(e.to_string().contains("needs root"), "{e}");
 }
+
+/// Bad sizes, ring sizes and durations are clap's own usage errors (exit 2,
+/// naming the option) before anything starts.
+#[test]
+fn bad_values_are_usage_errors_naming_the_option() {
+    for (args, option) in [
+        (&["run", "--mem-limit", "12Q", "--", "true"][..], "--mem-limit"),
+        (&["run", "--ring-mb", "3", "--", "true"][..], "--ring-mb"),
+        (&["attach", "--pid", "1", "--duration", "5x"][..], "--duration"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ttrace")).args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("invalid value") && stderr.contains(option), "{args:?}: {stderr}");
+    }
+}

@@ -1,8 +1,6 @@
 //! `ttrace attach --pid N`: trace a running process until it exits, Ctrl-C,
 //! SIGTERM or `--duration`; detaching leaves it running.
 
-use std::time::Duration;
-
 use anyhow::Result;
 
 use super::report;
@@ -29,8 +27,8 @@ pub async fn run(args: AttachArgs) -> Result<()> {
         cgroup: None,
         all_threads: args.common.all_threads,
         libs: args.common.lib.clone(),
-        duration: args.duration.map(Duration::from_secs_f64),
-        ring_bytes: args.common.ring_bytes().map_err(anyhow::Error::msg)?,
+        duration: args.duration,
+        ring_bytes: args.common.ring_bytes,
         owner: UserSpec::from_sudo_env()?,
     };
     let outcome = session::trace(Target::Attach { pid: args.pid }, &spec).await?;

@@ -9,7 +9,7 @@ use crate::{
     cli::RunArgs,
     live::privileges::require_tracing_privileges,
     live::session::{self, SessionSpec, Target},
-    live::target::{HeldChild, MemLimit, MemoryCgroup, SpawnOptions, UserSpec},
+    live::target::{HeldChild, MemoryCgroup, SpawnOptions, UserSpec},
 };
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -18,7 +18,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let user = UserSpec::for_run(args.user.as_deref())?;
     let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
     // Parse before anything starts, so a bad size is a clean error.
-    let mem_limit = args.mem_limit.as_deref().map(MemLimit::parse).transpose()?;
+    let mem_limit = args.mem_limit;
     let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new() })?;
     // The held child joins the cgroup before it runs any code; dropping the
     // cgroup (also on errors and Ctrl-C paths) moves it out and removes it.
@@ -42,7 +42,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         all_threads: args.common.all_threads,
         libs: args.common.lib.clone(),
         duration: None,
-        ring_bytes: args.common.ring_bytes().map_err(anyhow::Error::msg)?,
+        ring_bytes: args.common.ring_bytes,
         owner: user.or(UserSpec::from_sudo_env()?),
     };
     let outcome = session::trace(Target::Run { child, argv: args.command.clone() }, &spec).await?;
