@@ -40,6 +40,8 @@ pub fn run() -> Result<()> {
             .args(["-Z", "build-std=core", "--", "-D", "warnings"])
             .env("CARGO_TARGET_DIR", root.join("target/bpf-lint")),
     )?;
-    eprintln!("xtask: fmt and clippy clean (host crates, tracer-user without `live`, and tracer-ebpf on bpfel-unknown-none)");
+    eprintln!(
+        "xtask: fmt and clippy clean (host crates, tracer-user without `live`, and tracer-ebpf on bpfel-unknown-none)"
+    );
     Ok(())
 }

@@ -8,12 +8,12 @@ pub mod ggml_types;
 pub mod gguf;
 pub mod gguf_value;
 pub mod gguf_write;
-pub mod maps;
 pub mod map;
+pub mod maps;
 
 pub use classify::Component;
 pub use extents::{BlockDevice, ExtentError, FileExtents, Fragment};
 pub use ggml_types::GgmlType;
 pub use gguf::{GgufHeader, ParseError, ParseErrorKind, Value};
-pub use maps::{AddressSpace, MapsError, MemoryClass, Resolution, TensorHit, TensorRef};
 pub use map::{GgufError, ModelFile, ModelInfo, ModelMap, Tensor};
+pub use maps::{AddressSpace, MapsError, MemoryClass, Resolution, TensorHit, TensorRef};
