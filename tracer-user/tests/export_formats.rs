@@ -11,7 +11,10 @@ use ttrace::{
     analyze,
     events::OpRecord,
     export::{self, Format, perfetto::proto::TracePacket},
-    format::{Header, Memory, ModelTable, ModelTensor, TraceReader, TraceWriter, Trailer, frames::FORMAT_VERSION},
+    format::{
+        Header, Memory, Mode, ModelTable, ModelTensor, StopReason, TraceReader, TraceWriter, Trailer,
+        frames::FORMAT_VERSION,
+    },
 };
 
 const BASE: u64 = 0x7000_0000;
@@ -54,7 +57,7 @@ fn model_tensor(name: &str, offset: u64, layer: Option<u32>, component: &str) ->
 fn synthetic(path: &Path) {
     let header = Header {
         format_version: FORMAT_VERSION,
-        mode: "run".into(),
+        mode: Mode::Run,
         pid: 42,
         command: vec!["/bin/llama-completion".into()],
         start_monotonic_ns: 1_000,
@@ -113,7 +116,7 @@ fn synthetic(path: &Path) {
         ts += 100;
     }
     w.finish(&Trailer {
-        stop_reason: "target exited".into(),
+        stop_reason: StopReason::TargetExited,
         exit_code: Some(0),
         end_monotonic_ns: ts,
         ..Default::default()
@@ -277,7 +280,8 @@ fn random_trace(path: &Path, mut seed: u64) {
         }
     }
     if next(2) == 0 {
-        w.finish(&Trailer { stop_reason: "target exited".into(), end_monotonic_ns: ts, ..Default::default() }).unwrap();
+        w.finish(&Trailer { stop_reason: StopReason::TargetExited, end_monotonic_ns: ts, ..Default::default() })
+            .unwrap();
     }
 }
 

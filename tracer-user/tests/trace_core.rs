@@ -259,7 +259,7 @@ fn target_exiting_during_attach_is_one_line_or_a_clean_end() {
         if done.status.success() {
             let analysis = ttrace::analyze::analyze(TraceReader::open(&out).unwrap()).unwrap();
             let trailer = analysis.trailer.expect("a clean end has a trailer");
-            assert_eq!(trailer.stop_reason, "target exited", "{point:?}");
+            assert_eq!(trailer.stop_reason.to_string(), "target exited", "{point:?}");
             assert!(err.contains("stopped      target exited"), "{point:?}:\n{err}");
         } else {
             let want = format!("ttrace: error: pid {pid} exited while ttrace was attaching; nothing was traced");

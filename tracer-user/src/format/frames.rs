@@ -62,8 +62,7 @@ pub struct Hooks {
 pub struct Header {
     pub format_version: u32,
     pub ttrace_version: String,
-    /// `run` or `attach`.
-    pub mode: String,
+    pub mode: Mode,
     /// The traced command line (for `attach`, from /proc/PID/cmdline).
     pub command: Vec<String>,
     pub pid: u32,
@@ -232,11 +231,61 @@ pub struct FilePos {
     pub offset: u64,
 }
 
+/// How the target was traced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Started by ttrace, held before exec (`ttrace run`).
+    #[default]
+    Run,
+    /// Already running (`ttrace attach`).
+    Attach,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Run => "run",
+            Mode::Attach => "attach",
+        })
+    }
+}
+
+/// Why tracing stopped. Serialised as the sentence the summary shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    #[default]
+    #[serde(rename = "target exited")]
+    TargetExited,
+    /// Ctrl-C or SIGTERM; a `run` target was stopped by it and exited.
+    #[serde(rename = "interrupted")]
+    Interrupted,
+    #[serde(rename = "interrupted (target killed after 10 s)")]
+    TargetKilledAfterGrace,
+    #[serde(rename = "interrupted twice (target killed)")]
+    InterruptedTwice,
+    /// `attach` only: ttrace let go, the target goes on.
+    #[serde(rename = "interrupted (detached; the target keeps running)")]
+    Detached,
+    #[serde(rename = "duration elapsed")]
+    DurationElapsed,
+    /// A reason this ttrace does not know (a newer writer's).
+    #[serde(other, rename = "unknown")]
+    Unknown,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The serde names are the sentences.
+        let text = serde_json::to_value(self).ok();
+        f.write_str(text.as_ref().and_then(|v| v.as_str()).unwrap_or("unknown"))
+    }
+}
+
 /// Written last; its absence means the trace was cut short.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trailer {
-    /// Why tracing stopped: `target exited`, `interrupted`, `duration`, ...
-    pub stop_reason: String,
+    pub stop_reason: StopReason,
     /// The target's exit code (`run` only), or the signal that ended it.
     pub exit_code: Option<i32>,
     pub exit_signal: Option<i32>,

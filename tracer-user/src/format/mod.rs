@@ -6,7 +6,8 @@ pub mod reader;
 pub mod writer;
 
 pub use frames::{
-    Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, ModelTable, ModelTensor, Trailer,
+    Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, Mode, ModelTable, ModelTensor, StopReason,
+    Trailer,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterStats};

@@ -7,7 +7,7 @@ fn header() -> Header {
     Header {
         format_version: frames::FORMAT_VERSION,
         ttrace_version: "test".into(),
-        mode: "run".into(),
+        mode: super::Mode::Run,
         pid: 42,
         start_monotonic_ns: 1_000,
         op_names: vec!["NONE".into(), "MUL_MAT".into()],
@@ -77,7 +77,8 @@ fn sample() -> Vec<u8> {
     w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0 }).unwrap();
     assert_eq!(w.stats.ops, 2);
     assert_eq!(w.stats.descriptors, 4, "the shared weight is defined once");
-    w.finish(&Trailer { stop_reason: "target exited".into(), exit_code: Some(0), ..Default::default() }).unwrap()
+    w.finish(&Trailer { stop_reason: super::StopReason::TargetExited, exit_code: Some(0), ..Default::default() })
+        .unwrap()
 }
 
 fn read_all(bytes: &[u8]) -> Result<(TraceReader<&[u8]>, Vec<Record>), TraceError> {

@@ -25,7 +25,7 @@ use tracer_common::{hooks, markers, programs};
 use crate::{
     events::Event,
     format::{
-        Header, Hooks, Lost, TraceWriter, Trailer, WriterStats,
+        Header, Hooks, Lost, Mode, StopReason, TraceWriter, Trailer, WriterStats,
         frames::{FORMAT_VERSION, Library, Options},
     },
     live::collect::{EventStream, spawn_logger},
@@ -62,7 +62,7 @@ pub struct SessionSpec {
 }
 
 pub struct Outcome {
-    pub stop_reason: String,
+    pub stop_reason: StopReason,
     pub exit: Option<ExitStatus>,
     pub stats: WriterStats,
     pub lost: Lost,
@@ -192,8 +192,8 @@ struct Live<'a> {
 /// then let a `run` child go.
 fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Result<Live<'a>> {
     let (pid, mode, command) = match &target {
-        Target::Run { child, argv } => (child.pid(), "run", argv.clone()),
-        Target::Attach { pid } => (*pid, "attach", proc_cmdline(*pid)),
+        Target::Run { child, argv } => (child.pid(), Mode::Run, argv.clone()),
+        Target::Attach { pid } => (*pid, Mode::Attach, proc_cmdline(*pid)),
     };
     let started = Instant::now();
     let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
@@ -229,7 +229,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Resul
     }
     // A `run` child has not exec'd: its maps are ttrace's own image. Its
     // first read comes after exec, when an event needs it.
-    if mode == "attach" {
+    if mode == Mode::Attach {
         resolver.refresh();
     }
     if spec.io {
@@ -317,11 +317,11 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             biased;
             _ = sigint.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) { break reason },
             _ = sigterm.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGTERM, &mut interrupted_at) { break reason },
-            _ = exited.readable() => break if interrupted_at.is_some() { "interrupted".to_string() } else { "target exited".to_string() },
-            _ = sleep_until(deadline) => break "duration elapsed".to_string(),
+            _ = exited.readable() => break if interrupted_at.is_some() { StopReason::Interrupted } else { StopReason::TargetExited },
+            _ = sleep_until(deadline) => break StopReason::DurationElapsed,
             _ = sleep_until(grace_over) => {
                 if let Some(c) = &child { c.kill()?; }
-                break "interrupted (target killed after 10 s)".to_string();
+                break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
@@ -366,7 +366,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     recorder.flush_models()?;
     recorder.writer.lost(lost)?;
     let trailer = Trailer {
-        stop_reason: stop_reason.clone(),
+        stop_reason,
         exit_code: exit.and_then(|e| e.code()),
         exit_signal: exit.and_then(|e| e.signal()),
         end_monotonic_ns: monotonic_ns(),
@@ -443,7 +443,7 @@ fn on_signal(
     child: &mut Option<RunningChild>,
     sig: libc::c_int,
     interrupted_at: &mut Option<tokio::time::Instant>,
-) -> Option<String> {
+) -> Option<StopReason> {
     match child {
         Some(c) if interrupted_at.is_none() => {
             let _ = c.signal(sig);
@@ -452,9 +452,9 @@ fn on_signal(
         }
         Some(c) => {
             let _ = c.kill();
-            Some("interrupted twice (target killed)".to_string())
+            Some(StopReason::InterruptedTwice)
         }
-        None => Some("interrupted (detached; the target keeps running)".to_string()),
+        None => Some(StopReason::Detached),
     }
 }
 
@@ -466,11 +466,11 @@ fn record(recorder: &mut Recorder<BufWriter<File>>, event: &Event, error: &mut O
     }
 }
 
-fn header(spec: &SessionSpec, pid: u32, mode: &str, command: &[String], names: Option<&OpNames>) -> Header {
+fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String], names: Option<&OpNames>) -> Header {
     Header {
         format_version: FORMAT_VERSION,
         ttrace_version: env!("CARGO_PKG_VERSION").to_string(),
-        mode: mode.to_string(),
+        mode,
         command: command.to_vec(),
         pid,
         start_unix_ns: std::time::SystemTime::now()
