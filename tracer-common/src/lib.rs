@@ -6,6 +6,9 @@
 //! layout is the same on both sides, which the `const` asserts below pin down.
 #![no_std]
 
+use num_enum::TryFromPrimitive;
+use strum::{EnumIter, IntoStaticStr};
+
 pub mod ggml;
 pub mod tracepoints;
 
@@ -84,7 +87,8 @@ pub mod markers {
 
 /// Discriminant of every event; also the index into [`MAP_LOST`].
 #[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromPrimitive, IntoStaticStr, EnumIter)]
+#[strum(serialize_all = "snake_case")]
 pub enum EventKind {
     Call = 1,
     PageFault = 2,
@@ -97,29 +101,25 @@ pub enum EventKind {
 pub const EVENT_KIND_SLOTS: u32 = 16;
 
 impl EventKind {
-    pub const ALL: [EventKind; 5] =
-        [EventKind::Call, EventKind::PageFault, EventKind::Op, EventKind::PageCache, EventKind::Block];
-
-    pub const fn from_u32(raw: u32) -> Option<Self> {
-        match raw {
-            1 => Some(Self::Call),
-            2 => Some(Self::PageFault),
-            3 => Some(Self::Op),
-            4 => Some(Self::PageCache),
-            5 => Some(Self::Block),
-            _ => None,
-        }
+    /// `call`, `page_fault`, `op`, `page_cache`, `block`.
+    pub fn name(self) -> &'static str {
+        self.into()
     }
+}
 
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Call => "call",
-            Self::PageFault => "page_fault",
-            Self::Op => "op",
-            Self::PageCache => "page_cache",
-            Self::Block => "block",
-        }
-    }
+/// Page size of the traced machine's mappings and page-cache indices.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// `(tgid, tid)` of `bpf_get_current_pid_tgid()`'s value.
+#[inline(always)]
+pub const fn split_pid_tgid(pid_tgid: u64) -> (u32, u32) {
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+/// The text of a NUL-padded C string field (tensor names, comm, rwbs).
+pub fn c_str(bytes: &[u8]) -> &[u8] {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    &bytes[..end]
 }
 
 /// Common prefix of every event.
@@ -160,11 +160,14 @@ pub struct FileKey {
 }
 
 /// `PageCacheEvent::kind`.
-pub mod page_cache {
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromPrimitive, IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum PageCacheKind {
     /// A page was added to the page cache (read from disk, or readahead).
-    pub const ADD: u32 = 0;
+    Add = 0,
     /// `filemap_fault` ran for the page.
-    pub const FAULT: u32 = 1;
+    FilemapFault = 1,
 }
 
 /// A page-cache event on a model file. Not filtered by process: readahead
@@ -176,16 +179,19 @@ pub struct PageCacheEvent {
     pub file: FileKey,
     /// Page index: file offset / 4096.
     pub index: u64,
-    /// A [`page_cache`] value.
+    /// A [`PageCacheKind`] value.
     pub kind: u32,
     /// Folio order (2^order pages added at once); 0 for faults.
     pub order: u32,
 }
 
 /// `BlockEvent::kind`.
-pub mod block {
-    pub const ISSUE: u32 = 0;
-    pub const COMPLETE: u32 = 1;
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromPrimitive, IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum BlockKind {
+    Issue = 0,
+    Complete = 1,
 }
 
 /// A block request on a watched device.
@@ -198,7 +204,7 @@ pub struct BlockEvent {
     pub nr_sector: u32,
     /// 512-byte sectors from the start of the whole disk.
     pub sector: u64,
-    /// A [`block`] value.
+    /// A [`BlockKind`] value.
     pub kind: u32,
     /// Completion status (0 = ok); 0 on issue.
     pub error: i32,

@@ -39,6 +39,7 @@ pub mod block_rq_issue {
     pub const SECTOR: usize = 16;
     pub const NR_SECTOR: usize = 24;
     pub const RWBS: usize = 34;
+    /// `char rwbs[RWBS_LEN]`, the same in both block tracepoints.
     pub const RWBS_LEN: usize = 10;
     pub const COMM: usize = 44;
 }

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{
-    BlockEvent, EventKind, block,
+    BlockEvent, BlockKind, EventKind, split_pid_tgid,
     tracepoints::{block_rq_complete as complete, block_rq_issue as issue},
 };
 
@@ -28,13 +28,13 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
         dev,
         nr_sector,
         sector,
-        kind: block::ISSUE,
+        kind: BlockKind::Issue as u32,
         ..Default::default()
     };
     // SAFETY: as above; rwbs is char[10], comm char[16].
     unsafe {
-        if let Ok(rwbs) = ctx.read_at::<[u8; 10]>(issue::RWBS) {
-            event.rwbs[..10].copy_from_slice(&rwbs);
+        if let Ok(rwbs) = ctx.read_at::<[u8; issue::RWBS_LEN]>(issue::RWBS) {
+            event.rwbs[..issue::RWBS_LEN].copy_from_slice(&rwbs);
         }
         if let Ok(comm) = ctx.read_at::<[u8; 16]>(issue::COMM) {
             event.comm = comm;
@@ -65,13 +65,13 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
         dev,
         nr_sector,
         sector,
-        kind: block::COMPLETE,
+        kind: BlockKind::Complete as u32,
         error,
         ..Default::default()
     };
     // SAFETY: as above.
-    if let Ok(rwbs) = unsafe { ctx.read_at::<[u8; 10]>(complete::RWBS) } {
-        event.rwbs[..10].copy_from_slice(&rwbs);
+    if let Ok(rwbs) = unsafe { ctx.read_at::<[u8; issue::RWBS_LEN]>(complete::RWBS) } {
+        event.rwbs[..issue::RWBS_LEN].copy_from_slice(&rwbs);
     }
     emit(EventKind::Block, event);
     0
@@ -81,5 +81,5 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn task() -> (u32, u32) {
     let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
-    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+    split_pid_tgid(pid_tgid)
 }

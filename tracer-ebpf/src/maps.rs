@@ -10,6 +10,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     DEFAULT_RING_BYTES, EVENT_KIND_SLOTS, EventHeader, EventKind, FileKey, MAX_MODEL_FILES, MAX_TARGET_TGIDS, config,
+    split_pid_tgid,
 };
 
 #[map]
@@ -33,10 +34,9 @@ pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET
 /// The current task if its process is traced: `(tgid, tid)`.
 #[inline(always)]
 pub fn traced_task() -> Option<(u32, u32)> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
+    let (tgid, tid) = split_pid_tgid(bpf_get_current_pid_tgid());
     TARGET_TGIDS.get_ptr(tgid)?;
-    Some((tgid, pid_tgid as u32))
+    Some((tgid, tid))
 }
 
 #[inline(always)]

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use tracer_common::{
-    EventKind, FileKey, PageCacheEvent, page_cache,
+    EventKind, FileKey, PageCacheEvent, PageCacheKind, split_pid_tgid,
     tracepoints::{filemap_add_to_page_cache as add, filemap_fault as fault},
 };
 
@@ -22,7 +22,7 @@ pub fn page_cache_add(ctx: TracePointContext) -> u32 {
         )
     };
     let (Ok(ino), Ok(dev), Ok(index), Ok(order)) = fields else { return 0 };
-    record(FileKey { dev, _pad: 0, ino }, index, page_cache::ADD, u32::from(order));
+    record(FileKey { dev, _pad: 0, ino }, index, PageCacheKind::Add as u32, u32::from(order));
     0
 }
 
@@ -33,7 +33,7 @@ pub fn filemap_fault(ctx: TracePointContext) -> u32 {
         (ctx.read_at::<u64>(fault::I_INO), ctx.read_at::<u32>(fault::S_DEV), ctx.read_at::<u64>(fault::INDEX))
     };
     let (Ok(ino), Ok(dev), Ok(index)) = fields else { return 0 };
-    record(FileKey { dev, _pad: 0, ino }, index, page_cache::FAULT, 0);
+    record(FileKey { dev, _pad: 0, ino }, index, PageCacheKind::FilemapFault as u32, 0);
     0
 }
 
@@ -43,6 +43,6 @@ fn record(file: FileKey, index: u64, kind: u32, order: u32) {
         return;
     }
     let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
-    let task = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let task = split_pid_tgid(pid_tgid);
     emit(EventKind::PageCache, PageCacheEvent { header: header(EventKind::PageCache, task), file, index, kind, order });
 }

@@ -61,7 +61,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     }
     // SAFETY: length checked above; EventHeader is plain old data.
     let header: EventHeader = unsafe { ptr::read_unaligned(bytes.as_ptr().cast()) };
-    let kind = EventKind::from_u32(header.kind).ok_or(DecodeError::UnknownKind(header.kind))?;
+    let kind = EventKind::try_from(header.kind).map_err(|_| DecodeError::UnknownKind(header.kind))?;
     match kind {
         EventKind::Call => read::<CallEvent>(kind, bytes).map(Event::Call),
         EventKind::PageFault => read::<PageFaultEvent>(kind, bytes).map(Event::PageFault),

@@ -19,11 +19,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
-use tracer_common::{block, page_cache};
+use tracer_common::{BlockKind, PAGE_SIZE as PAGE, PageCacheKind};
 
 use crate::format::{Block, Fault, ModelTable, PageCache};
-
-const PAGE: u64 = 4096;
 
 /// Where in the run an I/O event happened.
 /// Serialised (and shown) as `load`, `ubatch K` or `between`, so it can key
@@ -251,13 +249,13 @@ impl IoCorrelator {
 
     pub fn on_page_cache(&mut self, event: &PageCache) {
         let Some(open) = self.open.get_mut(&event.tid) else {
-            if event.kind == page_cache::ADD {
+            if event.kind == PageCacheKind::Add {
                 self.count_fill(event);
             }
             return;
         };
         let Some((model, file)) = event.file else { return };
-        if event.kind == page_cache::FAULT {
+        if event.kind == PageCacheKind::FilemapFault {
             // The fault's own filemap fault: file and page straight from the kernel.
             if open.pos.is_none() {
                 open.pos = Some((model, file, event.index * PAGE + (open.address & (PAGE - 1))));
@@ -283,7 +281,7 @@ impl IoCorrelator {
     /// completions close the latency).
     pub fn on_block(&mut self, event: &Block, when: When) -> Vec<TensorBytes> {
         let key = (event.dev, event.sector);
-        if event.kind == block::COMPLETE {
+        if event.kind == BlockKind::Complete {
             if let Some((issued, when)) = self.pending.remove(&key) {
                 let latency = event.ts_ns.saturating_sub(issued);
                 self.out.disk.latencies_ns.push(latency);
@@ -449,7 +447,7 @@ impl IoCorrelator {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::block::{COMPLETE, ISSUE};
+    use tracer_common::BlockKind::{Complete as COMPLETE, Issue as ISSUE};
 
     use super::*;
     use crate::format::{FileExtent, FileInfo, ModelTensor};
@@ -485,7 +483,7 @@ mod tests {
         io
     }
 
-    fn block(kind: u32, file_offset: u64, ts_ns: u64) -> Block {
+    fn block(kind: BlockKind, file_offset: u64, ts_ns: u64) -> Block {
         Block {
             ts_ns,
             tid: 1,

@@ -25,7 +25,7 @@ use std::{
     path::Path,
 };
 
-use tracer_common::{block, markers};
+use tracer_common::{BlockKind, markers};
 
 use super::{ExportError, Written};
 use crate::{
@@ -82,7 +82,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                 *seq += 1;
                 let t = b.ts_ns.saturating_sub(start);
                 let (action, last) =
-                    if b.kind == block::COMPLETE { ('C', b.error.to_string()) } else { ('D', b.comm.clone()) };
+                    if b.kind == BlockKind::Complete { ('C', b.error.to_string()) } else { ('D', b.comm.clone()) };
                 write!(
                     out,
                     "{:>3},{:<3} {:>2} {:>8} {:>5}.{:09} {:>5} {:>2} {:>3} {} + {} [{}]",
@@ -113,7 +113,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                         None => "between".to_string(),
                     };
                     write!(out, " tensor={name} file_off={} ubatch={ubatch} layer={layer}", first.file_offset)?;
-                    if let Some(op) = running.get(&b.tid).filter(|_| b.kind == block::ISSUE) {
+                    if let Some(op) = running.get(&b.tid).filter(|_| b.kind == BlockKind::Issue) {
                         write!(out, " op={op}")?;
                     }
                     let tensors = hits.iter().filter(|h| h.tensor != u32::MAX).count();

@@ -12,6 +12,8 @@
 //! previous timed frame, starting at `Header::start_monotonic_ns`.
 
 use serde::{Deserialize, Serialize};
+use strum::IntoEnumIterator;
+use tracer_common::EventKind;
 
 pub const MAGIC: &[u8; 8] = b"TTRACE\0\x01";
 pub const FORMAT_VERSION: u32 = 1;
@@ -208,6 +210,8 @@ pub struct ModelTable {
     pub tensors: Vec<ModelTensor>,
 }
 
+/// Events the kernel side dropped because the ring buffer was full, per
+/// [`EventKind`] (named fields, so the trace's JSON reads `{"op": 3, ...}`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lost {
     pub call: u64,
@@ -219,7 +223,33 @@ pub struct Lost {
 
 impl Lost {
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op + self.page_cache + self.block
+        EventKind::iter().map(|kind| self[kind]).sum()
+    }
+}
+
+impl std::ops::Index<EventKind> for Lost {
+    type Output = u64;
+
+    fn index(&self, kind: EventKind) -> &u64 {
+        match kind {
+            EventKind::Call => &self.call,
+            EventKind::PageFault => &self.page_fault,
+            EventKind::Op => &self.op,
+            EventKind::PageCache => &self.page_cache,
+            EventKind::Block => &self.block,
+        }
+    }
+}
+
+impl std::ops::IndexMut<EventKind> for Lost {
+    fn index_mut(&mut self, kind: EventKind) -> &mut u64 {
+        match kind {
+            EventKind::Call => &mut self.call,
+            EventKind::PageFault => &mut self.page_fault,
+            EventKind::Op => &mut self.op,
+            EventKind::PageCache => &mut self.page_cache,
+            EventKind::Block => &mut self.block,
+        }
     }
 }
 

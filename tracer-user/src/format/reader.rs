@@ -9,6 +9,9 @@ use std::{
     path::Path,
 };
 
+use strum::IntoEnumIterator;
+use tracer_common::{BlockKind, EventKind, PageCacheKind};
+
 use super::{
     codec::{CodecError, Cursor},
     frames::{Descriptor, FORMAT_VERSION, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
@@ -68,8 +71,7 @@ pub struct Fault {
 pub struct PageCache {
     pub ts_ns: u64,
     pub tid: u32,
-    /// `tracer_common::page_cache::{ADD, FAULT}`.
-    pub kind: u32,
+    pub kind: PageCacheKind,
     pub dev: u32,
     pub ino: u64,
     /// Page index (file offset / 4096) and folio order.
@@ -85,8 +87,7 @@ pub struct Block {
     pub tid: u32,
     pub tgid: u32,
     pub cpu: u32,
-    /// `tracer_common::block::{ISSUE, COMPLETE}`.
-    pub kind: u32,
+    pub kind: BlockKind,
     pub dev: u32,
     pub sector: u64,
     pub nr_sector: u32,
@@ -370,7 +371,9 @@ impl<R: Read> TraceReader<R> {
             kind::PAGE_CACHE => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
-                let (kind, dev, ino) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u64().map_err(e)?);
+                let kind = c.u32().map_err(e)?;
+                let kind = PageCacheKind::try_from(kind).map_err(|_| format!("page-cache kind {kind}"))?;
+                let (dev, ino) = (c.u32().map_err(e)?, c.u64().map_err(e)?);
                 let (index, order) = (c.u64().map_err(e)?, c.u32().map_err(e)?);
                 let file = self.files.get(&(dev, ino)).copied();
                 Ok(Some(Record::PageCache(PageCache { ts_ns, tid, kind, dev, ino, index, order, file })))
@@ -380,6 +383,7 @@ impl<R: Read> TraceReader<R> {
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (tgid, cpu, kind, dev) =
                     (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
+                let kind = BlockKind::try_from(kind).map_err(|_| format!("block kind {kind}"))?;
                 let (sector, nr_sector, error) = (c.u64().map_err(e)?, c.u32().map_err(e)?, c.i32().map_err(e)?);
                 let rwbs = self.string(c.u32().map_err(e)?)?;
                 let comm = self.string(c.u32().map_err(e)?)?;
@@ -407,9 +411,10 @@ impl<R: Read> TraceReader<R> {
                 Ok(Some(Record::Model(model)))
             }
             kind::LOST => {
-                let mut next = || c.u64().map_err(e);
-                let lost =
-                    Lost { call: next()?, page_fault: next()?, op: next()?, page_cache: next()?, block: next()? };
+                let mut lost = Lost::default();
+                for kind in EventKind::iter() {
+                    lost[kind] = c.u64().map_err(e)?;
+                }
                 Ok(Some(Record::Lost(lost)))
             }
             kind::HOOKS => {

@@ -6,7 +6,8 @@ use std::{
     io::{self, Write},
 };
 
-use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
+use strum::IntoEnumIterator;
+use tracer_common::{BlockEvent, CallEvent, EventKind, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
 
 use super::{
     codec::{put_bytes, put_i64, put_u64},
@@ -238,8 +239,9 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn lost(&mut self, lost: Lost) -> io::Result<()> {
-        for v in [lost.call, lost.page_fault, lost.op, lost.page_cache, lost.block] {
-            put_u64(&mut self.frame, v);
+        // One count per kind, in EventKind order.
+        for kind in EventKind::iter() {
+            put_u64(&mut self.frame, lost[kind]);
         }
         self.emit(kind::LOST).map(drop)
     }

@@ -13,12 +13,14 @@ use aya::{
     programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint},
 };
 use aya_log::EbpfLogger;
+use strum::IntoEnumIterator;
 use tracer_common::{
     EventKind, FileKey, MAP_BLOCK_DEVICES, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_MODEL_FILES, MAP_TARGET_TGIDS, config,
     markers, programs,
 };
 
 use crate::{
+    format::Lost,
     live::privileges::{PrivilegeError, require_tracing_privileges},
     live::tracefs::{self, TracefsError},
 };
@@ -56,22 +58,6 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self { ring_bytes: tracer_common::DEFAULT_RING_BYTES }
-    }
-}
-
-/// Events dropped by the kernel side because the ring buffer was full.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LostCounts {
-    pub call: u64,
-    pub page_fault: u64,
-    pub op: u64,
-    pub page_cache: u64,
-    pub block: u64,
-}
-
-impl LostCounts {
-    pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op + self.page_cache + self.block
     }
 }
 
@@ -243,23 +229,18 @@ impl Tracer {
     }
 
     /// Sum of the per-CPU lost counters, per event kind.
-    pub fn lost(&self) -> Result<LostCounts, LoadError> {
+    pub fn lost(&self) -> Result<Lost, LoadError> {
         let map = self.ebpf.map(MAP_LOST).ok_or(LoadError::Missing { what: "map", name: MAP_LOST })?;
-        let lost: PerCpuArray<_, u64> =
+        let per_cpu: PerCpuArray<_, u64> =
             PerCpuArray::try_from(map).map_err(|source| LoadError::Map { map: MAP_LOST, error: Box::new(source) })?;
-        let count = |kind: EventKind| -> Result<u64, LoadError> {
-            let values = lost
+        let mut lost = Lost::default();
+        for kind in EventKind::iter() {
+            let values = per_cpu
                 .get(&(kind as u32), 0)
                 .map_err(|source| LoadError::Map { map: MAP_LOST, error: Box::new(source) })?;
-            Ok(values.iter().sum())
-        };
-        Ok(LostCounts {
-            call: count(EventKind::Call)?,
-            page_fault: count(EventKind::PageFault)?,
-            op: count(EventKind::Op)?,
-            page_cache: count(EventKind::PageCache)?,
-            block: count(EventKind::Block)?,
-        })
+            lost[kind] = values.iter().sum();
+        }
+        Ok(lost)
     }
 
     /// Hand the event ring buffer to the collector (once).

@@ -10,8 +10,9 @@ use tracer_common::{CallEvent, PageFaultEvent};
 
 use crate::{
     events::Event,
+    format::Lost,
     live::collect::{EventStream, spawn_logger},
-    live::load::{LoadError, LoadOptions, LostCounts, Tracer},
+    live::load::{LoadError, LoadOptions, Tracer},
 };
 
 /// The function `ttrace check` probes; its arguments are what it expects back.
@@ -43,7 +44,7 @@ pub const TAG: u64 = 0x7474_7261_6365_0000;
 pub struct Observed {
     pub calls: Vec<CallEvent>,
     pub faults: Vec<PageFaultEvent>,
-    pub lost: LostCounts,
+    pub lost: Lost,
     pub decode_errors: u64,
     /// Addresses written, one per page, in order.
     pub touched: Vec<u64>,

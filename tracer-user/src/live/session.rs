@@ -360,8 +360,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
              nothing was traced. If it loads ggml from an unusual place, pass it with --lib PATH"
         );
     }
-    let l = tracer.lost()?;
-    let lost = Lost { call: l.call, page_fault: l.page_fault, op: l.op, page_cache: l.page_cache, block: l.block };
+    let lost = tracer.lost()?;
     let mut recorder = session.recorder;
     recorder.flush_models()?;
     recorder.writer.lost(lost)?;

@@ -96,7 +96,7 @@ impl<W: Write> PerfettoSink<W> {
     /// slice (a completion without its issue is dropped).
     pub(super) fn block(&mut self, b: &crate::format::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
-        if b.kind == tracer_common::block::ISSUE {
+        if b.kind == tracer_common::BlockKind::Issue {
             let lane = self.lane()?;
             let open = OpenRequest {
                 issued: b.ts_ns,
@@ -179,7 +179,7 @@ impl<W: Write> PerfettoSink<W> {
         let Some(f) = self.faults.get(&b.tid) else { return Ok(()) };
         let (model, file, page) = f.page;
         let covers =
-            ranges.iter().any(|&(m, fl, from, to)| (m, fl) == (model, file) && from < page + PAGE && page < to);
+            ranges.iter().any(|&(m, fl, from, to)| (m, fl) == (model, file) && from < page + PAGE_SIZE && page < to);
         if !covers {
             return Ok(());
         }

@@ -53,7 +53,7 @@ use std::{
 use indicatif::ProgressBar;
 use prost::Message;
 use proto::*;
-use tracer_common::markers;
+use tracer_common::{PAGE_SIZE, markers};
 
 use super::{
     ExportError, Written,
@@ -77,7 +77,6 @@ pub const LANE_UUID: u64 = 0x3_0000_0000;
 pub const MODEL_UUID: u64 = 0x2_0000_0000;
 pub const NON_LAYER: u64 = 0xffff;
 const SEQ: u32 = 1;
-const PAGE: u64 = 4096;
 const ANNOTATIONS: [&str; 12] = [
     "dst",
     "srcs",
@@ -436,7 +435,7 @@ impl<W: Write> Sink for PerfettoSink<W> {
                             ..Default::default()
                         })?;
                     }
-                    let page = (hit.model, hit.file, hit.file_offset & !(PAGE - 1));
+                    let page = (hit.model, hit.file, hit.file_offset & !(PAGE_SIZE - 1));
                     let pending = PendingFault {
                         seq: f.ctx.seq,
                         ts: f.fault.ts_ns,
@@ -454,7 +453,7 @@ impl<W: Write> Sink for PerfettoSink<W> {
                 self.event(f.fault.ts_ns, e, new)?;
             }
             Event::Block(_, b) => self.block(b)?,
-            Event::PageCache(_, p) if p.kind == tracer_common::page_cache::ADD => {
+            Event::PageCache(_, p) if p.kind == tracer_common::PageCacheKind::Add => {
                 let track = self.thread(p.tid)?;
                 let mut new = InternedData::default();
                 let name = self.name_iid("page_cache_add", &mut new);

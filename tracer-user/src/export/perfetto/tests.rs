@@ -34,7 +34,7 @@ fn fault(s: &mut PerfettoSink<Vec<u8>>, tid: u32, seq: u64, offset: u64, in_op: 
     s.faults.insert(tid, pending);
 }
 
-fn block(kind: u32, tid: u32, file_offset: u64, ts_ns: u64) -> Block {
+fn block(kind: tracer_common::BlockKind, tid: u32, file_offset: u64, ts_ns: u64) -> Block {
     Block {
         ts_ns,
         tid,
@@ -65,12 +65,12 @@ fn fault_read_by_its_thread_chains_to_the_disk_slice() {
     let mut s = sink();
     fault(&mut s, 5, 1, 8192, true);
     fault(&mut s, 6, 2, 0, false);
-    s.block(&block(tracer_common::block::ISSUE, 5, 8192, 200)).unwrap();
+    s.block(&block(tracer_common::BlockKind::Issue, 5, 8192, 200)).unwrap();
     // Thread 6 reads another page: not its fault's.
-    s.block(&block(tracer_common::block::ISSUE, 6, 65536, 210)).unwrap();
+    s.block(&block(tracer_common::BlockKind::Issue, 6, 65536, 210)).unwrap();
     s.close_fault(6).unwrap();
-    s.block(&block(tracer_common::block::COMPLETE, 0, 8192, 300)).unwrap();
-    s.block(&block(tracer_common::block::COMPLETE, 0, 65536, 310)).unwrap();
+    s.block(&block(tracer_common::BlockKind::Complete, 0, 8192, 300)).unwrap();
+    s.block(&block(tracer_common::BlockKind::Complete, 0, 65536, 310)).unwrap();
     let events: Vec<(u64, TrackEvent)> =
         packets(&s.out).into_iter().filter_map(|p| Some((p.timestamp?, p.track_event?))).collect();
     let at = |ts: u64| events.iter().find(|(t, e)| *t == ts && e.r#type != Some(TYPE_COUNTER)).unwrap().1.clone();
@@ -92,7 +92,7 @@ fn fault_read_by_its_thread_chains_to_the_disk_slice() {
 fn a_request_without_completion_still_ends_its_fault_chain() {
     let mut s = sink();
     fault(&mut s, 5, 1, 8192, true);
-    s.block(&block(tracer_common::block::ISSUE, 5, 8192, 200)).unwrap();
+    s.block(&block(tracer_common::BlockKind::Issue, 5, 8192, 200)).unwrap();
     s.close_requests(900).unwrap();
     let events: Vec<(u64, TrackEvent)> =
         packets(&s.out).into_iter().filter_map(|p| Some((p.timestamp?, p.track_event?))).collect();

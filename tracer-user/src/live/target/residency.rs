@@ -7,7 +7,7 @@
 
 use std::{fs::File, io, os::fd::AsRawFd, path::Path};
 
-const PAGE: u64 = 4096;
+use tracer_common::PAGE_SIZE as PAGE;
 
 /// (resident bytes, file size), resident counted in whole pages.
 pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
