@@ -259,10 +259,9 @@ impl<W: Write> TraceWriter<W> {
 }
 
 fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {
-    let end = r.name.iter().position(|&b| b == 0).unwrap_or(r.name.len());
     Descriptor {
         tensor: r.tensor,
-        name: String::from_utf8_lossy(&r.name[..end]).into_owned(),
+        name: String::from_utf8_lossy(tracer_common::c_str(&r.name)).into_owned(),
         type_id: r.type_,
         op: r.op,
         op_param0: r.op_param0,
@@ -278,8 +277,7 @@ fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {
 }
 
 fn c_str(bytes: &[u8]) -> &str {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).unwrap_or("?")
+    std::str::from_utf8(tracer_common::c_str(bytes)).unwrap_or("?")
 }
 
 fn put_memory(f: &mut Vec<u8>, memory: Memory) {

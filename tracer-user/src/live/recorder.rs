@@ -287,8 +287,7 @@ impl<W: Write> Recorder<W> {
 }
 
 pub fn tensor_name(record: &TensorRecord) -> &str {
-    let end = record.name.iter().position(|&b| b == 0).unwrap_or(record.name.len());
-    std::str::from_utf8(&record.name[..end]).unwrap_or("")
+    std::str::from_utf8(tracer_common::c_str(&record.name)).unwrap_or("")
 }
 
 /// Whether `path` starts with the GGUF magic.
