@@ -1,16 +1,22 @@
 //! A tracing session, shared by `ttrace run` and `ttrace attach`: attach the
 //! probes to the target's ggml/llama libraries, record until the target
 //! exits (or Ctrl-C, SIGTERM, the duration), and close the trace cleanly.
+//! The probe plan, the signals, the header and the trace file's guard are
+//! modules of their own.
+
+mod header;
+mod plan;
+mod signals;
+mod trace_file;
 
 use std::{
-    collections::HashSet,
     fs::File,
     io::BufWriter,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
         unix::process::ExitStatusExt,
     },
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::ExitStatus,
     time::{Duration, Instant},
 };
@@ -20,14 +26,16 @@ use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
 };
-use tracer_common::{hooks, markers, programs};
 
+use self::{
+    header::{header, monotonic_ns, proc_cmdline},
+    plan::Attached,
+    signals::{CHILD_GRACE, on_signal, sleep_until},
+    trace_file::TraceFile,
+};
 use crate::{
     events::Event,
-    format::{
-        Header, Hooks, Lost, Mode, StopReason, TraceWriter, Trailer, WriterStats,
-        frames::{FORMAT_VERSION, Library, Options},
-    },
+    format::{Hooks, Lost, Mode, StopReason, Trailer, WriterStats},
     live::collect::{EventStream, spawn_logger},
     live::load::{LoadOptions, Tracer},
     live::recorder::{Recorder, Resolver},
@@ -68,103 +76,20 @@ pub struct Outcome {
     pub lost: Lost,
 }
 
-/// Hook symbol → program and cookie. Boundary markers come first, so a
-/// process attached while running never has op probes without them. The
-/// graph-compute hook gets both an entry and a return probe: its return
-/// closes the ubatch.
-const HOOKS: [(&str, &str, u64); 8] = [
-    ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
-    ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
-    ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
-    ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
-    ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
-    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
-];
-
 /// How often the trace is flushed (so a SIGKILLed tracer leaves a readable
 /// file) and the maps are rescanned for libraries loaded with dlopen.
 const TICK: Duration = Duration::from_millis(20);
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
-/// After Ctrl-C in `run`, how long the child may take to exit before SIGKILL.
-const CHILD_GRACE: Duration = Duration::from_secs(10);
-
-struct Attached {
-    pid: u32,
-    probes: HashSet<(PathBuf, &'static str, u64)>,
-    libraries: Vec<Library>,
-    has_ops: bool,
-}
-
-impl Attached {
-    /// Configure and attach the op probes.
-    fn start_ops(
-        &mut self,
-        tracer: &mut Tracer,
-        all_threads: bool,
-        libs: &HookLibs,
-        names: Option<&OpNames>,
-    ) -> Result<()> {
-        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-        tracer.configure(all_threads, get_rows)?;
-        self.attach(tracer, libs)?;
-        Ok(())
-    }
-
-    /// Attach every hook `libs` provides that is not attached yet.
-    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
-        let mut added = 0;
-        // One ELF parse per library for all its hook offsets.
-        let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
-        for (symbol, program, cookie) in HOOKS {
-            let Some(path) = libs.path_of(symbol) else { continue };
-            if !self.probes.insert((path.to_path_buf(), program, cookie)) {
-                continue;
-            }
-            let i = match offsets.iter().position(|(p, _)| p == path) {
-                Some(i) => i,
-                None => {
-                    let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
-                    offsets.push((path.to_path_buf(), target::symbol_file_offsets(path, &symbols)?));
-                    offsets.len() - 1
-                }
-            };
-            let offset = HOOKS.iter().position(|h| h.0 == symbol).and_then(|k| offsets[i].1[k]);
-            let t = Instant::now();
-            tracer.attach_uprobe_at(program, path, symbol, offset, Some(self.pid), cookie)?;
-            log::debug!("uprobe {program} on {symbol} attached in {:?}", t.elapsed());
-            added += 1;
-            self.has_ops |= program == programs::GGML_OP;
-            let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
-                .into_iter()
-                .find(|(_, p)| p.as_deref() == Some(path))
-                .map_or("other", |(role, _)| role);
-            if !self.libraries.iter().any(|l| Path::new(&l.path) == path) {
-                self.libraries.push(Library {
-                    path: path.display().to_string(),
-                    role: role.to_string(),
-                    build_id: target::build_id(path),
-                });
-            }
-        }
-        Ok(added)
-    }
-}
 
 pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     let attach_pid = match &target {
         Target::Attach { pid } => Some(*pid),
         Target::Run { .. } => None,
     };
-    let mut created = false;
-    let live = match start(target, spec, &mut created) {
+    // A failed start drops the trace file's guard, which removes the file.
+    let live = match start(target, spec) {
         Ok(live) => live,
         Err(e) => {
-            // Nothing was recorded: a header-only file would only mislead.
-            if created {
-                let _ = std::fs::remove_file(&spec.output);
-            }
             // Whatever step failed (maps gone, perf_event_open ESRCH, pidfd),
             // the cause is the target's exit, so say that rather than the step.
             return Err(match attach_pid {
@@ -188,9 +113,8 @@ struct Live<'a> {
     _log_task: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// Load, attach and create the trace file (`created` says whether it was),
-/// then let a `run` child go.
-fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Result<Live<'a>> {
+/// Load, attach and create the trace file, then let a `run` child go.
+fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     let (pid, mode, command) = match &target {
         Target::Run { child, argv } => (child.pid(), Mode::Run, argv.clone()),
         Target::Attach { pid } => (*pid, Mode::Attach, proc_cmdline(*pid)),
@@ -252,14 +176,13 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Resul
     header.maps = resolver.header_maps();
     // Probes before the header, so it names (and gives the build-ids of)
     // the libraries they are in.
-    let mut attached = Attached { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false };
+    let mut attached = Attached::new(pid);
     if libs.cpu.is_some() {
         attached.start_ops(&mut tracer, spec.all_threads, &libs, names.as_ref())?;
     }
     header.libraries = attached.libraries.clone();
-    let writer = create_trace(spec, &header)?;
-    *created = true;
-    let mut session = Session { attached, recorder: Recorder { writer, resolver }, spec };
+    let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
+    let mut session = Session { attached, recorder: Recorder { writer, resolver }, spec, trace_file };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -277,6 +200,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, created: &mut bool) -> Resul
         }
         Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?),
     };
+    session.trace_file.keep();
     Ok(Live { tracer, session, stream, child, exited, _log_task })
 }
 
@@ -353,8 +277,8 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         None => None,
     };
     if !session.attached.has_ops && spec.models.is_empty() {
+        session.trace_file.discard();
         drop(session);
-        let _ = std::fs::remove_file(&spec.output);
         bail!(
             "pid {pid} never loaded a ggml CPU library (no mapped file defines ggml_cpu_extra_compute_forward); \
              nothing was traced. If it loads ggml from an unusual place, pass it with --lib PATH"
@@ -381,6 +305,7 @@ struct Session<'a> {
     attached: Attached,
     recorder: Recorder<BufWriter<File>>,
     spec: &'a SessionSpec,
+    trace_file: TraceFile,
 }
 
 impl Session<'_> {
@@ -437,71 +362,12 @@ impl Session<'_> {
     }
 }
 
-/// First signal: `run` forwards it and waits for the child; `attach` detaches.
-fn on_signal(
-    child: &mut Option<RunningChild>,
-    sig: libc::c_int,
-    interrupted_at: &mut Option<tokio::time::Instant>,
-) -> Option<StopReason> {
-    match child {
-        Some(c) if interrupted_at.is_none() => {
-            let _ = c.signal(sig);
-            *interrupted_at = Some(tokio::time::Instant::now());
-            None
-        }
-        Some(c) => {
-            let _ = c.kill();
-            Some(StopReason::InterruptedTwice)
-        }
-        None => Some(StopReason::Detached),
-    }
-}
-
 fn record(recorder: &mut Recorder<BufWriter<File>>, event: &Event, error: &mut Option<std::io::Error>) {
     if error.is_none()
         && let Err(e) = recorder.record(event)
     {
         *error = Some(e);
     }
-}
-
-fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String], names: Option<&OpNames>) -> Header {
-    Header {
-        format_version: FORMAT_VERSION,
-        ttrace_version: env!("CARGO_PKG_VERSION").to_string(),
-        mode,
-        command: command.to_vec(),
-        pid,
-        start_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-        start_monotonic_ns: monotonic_ns(),
-        kernel: kernel_release(),
-        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        libraries: Vec::new(),
-        llama_commit: None,
-        op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
-        unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
-        glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
-        options: Options {
-            all_threads: spec.all_threads,
-            ring_bytes: spec.ring_bytes,
-            io: spec.io,
-            drop_caches: spec.drop_caches,
-            mem_limit: spec.mem_limit,
-            cgroup: spec.cgroup.clone(),
-        },
-        maps: String::new(),
-    }
-}
-
-fn create_trace(spec: &SessionSpec, header: &Header) -> Result<TraceWriter<BufWriter<File>>> {
-    let file = File::create(&spec.output).with_context(|| format!("creating trace file {}", spec.output.display()))?;
-    if let Some(owner) = &spec.owner {
-        std::os::unix::fs::chown(&spec.output, Some(owner.uid), Some(owner.gid))
-            .with_context(|| format!("giving {} to user {}", spec.output.display(), owner.name))?;
-    }
-    Ok(TraceWriter::create(BufWriter::with_capacity(1 << 20, file), header)?)
 }
 
 /// A pidfd, readable once `pid` has exited.
@@ -515,30 +381,4 @@ fn pidfd(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
     let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     debug_assert!(owned.as_raw_fd() >= 0);
     crate::live::collect::register(owned)
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
-}
-
-fn proc_cmdline(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| {
-            b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
-        })
-        .unwrap_or_default()
 }

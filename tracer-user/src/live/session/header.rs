@@ -1,0 +1,59 @@
+//! The trace header: what was traced, how, and on which machine.
+
+use super::SessionSpec;
+use crate::{
+    format::{
+        Header, Mode,
+        frames::{FORMAT_VERSION, Options},
+    },
+    live::target::OpNames,
+};
+
+pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String], names: Option<&OpNames>) -> Header {
+    Header {
+        format_version: FORMAT_VERSION,
+        ttrace_version: env!("CARGO_PKG_VERSION").to_string(),
+        mode,
+        command: command.to_vec(),
+        pid,
+        start_unix_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+        start_monotonic_ns: monotonic_ns(),
+        kernel: kernel_release(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        libraries: Vec::new(),
+        llama_commit: None,
+        op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
+        unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
+        glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
+        options: Options {
+            all_threads: spec.all_threads,
+            ring_bytes: spec.ring_bytes,
+            io: spec.io,
+            drop_caches: spec.drop_caches,
+            mem_limit: spec.mem_limit,
+            cgroup: spec.cgroup.clone(),
+        },
+        maps: String::new(),
+    }
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(super) fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+pub(super) fn proc_cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+        })
+        .unwrap_or_default()
+}

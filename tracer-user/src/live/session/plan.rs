@@ -1,0 +1,117 @@
+//! The probe plan: which function gets which program, and the bookkeeping
+//! of what is attached where. The libraries each symbol is looked for in are
+//! `target::hooks`'s (a test keeps the two in step).
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::Result;
+use tracer_common::{hooks, markers, programs};
+
+use crate::{
+    format::frames::Library,
+    live::{
+        load::Tracer,
+        target::{self, HookLibs, OpNames},
+    },
+};
+
+/// Hook symbol → program and cookie. Boundary markers come first, so a
+/// process attached while running never has op probes without them. The
+/// graph-compute hook gets both an entry and a return probe: its return
+/// closes the ubatch.
+pub(super) const HOOKS: [(&str, &str, u64); 8] = [
+    ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
+    ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
+    ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
+    ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
+    ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
+];
+
+pub(super) struct Attached {
+    pub pid: u32,
+    probes: HashSet<(PathBuf, &'static str, u64)>,
+    pub libraries: Vec<Library>,
+    pub has_ops: bool,
+}
+
+impl Attached {
+    /// Configure and attach the op probes.
+    pub fn start_ops(
+        &mut self,
+        tracer: &mut Tracer,
+        all_threads: bool,
+        libs: &HookLibs,
+        names: Option<&OpNames>,
+    ) -> Result<()> {
+        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
+        tracer.configure(all_threads, get_rows)?;
+        self.attach(tracer, libs)?;
+        Ok(())
+    }
+
+    /// Attach every hook `libs` provides that is not attached yet.
+    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
+        let mut added = 0;
+        // One ELF parse per library for all its hook offsets.
+        let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
+        for (symbol, program, cookie) in HOOKS {
+            let Some(path) = libs.path_of(symbol) else { continue };
+            if !self.probes.insert((path.to_path_buf(), program, cookie)) {
+                continue;
+            }
+            let i = match offsets.iter().position(|(p, _)| p == path) {
+                Some(i) => i,
+                None => {
+                    let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
+                    offsets.push((path.to_path_buf(), target::symbol_file_offsets(path, &symbols)?));
+                    offsets.len() - 1
+                }
+            };
+            let offset = HOOKS.iter().position(|h| h.0 == symbol).and_then(|k| offsets[i].1[k]);
+            let t = Instant::now();
+            tracer.attach_uprobe_at(program, path, symbol, offset, Some(self.pid), cookie)?;
+            log::debug!("uprobe {program} on {symbol} attached in {:?}", t.elapsed());
+            added += 1;
+            self.has_ops |= program == programs::GGML_OP;
+            let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
+                .into_iter()
+                .find(|(_, p)| p.as_deref() == Some(path))
+                .map_or("other", |(role, _)| role);
+            if !self.libraries.iter().any(|l| Path::new(&l.path) == path) {
+                self.libraries.push(Library {
+                    path: path.display().to_string(),
+                    role: role.to_string(),
+                    build_id: target::build_id(path),
+                });
+            }
+        }
+        Ok(added)
+    }
+}
+
+impl Attached {
+    pub fn new(pid: u32) -> Self {
+        Self { pid, probes: HashSet::new(), libraries: Vec::new(), has_ops: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::target::{BASE_HOOKS, CPU_HOOKS, LLAMA_HOOKS};
+
+    #[test]
+    fn every_probed_symbol_is_one_the_library_search_knows() {
+        for (symbol, _, _) in HOOKS {
+            let known = CPU_HOOKS.iter().chain(&BASE_HOOKS).chain(&LLAMA_HOOKS).any(|&s| s == symbol);
+            assert!(known, "{symbol} is probed but target::hooks never looks for it");
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Stopping: Ctrl-C and SIGTERM, the child's grace period, `--duration`.
+
+use std::time::Duration;
+
+use crate::{format::StopReason, live::target::RunningChild};
+
+/// After Ctrl-C in `run`, how long the child may take to exit before SIGKILL.
+pub(super) const CHILD_GRACE: Duration = Duration::from_secs(10);
+
+/// First signal: `run` forwards it and waits for the child; `attach` detaches.
+pub(super) fn on_signal(
+    child: &mut Option<RunningChild>,
+    sig: libc::c_int,
+    interrupted_at: &mut Option<tokio::time::Instant>,
+) -> Option<StopReason> {
+    match child {
+        Some(c) if interrupted_at.is_none() => {
+            let _ = c.signal(sig);
+            *interrupted_at = Some(tokio::time::Instant::now());
+            None
+        }
+        Some(c) => {
+            let _ = c.kill();
+            Some(StopReason::InterruptedTwice)
+        }
+        None => Some(StopReason::Detached),
+    }
+}
+
+pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,57 @@
+//! The trace file a session creates: given to the user behind sudo, and
+//! removed again unless the session keeps it, so a failed start never
+//! leaves a header-only file that would only mislead.
+
+use std::{
+    fs::File,
+    io::BufWriter,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    format::{Header, TraceWriter},
+    live::target::UserSpec,
+};
+
+pub(super) struct TraceFile {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl TraceFile {
+    /// Create `path` (owned by `owner`) and write `header` into it.
+    pub fn create(
+        path: &Path,
+        owner: Option<&UserSpec>,
+        header: &Header,
+    ) -> Result<(Self, TraceWriter<BufWriter<File>>)> {
+        let file = File::create(path).with_context(|| format!("creating trace file {}", path.display()))?;
+        let guard = Self { path: path.to_path_buf(), keep: false };
+        if let Some(owner) = owner {
+            std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid))
+                .with_context(|| format!("giving {} to user {}", path.display(), owner.name))?;
+        }
+        let writer = TraceWriter::create(BufWriter::with_capacity(1 << 20, file), header)?;
+        Ok((guard, writer))
+    }
+
+    /// Recording has begun: whatever happens next, the file is the user's.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    /// Nothing was traced after all: the file goes when the guard does.
+    pub fn discard(&mut self) {
+        self.keep = false;
+    }
+}
+
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
