@@ -18,19 +18,7 @@ pub async fn run(args: AttachArgs) -> Result<()> {
         Some('Z' | 'X') => anyhow::bail!("pid {} has already exited (a zombie waiting for its parent)", args.pid),
         Some(_) => {}
     }
-    let spec = SessionSpec {
-        output: args.common.output.clone(),
-        models: args.common.model.clone(),
-        io: !args.common.no_io,
-        drop_caches: false,
-        mem_limit: None,
-        cgroup: None,
-        all_threads: args.common.all_threads,
-        libs: args.common.lib.clone(),
-        duration: args.duration,
-        ring_bytes: args.common.ring_bytes,
-        owner: UserSpec::from_sudo_env()?,
-    };
+    let spec = SessionSpec { duration: args.duration, ..super::session_spec(&args.common, UserSpec::from_sudo_env()?) };
     let outcome = session::trace(Target::Attach { pid: args.pid }, &spec).await?;
     report::print_summary(&spec.output, Some(&outcome.stats))
 }

@@ -17,12 +17,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     require_tracing_privileges()?;
     let user = UserSpec::for_run(args.user.as_deref())?;
     let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
-    // Parse before anything starts, so a bad size is a clean error.
-    let mem_limit = args.mem_limit;
     let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new() })?;
     // The held child joins the cgroup before it runs any code; dropping the
     // cgroup (also on errors and Ctrl-C paths) moves it out and removes it.
-    let mut cgroup = match mem_limit {
+    let mut cgroup = match args.mem_limit {
         Some(limit) => {
             let cgroup = MemoryCgroup::create("run", limit)?;
             cgroup.add_pid(child.pid())?;
@@ -30,21 +28,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let mut models = args.common.model.clone();
-    models.extend(models_in_command(&args.command));
-    let spec = SessionSpec {
-        output: args.common.output.clone(),
-        models,
-        io: !args.common.no_io,
+    let mut spec = SessionSpec {
         drop_caches: args.drop_caches,
         mem_limit: cgroup.as_ref().map(MemoryCgroup::limit_bytes),
         cgroup: cgroup.as_ref().map(|c| c.version().to_string()),
-        all_threads: args.common.all_threads,
-        libs: args.common.lib.clone(),
-        duration: None,
-        ring_bytes: args.common.ring_bytes,
-        owner: user.or(UserSpec::from_sudo_env()?),
+        ..super::session_spec(&args.common, user.or(UserSpec::from_sudo_env()?))
     };
+    spec.models.extend(models_in_command(&args.command));
     let outcome = session::trace(Target::Run { child, argv: args.command.clone() }, &spec).await?;
     report::print_summary(&spec.output, Some(&outcome.stats))?;
     if let Some(cgroup) = cgroup.as_mut() {
