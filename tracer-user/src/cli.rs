@@ -55,17 +55,7 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     /// Export a trace for other tools: Perfetto, Chrome JSON, JSONL/CSV/Parquet
     /// rows, per-token JSON for the thesis web UI, one ubatch's graph, or
     /// blkparse text annotated with tensors. Needs no root.
-    #[command(after_help = "Examples:\n  \
-ttrace export ttrace.data --format perfetto -o run.pftrace     (open in ui.perfetto.dev)\n  \
-ttrace export ttrace.data --format parquet -o events.parquet\n  \
-ttrace export ttrace.data --format tokens-json -o tokens/\n  \
-ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
-Rows (jsonl, csv, parquet): one per op, marker and page fault, columns seq, kind, ts_ns, rel_ns, dur_ns, \
-tid, ubatch, phase, token_index, name, layer, dst, dst_memory, srcs, n_srcs, weights_file, weights_copy, \
-weight_bytes, ith, nth, address, ip, error_code, fault_tensor, file_offset, op_seq, dev, sector, io_bytes, rwbs \
-(kinds op, marker, fault, page_cache, block).\n\n\
-tokens-json: token-NNNNN.json per generated token (generate-phase ubatch, in order), prompt-NNNNN.json \
-per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs are not written.")]
+    #[command(after_help = export_help())]
     Export(ExportArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives
@@ -80,6 +70,20 @@ per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs
 ttrace gguf model-00001-of-00003.gguf --format json --full\n  ttrace gguf model.gguf --extents"
     )]
     Gguf(GgufArgs),
+}
+
+/// `ttrace export --help`'s text after the options: examples, the row
+/// columns (from the one column table) and the tokens-json layout.
+fn export_help() -> String {
+    let examples = "Examples:\n  \
+ttrace export ttrace.data --format perfetto -o run.pftrace     (open in ui.perfetto.dev)\n  \
+ttrace export ttrace.data --format parquet -o events.parquet\n  \
+ttrace export ttrace.data --format tokens-json -o tokens/\n  \
+ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
+";
+    let tokens = "tokens-json: token-NNNNN.json per generated token (generate-phase ubatch, in order), prompt-NNNNN.json \
+per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs are not written.";
+    format!("{examples}{}\n{tokens}", crate::export::columns::help())
 }
 
 #[cfg(feature = "live")]

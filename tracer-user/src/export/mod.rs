@@ -18,6 +18,7 @@
 pub mod blkparse;
 pub mod buckets;
 pub mod chrome;
+pub mod columns;
 pub mod dot;
 pub mod html;
 pub mod parquet;

@@ -35,7 +35,8 @@ use encode::{Batch, Column};
 
 use super::{
     ExportError, Written,
-    rows::{COLUMNS, Cells, cells, op_context, op_shape},
+    columns::{self, COLUMNS},
+    rows::{Cells, cells, op_context, op_shape},
     shape::{FxMap, OpShapes},
 };
 use crate::analyze::Analysis;
@@ -50,39 +51,6 @@ const DELTA_COLUMNS: &[&str] = &["seq", "ts_ns", "rel_ns"];
 /// Distinct strings kept before the table starts over (bounds memory on
 /// traces with unbounded distinct names).
 const STRINGS_LIMIT: usize = 1 << 18;
-
-const SCHEMA: &str = "message ttrace_event {
-  required int64 seq (INTEGER(64,false));
-  required binary kind (STRING);
-  required int64 ts_ns (INTEGER(64,false));
-  required int64 rel_ns (INTEGER(64,false));
-  optional int64 dur_ns (INTEGER(64,false));
-  required int32 tid (INTEGER(32,false));
-  optional int32 ubatch (INTEGER(32,false));
-  optional binary phase (STRING);
-  optional int32 token_index (INTEGER(32,false));
-  required binary name (STRING);
-  optional int32 layer (INTEGER(32,false));
-  optional binary dst (STRING);
-  optional binary dst_memory (STRING);
-  optional binary srcs (STRING);
-  required int32 n_srcs (INTEGER(32,false));
-  required int32 weights_file (INTEGER(32,false));
-  required int32 weights_copy (INTEGER(32,false));
-  required int64 weight_bytes (INTEGER(64,false));
-  optional int32 ith (INTEGER(32,false));
-  optional int32 nth (INTEGER(32,false));
-  optional int64 address (INTEGER(64,false));
-  optional int64 ip (INTEGER(64,false));
-  optional int64 error_code (INTEGER(64,false));
-  optional binary fault_tensor (STRING);
-  optional int64 file_offset (INTEGER(64,false));
-  optional int64 op_seq (INTEGER(64,false));
-  optional int32 dev (INTEGER(32,false));
-  optional int64 sector (INTEGER(64,false));
-  optional int64 io_bytes (INTEGER(64,false));
-  optional binary rwbs (STRING);
-}";
 
 /// Distinct strings by id; entries new since the last row group go to the
 /// encoder with it.
@@ -160,7 +128,7 @@ struct ParquetSink {
 }
 
 pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> Result<Written, ExportError> {
-    let schema = Arc::new(parse_message_type(SCHEMA)?);
+    let schema = Arc::new(parse_message_type(&columns::parquet_schema())?);
     let fields = schema.get_fields();
     debug_assert_eq!(fields.len(), COLUMNS.len());
     let layout = fields.iter().map(|f| (f.get_physical_type(), f.is_optional())).collect();

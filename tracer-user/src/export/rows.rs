@@ -1,38 +1,6 @@
 //! One row per event, for JSONL and CSV (and [`super::parquet`]).
 //!
-//! Schema (every row has every column; empty/null where it does not apply):
-//!
-//! | column         | type   | meaning                                                       |
-//! |----------------|--------|---------------------------------------------------------------|
-//! | `seq`          | u64    | order in the trace file (ops by start)                        |
-//! | `kind`         | string | `op`, `marker`, `fault`, `page_cache`, `block`                |
-//! | `ts_ns`        | u64    | CLOCK_MONOTONIC                                               |
-//! | `rel_ns`       | u64    | since tracing started (`header.start_monotonic_ns`)           |
-//! | `dur_ns`       | u64?   | op: until the next op on its thread or the graph's return     |
-//! | `tid`          | u32    | thread                                                        |
-//! | `ubatch`       | u32?   | index into `report --json` `ubatches`                         |
-//! | `phase`        | string?| `warmup`, `prompt`, `generate`, `aux`                         |
-//! | `token_index`  | u32?   | which generated token (generate ubatches)                     |
-//! | `name`         | string | op name (`MUL_MAT`), marker name, `page_fault`                |
-//! | `layer`        | u32?   | op: its weights' layer, else the `-N` of its output name      |
-//! | `dst`          | string?| op: output tensor name                                        |
-//! | `dst_memory`   | string?| `model_file`, `copy`, `anon`, `other_file`, `unmapped`        |
-//! | `srcs`         | string?| op: source tensor names joined by `;`                         |
-//! | `n_srcs`       | u32    |                                                               |
-//! | `weights_file` | u32    | sources read through the model file mapping                   |
-//! | `weights_copy` | u32    | sources that are copies of model tensors                      |
-//! | `weight_bytes` | u64    | bytes of those weight sources (views as viewed)               |
-//! | `ith`, `nth`   | u32?   | op: thread index and count of the op's work split             |
-//! | `address`      | u64?   | fault: address; marker: first argument                        |
-//! | `ip`           | u64?   | fault: instruction pointer                                    |
-//! | `error_code`   | u64?   | fault: x86 error code (bit 1 write, bit 2 user); marker: cookie; block: error |
-//! | `fault_tensor` | string?| fault: the model tensor the address is in                     |
-//! | `file_offset`  | u64?   | fault: offset in the model file                               |
-//! | `op_seq`       | u64?   | fault: `seq` of the op running on that thread                 |
-//! | `dev`          | u32?   | block, page_cache: device number (kernel `dev_t` encoding)    |
-//! | `sector`       | u64?   | block: first 512-byte sector                                  |
-//! | `io_bytes`     | u64?   | block: request bytes; page_cache: folio bytes                 |
-//! | `rwbs`         | string?| block: blktrace's R/W/S/M flags                               |
+//! The columns are [`super::columns::COLUMNS`] (also `ttrace export --help`).
 //!
 //! Kinds `block` (name `issue`/`complete`) and `page_cache` (name `add`/
 //! `filemap_fault`, `file_offset` = page offset in the model file,
@@ -149,39 +117,6 @@ impl<'a> Srcs<'a> {
         s
     }
 }
-
-pub const COLUMNS: &[&str] = &[
-    "seq",
-    "kind",
-    "ts_ns",
-    "rel_ns",
-    "dur_ns",
-    "tid",
-    "ubatch",
-    "phase",
-    "token_index",
-    "name",
-    "layer",
-    "dst",
-    "dst_memory",
-    "srcs",
-    "n_srcs",
-    "weights_file",
-    "weights_copy",
-    "weight_bytes",
-    "ith",
-    "nth",
-    "address",
-    "ip",
-    "error_code",
-    "fault_tensor",
-    "file_offset",
-    "op_seq",
-    "dev",
-    "sector",
-    "io_bytes",
-    "rwbs",
-];
 
 pub fn phase_name(p: Phase) -> &'static str {
     match p {

@@ -15,8 +15,8 @@ use std::{
 use indicatif::ProgressBar;
 
 use super::{
-    ExportError, Written,
-    rows::{COLUMNS, Cells, cells, op_context, op_shape},
+    ExportError, Written, columns,
+    rows::{Cells, cells, op_context, op_shape},
     shape::OpShapes,
 };
 use crate::analyze::Analysis;
@@ -38,7 +38,7 @@ pub fn write(
     let file = File::create(out).map_err(ExportError::write(out))?;
     let mut sink = TextSink { out: Background::new(file), format, rows: 0, shapes: OpShapes::default() };
     if format == Text::Csv {
-        sink.out.buf.extend_from_slice(COLUMNS.join(",").as_bytes());
+        sink.out.buf.extend_from_slice(columns::names().collect::<Vec<_>>().join(",").as_bytes());
         sink.out.buf.push(b'\n');
     }
     let walked = walk::walk(trace, a, progress, &mut sink);
@@ -200,7 +200,7 @@ fn s(out: &mut Vec<u8>, v: Option<&str>) {
     }
 }
 
-/// One JSON object per line, keys in [`COLUMNS`] order, `null` for absent
+/// One JSON object per line, keys in [`columns::COLUMNS`] order, `null` for absent
 /// values: what `serde_json::to_writer` made of [`super::rows::Row`].
 fn json_line(c: &Cells, out: &mut Vec<u8>) {
     json_head(c, out);
@@ -343,7 +343,7 @@ fn cs(out: &mut Vec<u8>, v: Option<&str>) {
     out.push(b',');
 }
 
-/// One CSV line in [`COLUMNS`] order, empty for absent values.
+/// One CSV line in [`columns::COLUMNS`] order, empty for absent values.
 fn csv_line(c: &Cells, out: &mut Vec<u8>) {
     csv_head(c, out);
     csv_shape(c, out);

@@ -140,5 +140,5 @@ fn csv_has_every_column_and_quotes() {
     let line = String::from_utf8(line).unwrap();
     assert!(line.contains("\"a,\"\"b\"\"\""));
     let unquoted = line.replace("\"a,\"\"b\"\"\"", "x");
-    assert_eq!(unquoted.trim_end().split(',').count(), COLUMNS.len());
+    assert_eq!(unquoted.trim_end().split(',').count(), crate::export::columns::COLUMNS.len());
 }
