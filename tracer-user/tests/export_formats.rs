@@ -139,7 +139,7 @@ fn every_format_from_one_synthetic_trace() {
     export::export(&trace, &a, Format::Csv, &csv, &opts).unwrap();
     let text = fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines[0].split(',').count(), export::rows::COLUMNS.len());
+    assert_eq!(lines[0].split(',').count(), export::columns::COLUMNS.len());
     let ops: Vec<&&str> = lines.iter().filter(|l| l.split(',').nth(1) == Some("op")).collect();
     assert_eq!(ops.len(), 12);
     // GET_ROWS of 1 token reads one 256-byte row of the embedding.
