@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 
 use serde::Serialize;
-use tracer_common::{ggml::MAX_SRC, markers};
+use tracer_common::{PAGE_SIZE, ggml::MAX_SRC, markers};
 
 use crate::analyze::{
     tensor::{memory_class, model_tensor, op_layer, op_weight_bytes, weight_of},
@@ -149,43 +149,33 @@ pub fn row(event: &Event, t: &Tables) -> Option<Row> {
 
 /// [`row`] without copying strings out of the event and tables.
 pub fn cells<'a>(event: &'a Event, t: &Tables<'a>) -> Option<Cells<'a>> {
-    let start = t.analysis.header.start_monotonic_ns;
-    let context = |ubatch: Option<u32>| (ubatch, t.phase(ubatch).map(phase_name), t.token_index(ubatch));
+    // The columns every non-op row fills the same way.
+    let base = |seq: u64, kind: &'static str, ts_ns: u64, tid: u32, ubatch: Option<u32>| Cells {
+        seq,
+        kind,
+        ts_ns,
+        rel_ns: ts_ns.saturating_sub(t.analysis.header.start_monotonic_ns),
+        tid,
+        ubatch,
+        phase: t.phase(ubatch).map(phase_name),
+        token_index: t.token_index(ubatch),
+        ..Default::default()
+    };
     match event {
         Event::Op(e) => {
             let mut c = op_context(e, t);
             op_shape(e, t, &mut c);
             Some(c)
         }
-        Event::Marker(ctx, m) => {
-            let (ubatch, phase, token_index) = context(ctx.ubatch);
-            Some(Cells {
-                seq: ctx.seq,
-                kind: "marker",
-                ts_ns: m.ts_ns,
-                rel_ns: m.ts_ns.saturating_sub(start),
-                tid: m.tid,
-                ubatch,
-                phase,
-                token_index,
-                name: marker_name_ref(m.cookie),
-                address: Some(m.args[0]),
-                error_code: Some(m.cookie),
-                ..Default::default()
-            })
-        }
+        Event::Marker(ctx, m) => Some(Cells {
+            name: marker_name_ref(m.cookie),
+            address: Some(m.args[0]),
+            error_code: Some(m.cookie),
+            ..base(ctx.seq, "marker", m.ts_ns, m.tid, ctx.ubatch)
+        }),
         Event::Fault(f) => {
-            let (ubatch, phase, token_index) = context(f.ctx.ubatch);
             let tensor = f.hit.and_then(|h| Some(model_tensor(t.models, h.model, h.tensor?)?.name.as_str()));
             Some(Cells {
-                seq: f.ctx.seq,
-                kind: "fault",
-                ts_ns: f.fault.ts_ns,
-                rel_ns: f.fault.ts_ns.saturating_sub(start),
-                tid: f.fault.tid,
-                ubatch,
-                phase,
-                token_index,
                 name: "page_fault".into(),
                 address: Some(f.fault.address),
                 ip: Some(f.fault.ip),
@@ -193,12 +183,11 @@ pub fn cells<'a>(event: &'a Event, t: &Tables<'a>) -> Option<Cells<'a>> {
                 fault_tensor: tensor,
                 file_offset: f.hit.map(|h| h.file_offset),
                 op_seq: f.op_seq,
-                ..Default::default()
+                ..base(f.ctx.seq, "fault", f.fault.ts_ns, f.fault.tid, f.ctx.ubatch)
             })
         }
         Event::PageCache(ctx, p) => {
-            let (ubatch, phase, token_index) = context(ctx.ubatch);
-            let file_offset = p.index.saturating_mul(4096);
+            let file_offset = p.index.saturating_mul(PAGE_SIZE);
             let tensor = p.file.and_then(|(m, f)| {
                 let models = t.models.get(m as usize)?;
                 models
@@ -207,42 +196,23 @@ pub fn cells<'a>(event: &'a Event, t: &Tables<'a>) -> Option<Cells<'a>> {
                     .find(|x| x.file == f && x.file_offset <= file_offset && file_offset < x.file_offset + x.size_bytes)
             });
             Some(Cells {
-                seq: ctx.seq,
-                kind: "page_cache",
-                ts_ns: p.ts_ns,
-                rel_ns: p.ts_ns.saturating_sub(start),
-                tid: p.tid,
-                ubatch,
-                phase,
-                token_index,
                 name: <&str>::from(p.kind).into(),
                 fault_tensor: tensor.map(|x| x.name.as_str()),
                 file_offset: p.file.map(|_| file_offset),
                 dev: Some(p.dev),
-                io_bytes: Some(4096u64 << p.order.min(20)),
-                ..Default::default()
+                io_bytes: Some(PAGE_SIZE << p.order.min(20)),
+                ..base(ctx.seq, "page_cache", p.ts_ns, p.tid, ctx.ubatch)
             })
         }
-        Event::Block(ctx, b) => {
-            let (ubatch, phase, token_index) = context(ctx.ubatch);
-            Some(Cells {
-                seq: ctx.seq,
-                kind: "block",
-                ts_ns: b.ts_ns,
-                rel_ns: b.ts_ns.saturating_sub(start),
-                tid: b.tid,
-                ubatch,
-                phase,
-                token_index,
-                name: <&str>::from(b.kind).into(),
-                error_code: Some(b.error as i64 as u64),
-                dev: Some(b.dev),
-                sector: Some(b.sector),
-                io_bytes: Some(u64::from(b.nr_sector) * 512),
-                rwbs: Some(&b.rwbs),
-                ..Default::default()
-            })
-        }
+        Event::Block(ctx, b) => Some(Cells {
+            name: <&str>::from(b.kind).into(),
+            error_code: Some(b.error as i64 as u64),
+            dev: Some(b.dev),
+            sector: Some(b.sector),
+            io_bytes: Some(u64::from(b.nr_sector) * 512),
+            rwbs: Some(&b.rwbs),
+            ..base(ctx.seq, "block", b.ts_ns, b.tid, ctx.ubatch)
+        }),
         _ => None,
     }
 }

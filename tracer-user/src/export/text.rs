@@ -200,6 +200,16 @@ fn s(out: &mut Vec<u8>, v: Option<&str>) {
     }
 }
 
+/// `,"key":value` for each `n` (number) or `s` (string) field of `c`.
+macro_rules! json_fields {
+    ($out:expr, $c:expr; $($kind:ident $field:ident),+ $(,)?) => {
+        $(
+            $out.extend_from_slice(concat!(",\"", stringify!($field), "\":").as_bytes());
+            $kind($out, $c.$field);
+        )+
+    };
+}
+
 /// One JSON object per line, keys in [`columns::COLUMNS`] order, `null` for absent
 /// values: what `serde_json::to_writer` made of [`super::rows::Row`].
 fn json_line(c: &Cells, out: &mut Vec<u8>) {
@@ -284,26 +294,8 @@ fn json_rest(c: &Cells, out: &mut Vec<u8>) {
         );
         return;
     }
-    out.extend_from_slice(b",\"address\":");
-    n(out, c.address);
-    out.extend_from_slice(b",\"ip\":");
-    n(out, c.ip);
-    out.extend_from_slice(b",\"error_code\":");
-    n(out, c.error_code);
-    out.extend_from_slice(b",\"fault_tensor\":");
-    s(out, c.fault_tensor);
-    out.extend_from_slice(b",\"file_offset\":");
-    n(out, c.file_offset);
-    out.extend_from_slice(b",\"op_seq\":");
-    n(out, c.op_seq);
-    out.extend_from_slice(b",\"dev\":");
-    n(out, c.dev);
-    out.extend_from_slice(b",\"sector\":");
-    n(out, c.sector);
-    out.extend_from_slice(b",\"io_bytes\":");
-    n(out, c.io_bytes);
-    out.extend_from_slice(b",\"rwbs\":");
-    s(out, c.rwbs);
+    json_fields!(out, c; n address, n ip, n error_code, s fault_tensor, n file_offset, n op_seq, n dev, n sector,
+        n io_bytes, s rwbs);
     out.extend_from_slice(b"}\n");
 }
 

@@ -11,6 +11,7 @@
 //! (the definition order is the index). Timestamps are varint deltas from the
 //! previous timed frame, starting at `Header::start_monotonic_ns`.
 
+use num_enum::TryFromPrimitive;
 use serde::{Deserialize, Serialize};
 use strum::IntoEnumIterator;
 use tracer_common::EventKind;
@@ -18,39 +19,42 @@ use tracer_common::EventKind;
 pub const MAGIC: &[u8; 8] = b"TTRACE\0\x01";
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Frame kinds.
-pub mod kind {
+/// Frame kinds: the first byte of every frame. Readers skip kinds they do
+/// not know, so newer writers may add frames.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, TryFromPrimitive)]
+pub enum FrameKind {
     /// Defines the next string index: utf-8 bytes.
-    pub const STRING: u8 = 1;
+    String = 1,
     /// Defines the next thread index: tid.
-    pub const THREAD: u8 = 2;
+    Thread = 2,
     /// Defines the next tensor descriptor index.
-    pub const TENSOR: u8 = 3;
+    Tensor = 3,
     /// An executed ggml node.
-    pub const OP: u8 = 4;
+    Op = 4,
     /// A boundary marker (cookie from `tracer_common::markers`).
-    pub const MARKER: u8 = 5;
-    pub const FAULT: u8 = 6;
+    Marker = 5,
+    Fault = 6,
     /// JSON [`super::ModelTable`]: a model file the target mapped.
-    pub const MODEL: u8 = 7;
+    Model = 7,
     /// Lost-event counters so far, per kind.
-    pub const LOST: u8 = 8;
+    Lost = 8,
     /// JSON [`super::Trailer`]: the trace ended cleanly.
-    pub const END: u8 = 9;
+    End = 9,
     /// A page-cache event on a model file.
-    pub const PAGE_CACHE: u8 = 10;
+    PageCache = 10,
     /// A block request (issue or complete) overlapping a model file.
-    pub const BLOCK: u8 = 11;
+    Block = 11,
     /// JSON [`super::Hooks`]: libraries probed after the header was written
     /// (dlopen), with their op-name tables; readers merge it into the header.
-    pub const HOOKS: u8 = 12;
+    Hooks = 12,
     /// The target's /proc/PID/maps (utf-8), written when first read after
     /// the header (`run`: after exec) and when a model file first shows up
     /// mapped; readers put the last one in the header's `maps`.
-    pub const MAPS: u8 = 13;
+    Maps = 13,
 }
 
-/// Late-found hooks (see `kind::HOOKS`).
+/// Late-found hooks (see `FrameKind::Hooks`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Hooks {
     pub libraries: Vec<Library>,
@@ -83,7 +87,7 @@ pub struct Header {
     pub options: Options,
     /// The target's /proc/PID/maps: as written, when tracing started
     /// (`attach`; empty for `run`, whose child had not exec'd yet); as read,
-    /// the last MAPS frame's (see `kind::MAPS`).
+    /// the last MAPS frame's (see `FrameKind::Maps`).
     pub maps: String,
 }
 

@@ -14,7 +14,7 @@ use tracer_common::{BlockKind, EventKind, PageCacheKind};
 
 use super::{
     codec::{CodecError, Cursor},
-    frames::{Descriptor, FORMAT_VERSION, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -297,30 +297,32 @@ impl<R: Read> TraceReader<R> {
     }
 
     fn parse(&mut self, frame_kind: u8, payload: &[u8]) -> Result<Option<Record>, String> {
+        // Unknown kinds are skipped: newer writers may add frames.
+        let Ok(frame_kind) = FrameKind::try_from(frame_kind) else { return Ok(None) };
         let mut c = Cursor::new(payload);
         let e = |e: CodecError| e.to_string();
         match frame_kind {
-            kind::STRING => {
+            FrameKind::String => {
                 let s = String::from_utf8_lossy(c.bytes().map_err(e)?).into_owned();
                 self.strings.push(s);
                 Ok(None)
             }
-            kind::THREAD => {
+            FrameKind::Thread => {
                 let tid = c.u32().map_err(e)?;
                 self.threads.push(tid);
                 Ok(None)
             }
-            kind::TENSOR => {
+            FrameKind::Tensor => {
                 let d = self.parse_descriptor(&mut c).map_err(e)??;
                 self.descriptors.push(d);
                 Ok(None)
             }
-            kind::OP if self.skip_ops => {
+            FrameKind::Op if self.skip_ops => {
                 self.ts(&mut c).map_err(e)?;
                 self.skipped_ops += 1;
                 Ok(None)
             }
-            kind::OP => {
+            FrameKind::Op => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (ith, nth, hook) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
@@ -346,14 +348,14 @@ impl<R: Read> TraceReader<R> {
                 }
                 Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs, token_ids })))
             }
-            kind::MARKER => {
+            FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let cookie = c.u64().map_err(e)?;
                 let args = [c.u64().map_err(e)?, c.u64().map_err(e)?, c.u64().map_err(e)?];
                 Ok(Some(Record::Marker(Marker { ts_ns, tid, cookie, args })))
             }
-            kind::FAULT => {
+            FrameKind::Fault => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (address, ip, error_code) = (c.u64().map_err(e)?, c.u64().map_err(e)?, c.u64().map_err(e)?);
@@ -368,7 +370,7 @@ impl<R: Read> TraceReader<R> {
                 let memory = parse_memory(&mut c).map_err(e)??;
                 Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code, file, memory })))
             }
-            kind::PAGE_CACHE => {
+            FrameKind::PageCache => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let kind = c.u32().map_err(e)?;
@@ -378,7 +380,7 @@ impl<R: Read> TraceReader<R> {
                 let file = self.files.get(&(dev, ino)).copied();
                 Ok(Some(Record::PageCache(PageCache { ts_ns, tid, kind, dev, ino, index, order, file })))
             }
-            kind::BLOCK => {
+            FrameKind::Block => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (tgid, cpu, kind, dev) =
@@ -401,7 +403,7 @@ impl<R: Read> TraceReader<R> {
                     comm,
                 })))
             }
-            kind::MODEL => {
+            FrameKind::Model => {
                 let table: ModelTable = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 let model = self.models.len() as u32;
                 for (file, info) in table.file_info.iter().enumerate() {
@@ -410,14 +412,14 @@ impl<R: Read> TraceReader<R> {
                 self.models.push(table);
                 Ok(Some(Record::Model(model)))
             }
-            kind::LOST => {
+            FrameKind::Lost => {
                 let mut lost = Lost::default();
                 for kind in EventKind::iter() {
                     lost[kind] = c.u64().map_err(e)?;
                 }
                 Ok(Some(Record::Lost(lost)))
             }
-            kind::HOOKS => {
+            FrameKind::Hooks => {
                 let hooks: Hooks = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 self.header.libraries.extend(hooks.libraries);
                 if self.header.op_names.is_empty() {
@@ -427,17 +429,15 @@ impl<R: Read> TraceReader<R> {
                 }
                 Ok(None)
             }
-            kind::MAPS => {
+            FrameKind::Maps => {
                 self.header.maps = String::from_utf8_lossy(c.rest()).into_owned();
                 Ok(None)
             }
-            kind::END => {
+            FrameKind::End => {
                 let trailer: Trailer = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 self.ended = true;
                 Ok(Some(Record::End(trailer)))
             }
-            // Unknown kinds are skipped: newer writers may add frames.
-            _ => Ok(None),
         }
     }
 

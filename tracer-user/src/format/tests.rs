@@ -1,6 +1,6 @@
 use tracer_common::{CallEvent, EventHeader, EventKind, PageFaultEvent, SLOT_DST, TensorRecord};
 
-use super::{frames::kind, *};
+use super::{frames::FrameKind, *};
 use crate::events::OpRecord;
 
 fn header() -> Header {
@@ -143,7 +143,7 @@ fn rejects_foreign_files_and_dangling_references() {
     // An op frame naming a descriptor that was never defined.
     let mut bytes = TraceWriter::create(Vec::new(), &header()).unwrap().finish(&Trailer::default()).unwrap();
     let end = bytes.split_off(bytes.len() - (bytes.len() - find_end(&bytes)));
-    bytes.extend_from_slice(&[kind::THREAD, 1, 7, kind::OP, 8, 0, 0, 0, 0, 0, 5, 0, 0]);
+    bytes.extend_from_slice(&[FrameKind::Thread as u8, 1, 7, FrameKind::Op as u8, 8, 0, 0, 0, 0, 0, 5, 0, 0]);
     bytes.extend_from_slice(&end);
     let err = read_all(&bytes).err().expect("dangling descriptor");
     assert!(err.to_string().contains("descriptor 5 not defined"), "{err}");

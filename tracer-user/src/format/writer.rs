@@ -11,7 +11,7 @@ use tracer_common::{BlockEvent, CallEvent, EventKind, PageCacheEvent, PageFaultE
 
 use super::{
     codec::{put_bytes, put_i64, put_u64},
-    frames::{Descriptor, FilePos, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer, kind},
+    frames::{Descriptor, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
 };
 use crate::events::OpRecord;
 
@@ -59,9 +59,9 @@ impl<W: Write> TraceWriter<W> {
         })
     }
 
-    fn emit(&mut self, kind: u8) -> io::Result<u64> {
+    fn emit(&mut self, kind: FrameKind) -> io::Result<u64> {
         let mut prefix = Vec::with_capacity(11);
-        prefix.push(kind);
+        prefix.push(kind as u8);
         put_u64(&mut prefix, self.frame.len() as u64);
         self.out.write_all(&prefix)?;
         self.out.write_all(&self.frame)?;
@@ -77,7 +77,7 @@ impl<W: Write> TraceWriter<W> {
         }
         let id = self.strings.len() as u32;
         put_bytes(&mut self.frame, s.as_bytes());
-        self.emit(kind::STRING)?;
+        self.emit(FrameKind::String)?;
         self.strings.insert(s.to_string(), id);
         Ok(id)
     }
@@ -88,7 +88,7 @@ impl<W: Write> TraceWriter<W> {
         }
         let id = self.threads.len() as u32;
         put_u64(&mut self.frame, u64::from(tid));
-        self.emit(kind::THREAD)?;
+        self.emit(FrameKind::Thread)?;
         self.threads.insert(tid, id);
         Ok(id)
     }
@@ -118,7 +118,7 @@ impl<W: Write> TraceWriter<W> {
             put_u64(f, v);
         }
         put_memory(f, d.memory);
-        self.stats.descriptor_bytes += self.emit(kind::TENSOR)?;
+        self.stats.descriptor_bytes += self.emit(FrameKind::Tensor)?;
         self.stats.descriptors += 1;
         let id = self.descriptors.len() as u32;
         self.descriptors.insert(key, id);
@@ -132,18 +132,18 @@ impl<W: Write> TraceWriter<W> {
 
     pub fn hooks(&mut self, hooks: &Hooks) -> io::Result<()> {
         self.frame = serde_json::to_vec(hooks).map_err(io::Error::other)?;
-        self.emit(kind::HOOKS).map(drop)
+        self.emit(FrameKind::Hooks).map(drop)
     }
 
-    /// The target's /proc/PID/maps (see `kind::MAPS`).
+    /// The target's /proc/PID/maps (see `FrameKind::Maps`).
     pub fn maps(&mut self, text: &str) -> io::Result<()> {
         self.frame = text.as_bytes().to_vec();
-        self.emit(kind::MAPS).map(drop)
+        self.emit(FrameKind::Maps).map(drop)
     }
 
     pub fn model(&mut self, table: &ModelTable) -> io::Result<()> {
         self.frame = serde_json::to_vec(table).map_err(io::Error::other)?;
-        self.emit(kind::MODEL).map(drop)
+        self.emit(FrameKind::Model).map(drop)
     }
 
     pub fn op(&mut self, op: &OpRecord, resolve: &mut dyn FnMut(&TensorRecord) -> Memory) -> io::Result<()> {
@@ -163,7 +163,7 @@ impl<W: Write> TraceWriter<W> {
         }
         put_u64(f, op.token_ids.len() as u64);
         op.token_ids.iter().for_each(|&t| put_i64(f, i64::from(t)));
-        self.stats.op_bytes += self.emit(kind::OP)?;
+        self.stats.op_bytes += self.emit(FrameKind::Op)?;
         self.stats.ops += 1;
         Ok(())
     }
@@ -176,7 +176,7 @@ impl<W: Write> TraceWriter<W> {
         put_u64(f, call.cookie);
         call.args[..3].iter().for_each(|&a| put_u64(f, a));
         self.stats.markers += 1;
-        self.emit(kind::MARKER).map(drop)
+        self.emit(FrameKind::Marker).map(drop)
     }
 
     /// A page fault with what its address resolved to.
@@ -198,7 +198,7 @@ impl<W: Write> TraceWriter<W> {
         }
         put_memory(f, memory);
         self.stats.faults += 1;
-        self.stats.io_bytes += self.emit(kind::FAULT)?;
+        self.stats.io_bytes += self.emit(FrameKind::Fault)?;
         Ok(())
     }
 
@@ -213,7 +213,7 @@ impl<W: Write> TraceWriter<W> {
         put_u64(f, event.index);
         put_u64(f, u64::from(event.order));
         self.stats.page_cache += 1;
-        self.stats.io_bytes += self.emit(kind::PAGE_CACHE)?;
+        self.stats.io_bytes += self.emit(FrameKind::PageCache)?;
         Ok(())
     }
 
@@ -234,7 +234,7 @@ impl<W: Write> TraceWriter<W> {
         put_u64(f, u64::from(rwbs));
         put_u64(f, u64::from(comm));
         self.stats.block += 1;
-        self.stats.io_bytes += self.emit(kind::BLOCK)?;
+        self.stats.io_bytes += self.emit(FrameKind::Block)?;
         Ok(())
     }
 
@@ -243,7 +243,7 @@ impl<W: Write> TraceWriter<W> {
         for kind in EventKind::iter() {
             put_u64(&mut self.frame, lost[kind]);
         }
-        self.emit(kind::LOST).map(drop)
+        self.emit(FrameKind::Lost).map(drop)
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
@@ -252,7 +252,7 @@ impl<W: Write> TraceWriter<W> {
 
     pub fn finish(mut self, trailer: &Trailer) -> io::Result<W> {
         self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
-        self.emit(kind::END)?;
+        self.emit(FrameKind::End)?;
         self.out.flush()?;
         Ok(self.out)
     }
