@@ -41,6 +41,10 @@ pub mod config {
     /// it events are submitted silently and the reader drains on a timer.
     /// 0 (unset) wakes on every event.
     pub const WAKEUP_BYTES: u32 = 2;
+    /// Non-zero: stop the target (SIGSTOP) when its first ubatch graph
+    /// starts, once, so ttrace reads its maps while the model is mapped
+    /// (`run` only; ttrace continues it). Cleared by the program.
+    pub const STOP_AT_FIRST_GRAPH: u32 = 3;
     /// Record every worker thread's op calls, not only `ith == 0`.
     pub const FLAG_ALL_THREADS: u64 = 1;
 }

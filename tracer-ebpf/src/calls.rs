@@ -3,15 +3,16 @@
 //! boundary markers (ubatch graphs, decode calls, perf resets).
 
 use aya_ebpf::bindings::BPF_RB_FORCE_WAKEUP;
+use aya_ebpf::helpers::generated::bpf_send_signal;
 use aya_ebpf::{
     EbpfContext,
     helpers::generated::bpf_get_attach_cookie,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{CallEvent, EventKind, markers};
+use tracer_common::{CallEvent, EventKind, config, markers};
 
-use crate::maps::{emit, emit_with, header, submit_flags, traced_task};
+use crate::maps::{CONFIG, emit, emit_with, header, submit_flags, traced_task};
 
 #[uprobe]
 pub fn call_args(ctx: ProbeContext) -> u32 {
@@ -23,6 +24,9 @@ pub fn call_args(ctx: ProbeContext) -> u32 {
     // target's maps then, while the model is surely mapped and the target
     // alive (a short run may exit before the next timed drain).
     let flags = if cookie == markers::SCHED_GRAPH_COMPUTE { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
+    if cookie == markers::SCHED_GRAPH_COMPUTE {
+        stop_once();
+    }
     emit_with(
         EventKind::Call,
         CallEvent {
@@ -34,6 +38,23 @@ pub fn call_args(ctx: ProbeContext) -> u32 {
     );
     0
 }
+
+/// A short run may exit before the reader gets a CPU on a loaded machine,
+/// and its maps go with it: hold the target at its first graph until ttrace
+/// has read them (it sends SIGCONT). Only when `run` asked, and only once.
+#[inline(always)]
+fn stop_once() {
+    let Some(slot) = CONFIG.get_ptr_mut(config::STOP_AT_FIRST_GRAPH) else { return };
+    // SAFETY: a map value; the one graph-computing thread clears it.
+    if unsafe { *slot } != 0 {
+        unsafe {
+            *slot = 0;
+            bpf_send_signal(SIGSTOP);
+        }
+    }
+}
+
+const SIGSTOP: u32 = 19;
 
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {

@@ -193,10 +193,17 @@ fn ctrl_c_on_a_memory_limited_run_removes_its_cgroup_and_keeps_the_trace() {
     assert!(!cgroup.exists(), "cgroup {} left behind", cgroup.display());
     assert!(!err.contains("panicked"), "{err}");
     // llama-completion's own handler ends it with status 130; ttrace passes
-    // that on as a failure, trace kept.
+    // that on as a failure, trace kept. That handler joins llama's log
+    // thread from inside the signal handler and deadlocks when the signal
+    // lands while that thread holds the log lock (llama.cpp's common/log.cpp,
+    // seen about once in ten runs): ttrace then kills the target after its
+    // 10 s grace, which is the other ending a user can see.
     let last = err.lines().last().unwrap_or_default();
-    assert_eq!(last, "ttrace: error: the traced command exited with status 130 (trace kept)", "{err}");
-    assert!(err.contains("stopped      interrupted, exit status 130"), "{err}");
+    let ended = (last == "ttrace: error: the traced command exited with status 130 (trace kept)"
+        && err.contains("stopped      interrupted, exit status 130"))
+        || (last == "ttrace: error: the traced command was killed by signal 9 (trace kept up to then)"
+            && err.contains("stopped      interrupted (target killed after 10 s), killed by signal 9"));
+    assert!(ended, "{err}");
     assert!(err.contains("memory       cgroup"), "the cgroup's figures are in the summary:\n{err}");
 
     let report = ttrace().arg("report").arg(&trace).output().unwrap();

@@ -108,6 +108,16 @@ impl Tracer {
         Ok(())
     }
 
+    /// Stop the target with SIGSTOP when its first ubatch graph starts (see
+    /// `config::STOP_AT_FIRST_GRAPH`); the caller continues it.
+    pub fn stop_at_first_graph(&mut self) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
+        let mut cfg: Array<_, u64> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
+        cfg.set(config::STOP_AT_FIRST_GRAPH, 1, 0)
+            .map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
+    }
+
     /// Wake the reader only once this many bytes wait in the ring (0: on
     /// every event). The reader must then also drain on a timer.
     pub fn set_wakeup_bytes(&mut self, bytes: u32) -> Result<(), LoadError> {

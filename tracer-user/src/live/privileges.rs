@@ -37,8 +37,7 @@ pub fn require_tracing_privileges() -> Result<(), PrivilegeError> {
 }
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no failure modes.
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 fn has(caps: u64, cap: u32) -> bool {

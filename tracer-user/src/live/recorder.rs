@@ -146,6 +146,8 @@ impl Resolver {
     pub fn refresh(&mut self) {
         self.last_refresh = Some(Instant::now());
         let vmas = match read_maps(self.pid).and_then(|text| parse_maps(&text).map(|vmas| (text, vmas))) {
+            // An exited process (a zombie) has empty maps: keep the last snapshot.
+            Ok((text, _)) if text.is_empty() => return,
             Ok((text, vmas)) => {
                 self.maps_due |= self.maps_text.is_empty();
                 self.maps_text = String::from_utf8_lossy(&text).into_owned();

@@ -39,11 +39,11 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
     }
 }
 
+/// CLOCK_MONOTONIC, the clock of the kernel's event timestamps.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 pub(super) fn kernel_release() -> String {

@@ -182,7 +182,12 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     }
     header.libraries = attached.libraries.clone();
     let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
-    let mut session = Session { attached, recorder: Recorder { writer, resolver }, spec, trace_file };
+    let held_at_first_graph = matches!(target, Target::Run { .. });
+    if held_at_first_graph {
+        tracer.stop_at_first_graph()?;
+    }
+    let mut session =
+        Session { attached, recorder: Recorder { writer, resolver }, spec, trace_file, held_at_first_graph };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -252,6 +257,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
                 }
+                session.continue_after_first_graph(child.as_ref())?;
                 session.sync_watches(&mut tracer)?;
                 if last_flush.elapsed() >= FLUSH_EVERY {
                     session.recorder.writer.flush()?;
@@ -261,6 +267,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             ready = stream.readable() => {
                 ready?;
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+                session.continue_after_first_graph(child.as_ref())?;
             }
         }
         if let Some(e) = write_error.take() {
@@ -306,9 +313,26 @@ struct Session<'a> {
     recorder: Recorder<BufWriter<File>>,
     spec: &'a SessionSpec,
     trace_file: TraceFile,
+    /// A `run` target is stopped by the kernel at its first graph, until
+    /// its maps are read.
+    held_at_first_graph: bool,
 }
 
 impl Session<'_> {
+    /// The kernel stopped a `run` target at its first graph: read its maps
+    /// now that the model is surely mapped, then let it go on.
+    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>) -> Result<()> {
+        let Some(child) = child.filter(|_| self.held_at_first_graph) else { return Ok(()) };
+        if target::process_state(self.attached.pid) != Some('T') {
+            return Ok(());
+        }
+        self.held_at_first_graph = false;
+        self.recorder.resolver.refresh();
+        self.recorder.flush_models()?;
+        child.signal(libc::SIGCONT)?;
+        Ok(())
+    }
+
     /// Attach hooks found after the header was written, announced in a
     /// HOOKS frame.
     fn start_late_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>) -> Result<()> {

@@ -359,9 +359,8 @@ impl Drop for MemoryCgroup {
 /// Empties the page cache (after writing back dirty pages) for cold-cache
 /// runs. Needs root; affects the whole machine.
 pub fn drop_caches() -> Result<(), CgroupError> {
-    // SAFETY: sync has no failure modes; dirty pages cannot be dropped, so
-    // writing them back first makes the drop complete.
-    unsafe { libc::sync() };
+    // Dirty pages cannot be dropped: writing them back first makes the drop complete.
+    nix::unistd::sync();
     fs::OpenOptions::new()
         .write(true)
         .open("/proc/sys/vm/drop_caches")

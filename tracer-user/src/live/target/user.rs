@@ -1,11 +1,9 @@
 //! The user `ttrace run` starts the program as. ttrace runs as root (via
 //! sudo) to trace; the traced program should not, unless asked.
 
-use std::{
-    ffi::{CStr, CString, OsStr},
-    os::unix::ffi::OsStrExt,
-    path::PathBuf,
-};
+use std::{ffi::CString, path::PathBuf};
+
+use nix::unistd::{Gid, Uid, User, getgrouplist};
 
 use super::TargetError;
 
@@ -87,64 +85,26 @@ enum Key<'a> {
 }
 
 fn lookup(key: Key<'_>) -> Result<Option<UserSpec>, TargetError> {
-    let label = match &key {
-        Key::Name(n) => n.to_string(),
-        Key::Uid(u) => format!("uid {u}"),
+    let (found, label) = match key {
+        Key::Name(name) => (User::from_name(name), name.to_string()),
+        Key::Uid(uid) => (User::from_uid(Uid::from_raw(uid)), format!("uid {uid}")),
     };
-    let cname = match &key {
-        Key::Name(n) => Some(CString::new(*n).map_err(|_| TargetError::UnknownUser { name: label.clone() })?),
-        Key::Uid(_) => None,
-    };
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: zeroed passwd is a valid out-parameter; pointers in it refer to `buf`.
-        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let buf_ptr = buf.as_mut_ptr().cast::<libc::c_char>();
-        // SAFETY: all pointers are valid for the call; buf.len() is its size.
-        let rc = unsafe {
-            match (&key, &cname) {
-                (Key::Uid(uid), _) => libc::getpwuid_r(*uid, &mut pwd, buf_ptr, buf.len(), &mut result),
-                (Key::Name(_), Some(c)) => libc::getpwnam_r(c.as_ptr(), &mut pwd, buf_ptr, buf.len(), &mut result),
-                (Key::Name(_), None) => return Ok(None),
-            }
-        };
-        if rc == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 4, 0);
-            continue;
-        }
-        if rc != 0 {
-            return Err(TargetError::UserLookup { name: label, source: std::io::Error::from_raw_os_error(rc) });
-        }
-        if result.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: on success the strings are NUL-terminated inside `buf`.
-        let (name, home) = unsafe { (CStr::from_ptr(pwd.pw_name), CStr::from_ptr(pwd.pw_dir)) };
-        let name = name.to_string_lossy().into_owned();
-        let groups = group_list(&name, pwd.pw_gid);
-        let home = PathBuf::from(OsStr::from_bytes(home.to_bytes()));
-        return Ok(Some(UserSpec { name, uid: pwd.pw_uid, gid: pwd.pw_gid, groups, home }));
-    }
+    let user = found.map_err(|e| TargetError::UserLookup { name: label, source: std::io::Error::from(e) })?;
+    Ok(user.map(|u| {
+        let (uid, gid) = (u.uid.as_raw(), u.gid.as_raw());
+        let groups = group_list(&u.name, gid);
+        UserSpec { name: u.name, uid, gid, groups, home: u.dir }
+    }))
 }
 
 /// The groups initgroups(name, gid) would set; read before fork because
 /// initgroups is not async-signal-safe.
 fn group_list(name: &str, gid: u32) -> Vec<u32> {
     let Ok(cname) = CString::new(name) else { return vec![gid] };
-    let mut groups: Vec<libc::gid_t> = vec![0; 64];
-    for _ in 0..8 {
-        let mut n = libc::c_int::try_from(groups.len()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: `groups` holds `n` entries; getgrouplist writes at most `n`.
-        let rc = unsafe { libc::getgrouplist(cname.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
-        let n = usize::try_from(n).unwrap_or(0);
-        if rc >= 0 {
-            groups.truncate(n);
-            return groups;
-        }
-        groups.resize(n.max(groups.len() * 2), 0);
+    match getgrouplist(&cname, Gid::from_raw(gid)) {
+        Ok(groups) => groups.into_iter().map(Gid::as_raw).collect(),
+        Err(_) => vec![gid],
     }
-    vec![gid]
 }
 
 #[cfg(test)]
