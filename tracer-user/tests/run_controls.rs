@@ -286,9 +286,11 @@ fn under_sudo_the_target_runs_as_the_invoking_user_who_owns_the_trace() {
         let children = std::fs::read_to_string(format!("/proc/{tracer_pid}/task/{tracer_pid}/children"));
         if let Some(pid) = children.ok().and_then(|c| c.split_whitespace().next().map(str::to_string)) {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-            if exe.as_deref() == Some(program.as_path()) {
+            // exec switches the exe link before it sets up the new
+            // environment: an empty environ means "not yet", look again.
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            if exe.as_deref() == Some(program.as_path()) && !environ.is_empty() {
                 status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
-                let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
                 let env: Vec<String> =
                     environ.split(|&b| b == 0).map(|v| String::from_utf8_lossy(v).into_owned()).collect();
                 assert!(env.contains(&format!("USER={}", user.name)), "{env:?}");
