@@ -450,53 +450,16 @@ mod tests {
     use tracer_common::BlockKind::{Complete as COMPLETE, Issue as ISSUE};
 
     use super::*;
-    use crate::format::{FileExtent, FileInfo, ModelTensor};
-
-    const DEV: u32 = 7;
-    const DISK_AT: u64 = 1 << 20;
+    use crate::format::fixtures::{self, one_tensor_model};
 
     fn correlator() -> IoCorrelator {
-        let info = FileInfo {
-            disk_dev: Some(DEV),
-            extents: vec![FileExtent { logical: 0, physical: DISK_AT, length: 1 << 20 }],
-            ..Default::default()
-        };
-        let tensor = ModelTensor {
-            name: "w".into(),
-            file: 0,
-            file_offset: 0,
-            size_bytes: 1 << 20,
-            type_name: "F32".into(),
-            shape: vec![1 << 18],
-            layer: Some(0),
-            component: "ffn_up".into(),
-            expert_bytes: None,
-        };
-        let table = ModelTable {
-            files: vec!["m.gguf".into()],
-            file_info: vec![info],
-            tensors: vec![tensor],
-            ..Default::default()
-        };
         let mut io = IoCorrelator::default();
-        io.on_model(0, &table);
+        io.on_model(0, &one_tensor_model());
         io
     }
 
     fn block(kind: BlockKind, file_offset: u64, ts_ns: u64) -> Block {
-        Block {
-            ts_ns,
-            tid: 1,
-            tgid: 1,
-            cpu: 0,
-            kind,
-            dev: DEV,
-            sector: (DISK_AT + file_offset) / 512,
-            nr_sector: 8,
-            error: 0,
-            rwbs: "RA".into(),
-            comm: "t".into(),
-        }
+        fixtures::block(kind, 1, file_offset, ts_ns)
     }
 
     #[test]

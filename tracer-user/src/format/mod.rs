@@ -13,4 +13,6 @@ pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterStats};
 
 #[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
 mod tests;

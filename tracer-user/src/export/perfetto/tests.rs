@@ -1,30 +1,9 @@
 use super::*;
-use crate::format::{FileExtent, FileInfo, ModelTable, ModelTensor, reader::Block};
-
-const DEV: u32 = 7;
-const DISK_AT: u64 = 1 << 20;
+use crate::format::fixtures::{block, one_tensor_model};
 
 fn sink() -> PerfettoSink<Vec<u8>> {
     let mut s = PerfettoSink::new(Vec::new(), 1);
-    let info = FileInfo {
-        disk_dev: Some(DEV),
-        extents: vec![FileExtent { logical: 0, physical: DISK_AT, length: 1 << 20 }],
-        ..Default::default()
-    };
-    let tensor = ModelTensor {
-        name: "w".into(),
-        file: 0,
-        file_offset: 0,
-        size_bytes: 1 << 20,
-        type_name: "f32".into(),
-        shape: vec![1 << 18],
-        layer: Some(0),
-        component: "ffn".into(),
-        expert_bytes: None,
-    };
-    let table =
-        ModelTable { files: vec!["m.gguf".into()], file_info: vec![info], tensors: vec![tensor], ..Default::default() };
-    s.io.on_model(0, &table);
+    s.io.on_model(0, &one_tensor_model());
     s
 }
 
@@ -32,22 +11,6 @@ fn fault(s: &mut PerfettoSink<Vec<u8>>, tid: u32, seq: u64, offset: u64, in_op: 
     let e = TrackEvent { r#type: Some(TYPE_INSTANT), track_uuid: Some(THREAD_UUID), ..Default::default() };
     let pending = PendingFault { seq, ts: 100 + seq, event: e, flow: (1 << 63) | seq, in_op, page: (0, 0, offset) };
     s.faults.insert(tid, pending);
-}
-
-fn block(kind: tracer_common::BlockKind, tid: u32, file_offset: u64, ts_ns: u64) -> Block {
-    Block {
-        ts_ns,
-        tid,
-        tgid: 1,
-        cpu: 0,
-        kind,
-        dev: DEV,
-        sector: (DISK_AT + file_offset) / 512,
-        nr_sector: 8,
-        error: 0,
-        rwbs: "R".into(),
-        comm: "t".into(),
-    }
 }
 
 fn packets(out: &[u8]) -> Vec<TracePacket> {
