@@ -35,6 +35,17 @@ def load_gen_models():
 
 
 @pytest.fixture(scope="session")
+def ttrace() -> Path:
+    """The release binary `cargo xtask test` built; the tests that use it record traces (eBPF), so root."""
+    if os.geteuid() != 0:
+        pytest.fail("these tests load eBPF programs and need root: run `sudo -E cargo xtask test`", pytrace=False)
+    p = Path(os.environ.get("TTRACE_BIN", REPO / "target/release/ttrace"))
+    if not os.access(p, os.X_OK):
+        pytest.fail(f"no ttrace binary at {p}: run through `cargo xtask test` (it builds it and sets TTRACE_BIN)", pytrace=False)
+    return p
+
+
+@pytest.fixture(scope="session")
 def paths() -> dict:
     where = os.environ.get("TTRACE_PATHS")
     if not where:

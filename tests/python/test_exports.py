@@ -34,16 +34,6 @@ CHROMIUM_FLAGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def ttrace() -> Path:
-    if os.geteuid() != 0:
-        pytest.fail("these tests record traces (eBPF) and need root: run `sudo -E cargo xtask test`", pytrace=False)
-    p = Path(os.environ.get("TTRACE_BIN", REPO / "target/release/ttrace"))
-    if not os.access(p, os.X_OK):
-        pytest.fail(f"no ttrace binary at {p}: run through `cargo xtask test` (it sets TTRACE_BIN)", pytrace=False)
-    return p
-
-
 def record(ttrace, out: Path, llama_completion, model: Path, preload: Path, extra=()) -> Path:
     argv = [ttrace, "run", "-o", out, *extra, "--", llama_completion, "-m", model, "-p", "hello world", "-n", "8",
             "-no-cnv", "--ignore-eos", "-t", "2", "--seed", "1"]

@@ -7,14 +7,16 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import gguf
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from test_exports import CHROMIUM_FLAGS, export, gguf_layer, record, screenshot_path, ttrace  # noqa: F401 (ttrace is a fixture)
+from test_exports import CHROMIUM_FLAGS, export, gguf_layer, record, screenshot_path
 
 
 def drop_from_page_cache(path: Path):

@@ -21,16 +21,6 @@ PERF_EVAL = re.compile(r"(?<!prompt )eval time =\s*[\d.]+ ms /\s*(\d+) runs")
 LAYER_MATRIX = re.compile(r"blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down)(_exps)?)\.weight$")
 
 
-@pytest.fixture(scope="session")
-def ttrace() -> Path:
-    if os.geteuid() != 0:
-        pytest.fail("these tests load eBPF programs and need root: run `sudo -E cargo xtask test`", pytrace=False)
-    p = Path(os.environ.get("TTRACE_BIN", Path(__file__).resolve().parents[2] / "target/release/ttrace"))
-    if not os.access(p, os.X_OK):
-        pytest.fail(f"no ttrace binary at {p}: run through `cargo xtask test` (it builds it and sets TTRACE_BIN)", pytrace=False)
-    return p
-
-
 def trace_run(ttrace, out: Path, argv: list, preload: Path | None = None, timeout=600, opts=()):
     env = dict(os.environ)
     if preload:

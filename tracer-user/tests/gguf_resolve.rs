@@ -249,6 +249,25 @@ fn split_model_resolves_per_file() {
         other => panic!("{other:?}"),
     }
 
+    // The target unmaps shard 2 and the heap grows into part of shard 0's
+    // range: events still in the ring resolve shard 2 where it was, while
+    // the new heap wins where it is mapped.
+    let t2 = model.tensors().iter().find(|t| t.file == 2).unwrap();
+    let mut after = String::new();
+    for l in maps.lines().filter(|l| !l.contains("00003-of")) {
+        after += l;
+        after += "\n";
+    }
+    after += &format!("{:x}-{:x} rw-p 00000000 00:00 0\n", base(0), base(0) + 0x20_0000);
+    let mut later = AddressSpace::from_maps_text(after.as_bytes(), std::slice::from_ref(&model)).unwrap();
+    assert_eq!(later.resolve(base(2) + t2.file_offset), Resolution::Unmapped);
+    later.keep_unmapped_models(&space);
+    assert!(matches!(
+        later.resolve(base(2) + t2.file_offset),
+        Resolution::ModelFile { file: 2, tensor: Some(TensorHit { offset_in_tensor: 0, .. }), .. }
+    ));
+    assert_eq!(later.resolve(base(0) + 0x1_0000).class(), MemoryClass::Anon);
+
     // A shard missing: a clear error naming it.
     std::fs::remove_file(&paths[2]).unwrap();
     let err = ModelMap::open(&paths[0]).unwrap_err().to_string();

@@ -15,6 +15,13 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         eprintln!("xtask: not root: the eBPF tests will fail; run `sudo -E cargo xtask test` to run them");
     }
     let root = cache::repo_root();
+    // Python names are only resolved when a test reaches them: check them all first.
+    shell::run(Command::new(&paths.venv_python).current_dir(&root).args([
+        "-m",
+        "pyflakes",
+        "tests/python",
+        "scripts",
+    ]))?;
     let ttrace = demo::build_ttrace()?;
 
     let mut failures = Vec::new();

@@ -177,7 +177,9 @@ impl Resolver {
                 self.maps_due = true;
             }
         }
-        self.space = AddressSpace::from_vmas(vmas, &self.models);
+        let mut space = AddressSpace::from_vmas(vmas, &self.models);
+        space.keep_unmapped_models(&self.space);
+        self.space = space;
     }
 
     /// The maps as last read, for the header: no MAPS frame is due for them.

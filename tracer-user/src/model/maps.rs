@@ -299,6 +299,25 @@ impl AddressSpace {
         AddressSpace { regions, names, models: models.iter().map(|m| m.index.clone()).collect() }
     }
 
+    /// Keep `previous`'s model mappings where this snapshot maps nothing.
+    /// Events are resolved after they happen: a target that unmaps its model
+    /// (exiting, or unloading) still has ops, faults and reads of it in the
+    /// ring, which must resolve to the model, not to nothing (then, by name,
+    /// to a copy). A new mapping at the same addresses wins.
+    pub fn keep_unmapped_models(&mut self, previous: &AddressSpace) {
+        let gone: Vec<Region> = previous
+            .regions
+            .iter()
+            .filter(|r| matches!(r.kind, RegionKind::Model { .. }))
+            .filter(|r| !self.regions.iter().any(|n| n.start < r.end && r.start < n.end))
+            .copied()
+            .collect();
+        if !gone.is_empty() {
+            self.regions.extend(gone);
+            self.regions.sort_by_key(|r| r.start);
+        }
+    }
+
     pub fn regions(&self) -> &[Region] {
         &self.regions
     }
