@@ -340,25 +340,16 @@ impl IoCorrelator {
     /// Model-file bytes a request covers, split by tensor (bytes between
     /// tensors, e.g. the header, count under tensor `u32::MAX`).
     pub fn tensors_of(&self, dev: u32, sector: u64, nr_sector: u32) -> Vec<TensorBytes> {
-        // Flushes carry sector u64::MAX: saturate rather than wrap.
-        let start = sector.saturating_mul(512);
-        let end = sector.saturating_add(u64::from(nr_sector)).saturating_mul(512);
         let mut out = Vec::new();
-        for (&(model, file), (disk, ranges)) in &self.extents {
-            if *disk != Some(dev) {
-                continue;
-            }
-            let first = ranges.partition_point(|&(_, e, _)| e <= start);
-            for &(s, e, logical) in ranges[first..].iter().take_while(|&&(s, _, _)| s < end) {
-                let (from, to) = (logical + start.max(s) - s, logical + end.min(e) - s);
-                self.split_by_tensor(model, file, from, to, &mut out);
-            }
+        for (model, file, from, to) in self.file_ranges(dev, sector, nr_sector) {
+            self.split_by_tensor(model, file, from, to, &mut out);
         }
         out
     }
 
     /// Model-file byte ranges a request covers: `(model, file, from, to)`.
     pub fn file_ranges(&self, dev: u32, sector: u64, nr_sector: u32) -> Vec<(u32, u32, u64, u64)> {
+        // Flushes carry sector u64::MAX: saturate rather than wrap.
         let start = sector.saturating_mul(512);
         let end = sector.saturating_add(u64::from(nr_sector)).saturating_mul(512);
         let mut out = Vec::new();
