@@ -20,7 +20,7 @@ pub const TYPE_I32: i32 = 26;
 
 /// Mirror of `struct ggml_tensor` (336 bytes).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GgmlTensor {
     pub type_: i32,
     pub _pad0: u32,
@@ -38,6 +38,17 @@ pub struct GgmlTensor {
     pub extra: u64,
     pub padding: [u8; 8],
 }
+
+/// `struct ggml_cgraph` fields the graph probe reads (x86_64; `uid` since
+/// Aug 2025): `int size, n_nodes, n_leafs; ggml_tensor **nodes, **grads,
+/// **grad_accs, **leafs; int32_t *use_counts; ggml_hash_set visited_hash_set;
+/// enum order; uint64_t uid`. The scheduler gives every split a fresh `uid`
+/// when it (re)builds it, so an unchanged `uid` means an unchanged graph.
+pub const CGRAPH_N_NODES: usize = 4;
+pub const CGRAPH_NODES: usize = 16;
+pub const CGRAPH_UID: usize = 88;
+/// `GGML_TENSOR_FLAG_INPUT`: set by `ggml_set_input` (token ids, positions, …).
+pub const FLAG_INPUT: i32 = 1;
 
 /// `struct ggml_compute_params` prefix: `int ith, nth`.
 pub const PARAMS_ITH: usize = 0;

@@ -64,6 +64,10 @@ pub mod programs {
     /// tensor)`, and `ggml_compute_forward_rms_norm_mul_fused(params, rms,
     /// mul)` attached twice; the attach cookie (a [`hooks`] value) says which.
     pub const GGML_OP: &str = "ggml_op";
+    /// `ggml_graph_compute(cgraph, cplan)`: reads the whole CPU graph (nodes
+    /// and the tensors they read) unless it is unchanged since its last run,
+    /// then its small integer inputs (token ids, positions).
+    pub const GRAPH_COMPUTE: &str = "graph_compute";
     /// `exceptions:page_fault_user` tracepoint.
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
     /// `filemap:mm_filemap_add_to_page_cache`: a page of a model file filled.
@@ -78,6 +82,8 @@ pub mod programs {
 /// Attach cookies of `call_args`/`call_return`: which function fired.
 pub mod markers {
     pub const SELFTEST: u64 = 0;
+    /// `ggml_graph_compute(cgraph, cplan)` returned: a CPU graph is done.
+    pub const GRAPH_COMPUTE_RETURN: u64 = 6;
     /// `ggml_backend_sched_graph_compute_async(sched, graph)`: one ubatch graph.
     pub const SCHED_GRAPH_COMPUTE: u64 = 1;
     pub const SCHED_GRAPH_COMPUTE_RETURN: u64 = 2;
@@ -99,13 +105,16 @@ pub enum EventKind {
     Op = 3,
     PageCache = 4,
     Block = 5,
+    Graph = 6,
+    Node = 7,
+    Input = 8,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
 pub const EVENT_KIND_SLOTS: u32 = 16;
 
 impl EventKind {
-    /// `call`, `page_fault`, `op`, `page_cache`, `block`.
+    /// `call`, `page_fault`, `op`, `page_cache`, `block`, `graph`, `node`, `input`.
     pub fn name(self) -> &'static str {
         self.into()
     }
@@ -232,6 +241,9 @@ pub mod hooks {
     pub const EXTRA: u32 = 0;
     pub const FUSED_RMS_NORM: u32 = 1;
     pub const FUSED_MUL: u32 = 2;
+    /// Not a probe: an op of a graph read whole at `ggml_graph_compute`,
+    /// timed only as part of its graph.
+    pub const GRAPH: u32 = 3;
 }
 
 /// One tensor of an op, as the probe saw it.
@@ -257,6 +269,28 @@ pub struct TensorRecord {
     pub name: [u8; ggml::MAX_NAME],
 }
 
+impl TensorRecord {
+    /// The record of the tensor at `address`, as the target holds it.
+    pub fn of(address: u64, t: &ggml::GgmlTensor, slot: u32) -> Self {
+        Self {
+            tensor: address,
+            data: t.data,
+            ne: t.ne,
+            nb: t.nb,
+            view_src: t.view_src,
+            view_offs: t.view_offs,
+            extra: t.extra,
+            type_: t.type_,
+            op: t.op,
+            op_param0: t.op_params[0],
+            flags: t.flags,
+            slot,
+            _pad: 0,
+            name: t.name,
+        }
+    }
+}
+
 /// An executed ggml node. Sent with only `n_tensors` entries of `tensors`:
 /// the destination, then source i at index i + 1 (absent ones marked).
 #[repr(C)]
@@ -278,6 +312,72 @@ pub struct OpEvent {
 /// Bytes of an [`OpEvent`] before its tensors.
 pub const OP_EVENT_FIXED: usize = core::mem::offset_of!(OpEvent, tensors);
 pub const TENSOR_RECORD_SIZE: usize = core::mem::size_of::<TensorRecord>();
+
+/// Nodes read per graph at most (llama.cpp's own graphs have a few
+/// thousand even for large MoE models).
+pub const MAX_GRAPH_NODES: u32 = 1 << 16;
+/// Integer inputs read per graph run, and bytes of each.
+pub const MAX_GRAPH_INPUTS: usize = 4;
+pub const MAX_INPUT_BYTES: usize = 4096;
+
+/// `GraphEvent::flags`.
+pub mod graph {
+    /// Same `cgraph` and `uid` as its last run: no node records follow.
+    pub const REUSED: u32 = 1;
+}
+
+/// `ggml_graph_compute` entered. Unless `REUSED`, `n_nodes` [`NodeEvent`]s
+/// with `role` NODE follow (index order), each followed by SOURCE records of
+/// the tensors it reads that were not sent before in this graph; then one
+/// [`InputEvent`] per integer input.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphEvent {
+    pub header: EventHeader,
+    pub cgraph: u64,
+    pub uid: u64,
+    pub n_nodes: u32,
+    pub flags: u32,
+}
+
+/// `NodeEvent::role`.
+pub mod node_role {
+    pub const NODE: u32 = 0;
+    /// A tensor some node reads that is not a node of this graph (a weight,
+    /// an input, the KV cache).
+    pub const SOURCE: u32 = 1;
+}
+
+/// One tensor of a graph, a node or a source, as the target holds it: the
+/// probe reads the `ggml_tensor` straight into the ring (one helper call,
+/// which keeps the verifier's work per tensor small).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    pub header: EventHeader,
+    pub uid: u64,
+    /// Node index (for a SOURCE: of the node that reads it).
+    pub index: u32,
+    pub role: u32,
+    /// Address of the `ggml_tensor`.
+    pub address: u64,
+    pub tensor: ggml::GgmlTensor,
+}
+
+/// The contents of a small integer input of a graph run, sent at every run.
+/// Sent with only `len` bytes of `data`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InputEvent {
+    pub header: EventHeader,
+    pub uid: u64,
+    pub tensor: u64,
+    pub len: u32,
+    pub _pad: u32,
+    pub data: [u8; MAX_INPUT_BYTES],
+}
+
+pub const INPUT_EVENT_FIXED: usize = core::mem::offset_of!(InputEvent, data);
 
 /// A user-space page fault (`exceptions:page_fault_user`).
 #[repr(C)]
@@ -310,6 +410,9 @@ const _: () = {
     assert!(offset_of!(PageCacheEvent, index) == 40);
     assert!(size_of::<BlockEvent>() == 80);
     assert!(offset_of!(BlockEvent, rwbs) == 48);
+    assert!(size_of::<GraphEvent>() == 48);
+    assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
+    assert!(INPUT_EVENT_FIXED == 48);
 };
 
 #[cfg(feature = "user")]
@@ -324,4 +427,7 @@ mod user {
     unsafe impl aya::Pod for PageCacheEvent {}
     unsafe impl aya::Pod for BlockEvent {}
     unsafe impl aya::Pod for OpEvent {}
+    unsafe impl aya::Pod for GraphEvent {}
+    unsafe impl aya::Pod for NodeEvent {}
+    unsafe impl aya::Pod for InputEvent {}
 }

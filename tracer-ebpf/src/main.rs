@@ -7,6 +7,7 @@ mod block;
 mod calls;
 mod faults;
 mod ggml;
+mod graph;
 mod maps;
 mod pagecache;
 

@@ -178,7 +178,7 @@ impl Traced {
         let stream = EventStream::new(tracer.take_events().unwrap()).unwrap();
         let writer =
             TraceWriter::create(BufWriter::with_capacity(1 << 20, std::io::sink()), &Header::default()).unwrap();
-        Self { tracer, stream, recorder: Recorder { writer, resolver: Resolver::new(pid) } }
+        Self { tracer, stream, recorder: Recorder::new(writer, Resolver::new(pid)) }
     }
 
     /// Drain what is in the ring now; call events decoded.

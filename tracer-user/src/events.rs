@@ -3,8 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    BlockEvent, CallEvent, EventHeader, EventKind, MAX_OP_TENSORS, OP_EVENT_FIXED, OpEvent, PageCacheEvent,
-    PageFaultEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE, TensorRecord,
+    BlockEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS, NodeEvent,
+    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE, TensorRecord,
 };
 
 /// One event from the kernel side.
@@ -15,6 +15,18 @@ pub enum Event {
     Op(Box<OpRecord>),
     PageCache(PageCacheEvent),
     Block(BlockEvent),
+    Graph(GraphEvent),
+    Node(Box<NodeEvent>),
+    Input(InputRecord),
+}
+
+/// A graph run's integer input (token ids, positions), as sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputRecord {
+    pub header: EventHeader,
+    pub uid: u64,
+    pub tensor: u64,
+    pub data: Vec<u8>,
 }
 
 /// An executed ggml node with only the tensors the probe sent.
@@ -37,6 +49,9 @@ impl Event {
             Event::Op(e) => &e.header,
             Event::PageCache(e) => &e.header,
             Event::Block(e) => &e.header,
+            Event::Graph(e) => &e.header,
+            Event::Node(e) => &e.header,
+            Event::Input(e) => &e.header,
         }
     }
 }
@@ -68,7 +83,27 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Op => decode_op(bytes).map(|op| Event::Op(Box::new(op))),
         EventKind::PageCache => read::<PageCacheEvent>(kind, bytes).map(Event::PageCache),
         EventKind::Block => read::<BlockEvent>(kind, bytes).map(Event::Block),
+        EventKind::Graph => read::<GraphEvent>(kind, bytes).map(Event::Graph),
+        EventKind::Node => read::<NodeEvent>(kind, bytes).map(|n| Event::Node(Box::new(n))),
+        EventKind::Input => decode_input(bytes).map(Event::Input),
     }
+}
+
+/// Input events are variable-length: the fixed part, then `len` bytes.
+fn decode_input(bytes: &[u8]) -> Result<InputRecord, DecodeError> {
+    if bytes.len() < INPUT_EVENT_FIXED {
+        return Err(DecodeError::Size { kind: "input", len: bytes.len(), expected: INPUT_EVENT_FIXED });
+    }
+    let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    // SAFETY: length checked; EventHeader is plain old data.
+    let header: EventHeader = unsafe { ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let len = u32::from_le_bytes(bytes[40..44].try_into().expect("4 bytes")) as usize;
+    let data = bytes.get(INPUT_EVENT_FIXED..INPUT_EVENT_FIXED + len).ok_or(DecodeError::Size {
+        kind: "input",
+        len: bytes.len(),
+        expected: INPUT_EVENT_FIXED + len,
+    })?;
+    Ok(InputRecord { header, uid: field(24), tensor: field(32), data: data.to_vec() })
 }
 
 /// Op events are variable-length: the fixed part, then `n_tensors` records.

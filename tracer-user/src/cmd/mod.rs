@@ -24,6 +24,8 @@ fn session_spec(
         mem_limit: None,
         cgroup: None,
         all_threads: args.all_threads,
+        // Per-thread records need the per-node probes.
+        op_timing: args.op_timing || args.all_threads,
         libs: args.lib.clone(),
         duration: None,
         ring_bytes: args.ring_bytes,

@@ -13,11 +13,11 @@
 
 use num_enum::TryFromPrimitive;
 use serde::{Deserialize, Serialize};
-use strum::IntoEnumIterator;
 use tracer_common::EventKind;
 
 pub const MAGIC: &[u8; 8] = b"TTRACE\0\x01";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: GRAPH and COMPUTE frames (graph capture). Version 1 traces are read too.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Frame kinds: the first byte of every frame. Readers skip kinds they do
 /// not know, so newer writers may add frames.
@@ -52,6 +52,12 @@ pub enum FrameKind {
     /// the header (`run`: after exec) and when a model file first shows up
     /// mapped; readers put the last one in the header's `maps`.
     Maps = 13,
+    /// A CPU graph as read at `ggml_graph_compute`: its id (in definition
+    /// order), then per node its descriptor and `(slot, descriptor)` sources.
+    Graph = 14,
+    /// A run of a defined graph: time, thread, graph id and the contents of
+    /// its integer inputs. Readers expand it into the graph's executed ops.
+    Compute = 15,
 }
 
 /// Late-found hooks (see `FrameKind::Hooks`).
@@ -109,6 +115,10 @@ pub struct Library {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Options {
     pub all_threads: bool,
+    /// Per-node probes timed every op; otherwise graphs were read whole at
+    /// `ggml_graph_compute` and ops are timed only as part of their graph.
+    #[serde(default)]
+    pub op_timing: bool,
     pub ring_bytes: u32,
     /// Page faults, page-cache fills and block requests recorded.
     #[serde(default)]
@@ -216,6 +226,8 @@ pub struct ModelTable {
 
 /// Events the kernel side dropped because the ring buffer was full, per
 /// [`EventKind`] (named fields, so the trace's JSON reads `{"op": 3, ...}`).
+/// Graph-capture records (graph, node, input) count as lost ops: each one
+/// lost loses executed ops.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lost {
     pub call: u64,
@@ -226,8 +238,12 @@ pub struct Lost {
 }
 
 impl Lost {
+    /// The kinds with a count of their own, in LOST-frame order.
+    pub const COUNTED: [EventKind; 5] =
+        [EventKind::Call, EventKind::PageFault, EventKind::Op, EventKind::PageCache, EventKind::Block];
+
     pub fn total(&self) -> u64 {
-        EventKind::iter().map(|kind| self[kind]).sum()
+        self.call + self.page_fault + self.op + self.page_cache + self.block
     }
 }
 
@@ -238,7 +254,7 @@ impl std::ops::Index<EventKind> for Lost {
         match kind {
             EventKind::Call => &self.call,
             EventKind::PageFault => &self.page_fault,
-            EventKind::Op => &self.op,
+            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input => &self.op,
             EventKind::PageCache => &self.page_cache,
             EventKind::Block => &self.block,
         }
@@ -250,7 +266,7 @@ impl std::ops::IndexMut<EventKind> for Lost {
         match kind {
             EventKind::Call => &mut self.call,
             EventKind::PageFault => &mut self.page_fault,
-            EventKind::Op => &mut self.op,
+            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,
             EventKind::Block => &mut self.block,
         }

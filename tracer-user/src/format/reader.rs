@@ -9,8 +9,7 @@ use std::{
     path::Path,
 };
 
-use strum::IntoEnumIterator;
-use tracer_common::{BlockKind, EventKind, PageCacheKind};
+use tracer_common::{BlockKind, PageCacheKind};
 
 use super::{
     codec::{CodecError, Cursor},
@@ -25,7 +24,10 @@ pub enum TraceError {
     Io { offset: u64, error: io::Error },
     #[error("not a ttrace trace file (bad magic); expected one written by `ttrace run` or `ttrace attach`")]
     Magic,
-    #[error("trace format version {0} is not supported by this ttrace (which reads version {FORMAT_VERSION})")]
+    #[error(
+        "trace format version {0} is not supported by this ttrace (which reads versions 1 to {FORMAT_VERSION}); \
+         read it with the ttrace that wrote it"
+    )]
     Version(u32),
     #[error("trace header is not valid JSON: {0}")]
     Header(serde_json::Error),
@@ -130,7 +132,23 @@ pub struct TraceReader<R: Read> {
     /// OP frames are stepped over (their timestamp kept) instead of returned.
     skip_ops: bool,
     skipped_ops: u64,
+    /// GRAPH definitions, by id.
+    graphs: Vec<Vec<GraphNode>>,
+    /// Ops of the last COMPUTE frame not returned yet.
+    expanded: std::collections::VecDeque<Op>,
 }
+
+/// A node of a defined graph: its descriptor and `(slot, descriptor)` sources.
+#[derive(Clone, Debug, PartialEq)]
+struct GraphNode {
+    dst: u32,
+    srcs: Vec<(u32, u32)>,
+}
+
+/// Ops that only re-describe memory: the CPU backend's compute loop skips them.
+const EMPTY_OPS: [&str; 5] = ["NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"];
+/// `GGML_TENSOR_FLAG_COMPUTE`: the scheduler marks the nodes a backend runs.
+const FLAG_COMPUTE: i32 = 16;
 
 impl TraceReader<BufReader<File>> {
     pub fn open(path: &Path) -> Result<Self, TraceError> {
@@ -165,7 +183,7 @@ impl<R: Read> TraceReader<R> {
             });
         }
         let header: Header = serde_json::from_slice(&json).map_err(TraceError::Header)?;
-        if header.format_version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&header.format_version) {
             return Err(TraceError::Version(header.format_version));
         }
         Ok(Self {
@@ -185,6 +203,8 @@ impl<R: Read> TraceReader<R> {
             ended: false,
             skip_ops: false,
             skipped_ops: 0,
+            graphs: Vec::new(),
+            expanded: std::collections::VecDeque::new(),
         })
     }
 
@@ -218,6 +238,9 @@ impl<R: Read> TraceReader<R> {
     /// The next event record, or `None` at the end (check `truncated`).
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
         loop {
+            if let Some(op) = self.expanded.pop_front() {
+                return Ok(Some(Record::Op(op)));
+            }
             if self.ended {
                 return Ok(None);
             }
@@ -348,6 +371,85 @@ impl<R: Read> TraceReader<R> {
                 }
                 Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs, token_ids })))
             }
+            FrameKind::Graph => {
+                let id = c.u32().map_err(e)?;
+                if id as usize != self.graphs.len() {
+                    return Err(format!("graph {id} defined out of order"));
+                }
+                let n_nodes = c.u32().map_err(e)?;
+                let mut nodes = Vec::with_capacity((n_nodes as usize).min(1 << 16));
+                for _ in 0..n_nodes {
+                    let dst = c.u32().map_err(e)?;
+                    self.check_descriptor(dst)?;
+                    let n_src = c.u32().map_err(e)?;
+                    if n_src as usize > tracer_common::ggml::MAX_SRC {
+                        return Err(format!("{n_src} sources"));
+                    }
+                    let mut srcs = Vec::with_capacity(n_src as usize);
+                    for _ in 0..n_src {
+                        let slot = c.u32().map_err(e)?;
+                        let id = c.u32().map_err(e)?;
+                        self.check_descriptor(id)?;
+                        srcs.push((slot, id));
+                    }
+                    nodes.push(GraphNode { dst, srcs });
+                }
+                self.graphs.push(nodes);
+                Ok(None)
+            }
+            FrameKind::Compute => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let graph = c.u32().map_err(e)?;
+                let n_inputs = c.u32().map_err(e)?;
+                let mut inputs = Vec::with_capacity((n_inputs as usize).min(16));
+                for _ in 0..n_inputs {
+                    let id = c.u32().map_err(e)?;
+                    self.check_descriptor(id)?;
+                    let ids: Vec<i32> = c
+                        .bytes()
+                        .map_err(e)?
+                        .chunks_exact(4)
+                        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    inputs.push((self.descriptors[id as usize].tensor, ids));
+                }
+                if self.skip_ops {
+                    let n = self.graph_ops(graph)?.count();
+                    self.skipped_ops += n as u64;
+                    return Ok(None);
+                }
+                let get_rows = self.header.op_id(tracer_common::ggml::OP_GET_ROWS);
+                let mut ops = Vec::new();
+                for node in self.graph_ops(graph)? {
+                    let token_ids = if Some(self.descriptors[node.dst as usize].op) == get_rows {
+                        node.srcs
+                            .iter()
+                            .find(|(slot, _)| *slot == 1)
+                            .and_then(|&(_, id)| {
+                                let tensor = self.descriptors[id as usize].tensor;
+                                inputs.iter().find(|(t, _)| *t == tensor)
+                            })
+                            .map(|(_, ids)| ids.clone())
+                            .unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    let hook = tracer_common::hooks::GRAPH;
+                    ops.push(Op {
+                        ts_ns,
+                        tid,
+                        ith: 0,
+                        nth: 0,
+                        hook,
+                        dst: node.dst,
+                        srcs: node.srcs.clone(),
+                        token_ids,
+                    });
+                }
+                self.expanded.extend(ops);
+                Ok(None)
+            }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
@@ -414,7 +516,7 @@ impl<R: Read> TraceReader<R> {
             }
             FrameKind::Lost => {
                 let mut lost = Lost::default();
-                for kind in EventKind::iter() {
+                for kind in Lost::COUNTED {
                     lost[kind] = c.u64().map_err(e)?;
                 }
                 Ok(Some(Record::Lost(lost)))
@@ -452,6 +554,16 @@ impl<R: Read> TraceReader<R> {
 
     fn string(&self, id: u32) -> Result<String, String> {
         self.strings.get(id as usize).cloned().ok_or_else(|| format!("string {id} not defined"))
+    }
+
+    /// The nodes of graph `graph` that the CPU backend executes.
+    fn graph_ops(&self, graph: u32) -> Result<impl Iterator<Item = &GraphNode>, String> {
+        let nodes = self.graphs.get(graph as usize).ok_or_else(|| format!("graph {graph} not defined"))?;
+        let empty: Vec<i32> = EMPTY_OPS.iter().filter_map(|name| self.header.op_id(name)).collect();
+        Ok(nodes.iter().filter(move |node| {
+            let d = &self.descriptors[node.dst as usize];
+            !empty.contains(&d.op) && d.flags & FLAG_COMPUTE != 0
+        }))
     }
 
     fn check_descriptor(&self, id: u32) -> Result<(), String> {

@@ -6,8 +6,7 @@ use std::{
     io::{self, Write},
 };
 
-use strum::IntoEnumIterator;
-use tracer_common::{BlockEvent, CallEvent, EventKind, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
+use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
 
 use super::{
     codec::{put_bytes, put_i64, put_u64},
@@ -22,6 +21,10 @@ pub struct WriterStats {
     pub op_bytes: u64,
     pub descriptors: u64,
     pub descriptor_bytes: u64,
+    /// Graph definitions and runs (graph capture), and their frames' bytes.
+    pub graphs: u64,
+    pub computes: u64,
+    pub graph_bytes: u64,
     pub markers: u64,
     pub faults: u64,
     pub page_cache: u64,
@@ -168,6 +171,68 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
+    /// Define graph `graph` (ids count up from 0): each node's record and
+    /// its `(slot, record)` sources.
+    pub fn graph(
+        &mut self,
+        graph: u32,
+        nodes: &[(TensorRecord, Vec<(u32, TensorRecord)>)],
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<()> {
+        let mut ids = Vec::with_capacity(nodes.len());
+        for (dst, srcs) in nodes {
+            let dst = self.descriptor(dst, resolve)?;
+            let mut src_ids = Vec::with_capacity(srcs.len());
+            for (slot, record) in srcs {
+                src_ids.push((*slot, self.descriptor(record, resolve)?));
+            }
+            ids.push((dst, src_ids));
+        }
+        let f = &mut self.frame;
+        put_u64(f, u64::from(graph));
+        put_u64(f, ids.len() as u64);
+        for (dst, srcs) in &ids {
+            put_u64(f, u64::from(*dst));
+            put_u64(f, srcs.len() as u64);
+            for &(slot, id) in srcs {
+                put_u64(f, u64::from(slot));
+                put_u64(f, u64::from(id));
+            }
+        }
+        self.stats.graph_bytes += self.emit(FrameKind::Graph)?;
+        self.stats.graphs += 1;
+        Ok(())
+    }
+
+    /// A run of graph `graph` at `ts_ns` on thread `tid`, with the bytes of
+    /// its integer inputs, each named by its tensor's record.
+    pub fn compute(
+        &mut self,
+        graph: u32,
+        ts_ns: u64,
+        tid: u32,
+        inputs: &[(TensorRecord, Vec<u8>)],
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<()> {
+        let thread = self.thread(tid)?;
+        let mut ids = Vec::with_capacity(inputs.len());
+        for (record, _) in inputs {
+            ids.push(self.descriptor(record, resolve)?);
+        }
+        self.timestamp(ts_ns);
+        let f = &mut self.frame;
+        put_u64(f, u64::from(thread));
+        put_u64(f, u64::from(graph));
+        put_u64(f, inputs.len() as u64);
+        for ((_, bytes), id) in inputs.iter().zip(ids) {
+            put_u64(f, u64::from(id));
+            put_bytes(f, bytes);
+        }
+        self.stats.computes += 1;
+        self.stats.graph_bytes += self.emit(FrameKind::Compute)?;
+        Ok(())
+    }
+
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {
         let thread = self.thread(call.header.tid)?;
         self.timestamp(call.header.ts_ns);
@@ -239,8 +304,7 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn lost(&mut self, lost: Lost) -> io::Result<()> {
-        // One count per kind, in EventKind order.
-        for kind in EventKind::iter() {
+        for kind in Lost::COUNTED {
             put_u64(&mut self.frame, lost[kind]);
         }
         self.emit(FrameKind::Lost).map(drop)

@@ -248,7 +248,7 @@ impl Tracer {
             let values = per_cpu
                 .get(&(kind as u32), 0)
                 .map_err(|source| LoadError::Map { map: MAP_LOST, error: Box::new(source) })?;
-            lost[kind] = values.iter().sum();
+            lost[kind] += values.iter().sum::<u64>();
         }
         Ok(lost)
     }

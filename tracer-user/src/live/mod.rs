@@ -4,6 +4,7 @@
 //! root and the embedded eBPF object (feature `live`).
 
 pub mod collect;
+pub mod graphs;
 pub mod load;
 pub mod privileges;
 pub mod recorder;

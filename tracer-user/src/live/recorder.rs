@@ -14,6 +14,7 @@ use std::{
 
 use tracer_common::{FileKey, TensorRecord, markers};
 
+use super::graphs::{GraphAssembler, Ready};
 use crate::{
     events::Event,
     format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor, TraceWriter},
@@ -226,8 +227,12 @@ impl Resolver {
     /// Refresh the snapshot (rate-limited) when a pointer of `op` is not
     /// covered by it: new mappings (the model, grown heaps) since the last read.
     pub fn prepare(&mut self, op: &crate::events::OpRecord) {
-        let stale =
-            op.tensors.iter().any(|t| t.data != 0 && matches!(self.space.resolve(t.data), Resolution::Unmapped));
+        self.prepare_records(op.tensors.iter());
+    }
+
+    /// Refresh the maps (rate-limited) when some record's data is unmapped.
+    pub fn prepare_records<'a>(&mut self, mut records: impl Iterator<Item = &'a TensorRecord>) {
+        let stale = records.any(|t| t.data != 0 && matches!(self.space.resolve(t.data), Resolution::Unmapped));
         if stale && self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL) {
             self.refresh();
         }
@@ -238,11 +243,32 @@ impl Resolver {
 pub struct Recorder<W: Write> {
     pub writer: TraceWriter<W>,
     pub resolver: Resolver,
+    pub graphs: GraphAssembler,
 }
 
 impl<W: Write> Recorder<W> {
+    pub fn new(writer: TraceWriter<W>, resolver: Resolver) -> Self {
+        Self { writer, resolver, graphs: GraphAssembler::default() }
+    }
+
     pub fn record(&mut self, event: &Event) -> io::Result<()> {
+        if !matches!(event, Event::Graph(_) | Event::Node(_) | Event::Input(_)) {
+            let ready = self.graphs.settle();
+            self.write_graphs(ready)?;
+        }
         match event {
+            Event::Graph(g) => {
+                let ready = self.graphs.on_graph(g);
+                self.write_graphs(ready)
+            }
+            Event::Node(n) => {
+                self.graphs.on_node(n);
+                Ok(())
+            }
+            Event::Input(i) => {
+                let ready = self.graphs.on_input(i);
+                self.write_graphs(ready)
+            }
             Event::Op(op) => {
                 self.resolver.prepare(op);
                 self.flush_models()?;
@@ -275,6 +301,23 @@ impl<W: Write> Recorder<W> {
                 }
             }
         }
+    }
+
+    /// Graph definitions and runs the assembler has completed.
+    pub fn write_graphs(&mut self, ready: Ready) -> io::Result<()> {
+        if let Some(definition) = ready.definition {
+            let records =
+                definition.nodes.iter().flat_map(|(dst, srcs)| std::iter::once(dst).chain(srcs.iter().map(|(_, r)| r)));
+            self.resolver.prepare_records(records);
+            self.flush_models()?;
+            let resolver = &mut self.resolver;
+            self.writer.graph(definition.id, &definition.nodes, &mut |r| resolver.memory_of(r))?;
+        }
+        if let Some(run) = ready.run {
+            let resolver = &mut self.resolver;
+            self.writer.compute(run.graph, run.ts_ns, run.tid, &run.inputs, &mut |r| resolver.memory_of(r))?;
+        }
+        Ok(())
     }
 
     /// Write model tables found since the last frame (before any frame that

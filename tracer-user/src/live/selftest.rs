@@ -78,7 +78,7 @@ pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
     let mut sink = |event| match event {
         Event::Call(e) => observed.calls.push(e),
         Event::PageFault(e) => observed.faults.push(e),
-        Event::Op(_) | Event::PageCache(_) | Event::Block(_) => {}
+        _ => {}
     };
     let concurrent = spec.read_concurrently;
     let work = tokio::task::spawn_blocking(move || exercise(&spec));

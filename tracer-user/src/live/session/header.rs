@@ -29,6 +29,7 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
         glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
         options: Options {
             all_threads: spec.all_threads,
+            op_timing: spec.op_timing,
             ring_bytes: spec.ring_bytes,
             io: spec.io,
             drop_caches: spec.drop_caches,

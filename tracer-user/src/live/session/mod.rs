@@ -61,6 +61,8 @@ pub struct SessionSpec {
     pub mem_limit: Option<u64>,
     pub cgroup: Option<String>,
     pub all_threads: bool,
+    /// Per-node probes (op durations) instead of per-graph capture.
+    pub op_timing: bool,
     /// `--lib` overrides: searched first for hook symbols.
     pub libs: Vec<PathBuf>,
     pub duration: Option<Duration>,
@@ -178,7 +180,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     // the libraries they are in.
     let mut attached = Attached::new(pid);
     if libs.cpu.is_some() {
-        attached.start_ops(&mut tracer, spec.all_threads, &libs, names.as_ref())?;
+        attached.start_ops(&mut tracer, spec.all_threads, spec.op_timing, &libs, names.as_ref())?;
     }
     header.libraries = attached.libraries.clone();
     let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
@@ -187,7 +189,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
         tracer.stop_at_first_graph()?;
     }
     let mut session =
-        Session { attached, recorder: Recorder { writer, resolver }, spec, trace_file, held_at_first_graph };
+        Session { attached, recorder: Recorder::new(writer, resolver), spec, trace_file, held_at_first_graph };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -293,6 +295,11 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     }
     let lost = tracer.lost()?;
     let mut recorder = session.recorder;
+    let ready = recorder.graphs.settle();
+    recorder.write_graphs(ready)?;
+    if recorder.graphs.incomplete > 0 {
+        log::warn!("{} graphs were not recorded whole (ring buffer full)", recorder.graphs.incomplete);
+    }
     recorder.flush_models()?;
     recorder.writer.lost(lost)?;
     let trailer = Trailer {
@@ -337,7 +344,7 @@ impl Session<'_> {
     /// HOOKS frame.
     fn start_late_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>) -> Result<()> {
         let before = self.attached.libraries.len();
-        self.attached.start_ops(tracer, self.spec.all_threads, libs, names)?;
+        self.attached.start_ops(tracer, self.spec.all_threads, self.spec.op_timing, libs, names)?;
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),
             op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),

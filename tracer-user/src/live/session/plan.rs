@@ -23,7 +23,9 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 8] = [
+pub(super) const HOOKS: [(&str, &str, u64); 10] = [
+    ("ggml_graph_compute", programs::GRAPH_COMPUTE, 0),
+    ("ggml_graph_compute", programs::CALL_RETURN, markers::GRAPH_COMPUTE_RETURN),
     ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
     ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
@@ -47,21 +49,28 @@ impl Attached {
         &mut self,
         tracer: &mut Tracer,
         all_threads: bool,
+        op_timing: bool,
         libs: &HookLibs,
         names: Option<&OpNames>,
     ) -> Result<()> {
         let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
         tracer.configure(all_threads, get_rows)?;
-        self.attach(tracer, libs)?;
+        self.attach(tracer, libs, op_timing)?;
         Ok(())
     }
 
     /// Attach every hook `libs` provides that is not attached yet.
-    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs) -> Result<usize> {
+    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, op_timing: bool) -> Result<usize> {
         let mut added = 0;
         // One ELF parse per library for all its hook offsets.
         let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
         for (symbol, program, cookie) in HOOKS {
+            // Either the per-node probes or the per-graph one: both would count every op twice.
+            let per_node = program == programs::GGML_OP;
+            let per_graph = symbol == "ggml_graph_compute";
+            if (per_node && !op_timing) || (per_graph && op_timing) {
+                continue;
+            }
             let Some(path) = libs.path_of(symbol) else { continue };
             if !self.probes.insert((path.to_path_buf(), program, cookie)) {
                 continue;
@@ -79,7 +88,7 @@ impl Attached {
             tracer.attach_uprobe_at(program, path, symbol, offset, Some(self.pid), cookie)?;
             log::debug!("uprobe {program} on {symbol} attached in {:?}", t.elapsed());
             added += 1;
-            self.has_ops |= program == programs::GGML_OP;
+            self.has_ops |= program == programs::GGML_OP || program == programs::GRAPH_COMPUTE;
             let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
                 .into_iter()
                 .find(|(_, p)| p.as_deref() == Some(path))

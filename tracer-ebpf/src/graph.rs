@@ -1,0 +1,224 @@
+//! One uprobe per CPU graph: `ggml_graph_compute(cgraph, cplan)` is called
+//! once per graph split by the calling thread only, so its cost does not
+//! grow with node or thread counts. A graph whose `(cgraph, uid)` ran before
+//! is unchanged (the scheduler gives a rebuilt split a fresh uid), and only
+//! its integer inputs are read again; a new one is read whole with
+//! `bpf_loop`: every node, and every tensor a node reads that is not a node.
+
+use core::{
+    ffi::c_void,
+    mem::{MaybeUninit, size_of},
+    ptr::{addr_of_mut, read_volatile},
+};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::generated::{bpf_loop, bpf_probe_read_user},
+    macros::{map, uprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::ProbeContext,
+};
+use tracer_common::{
+    EventKind, GraphEvent, INPUT_EVENT_FIXED, InputEvent, MAX_GRAPH_INPUTS, MAX_GRAPH_NODES, MAX_INPUT_BYTES,
+    NodeEvent,
+    ggml::{self, GgmlTensor},
+    graph, node_role,
+};
+
+use crate::maps::{EVENTS, count_lost, emit, header, submit_flags, traced_task};
+
+/// What a graph's walk needs in every `bpf_loop` step.
+#[repr(C)]
+struct Walk {
+    task: (u32, u32),
+    nodes: u64,
+    uid: u64,
+    cgraph: u64,
+}
+
+/// Integer inputs found in a graph, read again at each of its runs.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Inputs {
+    n: u32,
+    _pad: u32,
+    tensor: [u64; MAX_GRAPH_INPUTS],
+    data: [u64; MAX_GRAPH_INPUTS],
+    len: [u32; MAX_GRAPH_INPUTS],
+}
+
+#[map]
+static GRAPH_INPUT: PerCpuArray<InputEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Tensor address → uid of the graph that last sent it: each tensor once per graph.
+#[map]
+static SENT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1 << 16, 0);
+
+/// cgraph address → uid of its last run.
+#[map]
+static LAST_UID: HashMap<u64, u64> = HashMap::with_max_entries(1024, 0);
+
+/// cgraph address → its integer inputs.
+#[map]
+static INPUTS: HashMap<u64, Inputs> = HashMap::with_max_entries(1024, 0);
+
+#[uprobe]
+pub fn graph_compute(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let cgraph = unsafe { read_volatile(&(*(ctx.as_ptr() as *const pt_regs)).rdi) };
+    let _ = read_graph(cgraph);
+    0
+}
+
+#[inline(always)]
+fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
+    // SAFETY: dst points to a map value or stack slot of size_of::<T>().
+    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
+}
+
+fn read_graph(cgraph: u64) -> Result<(), ()> {
+    let task = traced_task().ok_or(())?;
+    let mut n_nodes = 0i32;
+    let mut nodes = 0u64;
+    let mut uid = 0u64;
+    read_user(&mut n_nodes, cgraph + ggml::CGRAPH_N_NODES as u64)?;
+    read_user(&mut nodes, cgraph + ggml::CGRAPH_NODES as u64)?;
+    read_user(&mut uid, cgraph + ggml::CGRAPH_UID as u64)?;
+    let n_nodes = (n_nodes.max(0) as u32).min(MAX_GRAPH_NODES);
+    // uid 0 means "not set": such a graph is never taken for unchanged.
+    let reused = uid != 0 && LAST_UID.get_ptr(&cgraph).is_some_and(|last| unsafe { *last } == uid);
+    emit(
+        EventKind::Graph,
+        GraphEvent {
+            header: header(EventKind::Graph, task),
+            cgraph,
+            uid,
+            n_nodes,
+            flags: if reused { graph::REUSED } else { 0 },
+        },
+    );
+    if !reused {
+        let empty = Inputs { n: 0, _pad: 0, tensor: [0; MAX_GRAPH_INPUTS], data: [0; MAX_GRAPH_INPUTS], len: [0; 4] };
+        let _ = INPUTS.insert(&cgraph, &empty, 0);
+        let mut walk = Walk { task, nodes, uid, cgraph };
+        // SAFETY: the callback gets `walk` back as its context.
+        unsafe {
+            bpf_loop(n_nodes, walk_node as *mut c_void, addr_of_mut!(walk).cast::<c_void>(), 0);
+        }
+        let _ = LAST_UID.insert(&cgraph, &uid, 0);
+    }
+    send_inputs(cgraph, uid, task);
+    Ok(())
+}
+
+#[inline(never)]
+extern "C" fn walk_node(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Walk` given to it.
+    let walk = unsafe { &*(ctx as *const Walk) };
+    let _ = send_node(walk, index as u32);
+    0
+}
+
+fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
+    let mut node = 0u64;
+    read_user(&mut node, walk.nodes + u64::from(index) * 8)?;
+    let sources = send_tensor(walk, index, node_role::NODE, node).ok_or(())?;
+    let _ = SENT.insert(&node, &walk.uid, 0);
+    for src in sources {
+        if src == 0 || SENT.get_ptr(&src).is_some_and(|uid| unsafe { *uid } == walk.uid) {
+            continue;
+        }
+        let _ = SENT.insert(&src, &walk.uid, 0);
+        let _ = send_tensor(walk, index, node_role::SOURCE, src);
+    }
+    Ok(())
+}
+
+/// Read the tensor at `address` straight into a ring record; its sources,
+/// for a node. An integer input among the sources is remembered.
+#[inline(always)]
+fn send_tensor(walk: &Walk, index: u32, role: u32, address: u64) -> Option<[u64; ggml::MAX_SRC]> {
+    let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
+        count_lost(EventKind::Node);
+        return None;
+    };
+    let event: &mut MaybeUninit<NodeEvent> = &mut entry;
+    let e = event.as_mut_ptr();
+    // SAFETY: the reservation is NodeEvent-sized; all of it is written below.
+    unsafe {
+        (*e).header = header(EventKind::Node, walk.task);
+        (*e).uid = walk.uid;
+        (*e).index = index;
+        (*e).role = role;
+        (*e).address = address;
+        if read_user(addr_of_mut!((*e).tensor), address).is_err() {
+            entry.discard(0);
+            return None;
+        }
+        let t = &(*e).tensor;
+        let sources = t.src;
+        if role == node_role::SOURCE && t.flags & ggml::FLAG_INPUT != 0 && t.type_ == ggml::TYPE_I32 {
+            add_input(walk.cgraph, address, t);
+        }
+        entry.submit(submit_flags());
+        Some(sources)
+    }
+}
+
+#[inline(always)]
+fn add_input(cgraph: u64, tensor_address: u64, t: &GgmlTensor) {
+    let Some(inputs) = INPUTS.get_ptr_mut(&cgraph) else { return };
+    // SAFETY: a map value; only this graph's caller thread writes it.
+    let inputs = unsafe { &mut *inputs };
+    let i = inputs.n as usize;
+    if i >= MAX_GRAPH_INPUTS {
+        return;
+    }
+    let elems = t.ne[0].max(0) as u64 * t.ne[1].max(1) as u64 * t.ne[2].max(1) as u64 * t.ne[3].max(1) as u64;
+    inputs.tensor[i] = tensor_address;
+    inputs.data[i] = t.data;
+    inputs.len[i] = (elems * 4).min(MAX_INPUT_BYTES as u64) as u32;
+    inputs.n = i as u32 + 1;
+}
+
+#[inline(always)]
+fn send_inputs(cgraph: u64, uid: u64, task: (u32, u32)) {
+    let Some(inputs) = INPUTS.get_ptr(&cgraph) else { return };
+    // SAFETY: a map value, read only.
+    let inputs = unsafe { *inputs };
+    let Some(event) = GRAPH_INPUT.get_ptr_mut(0) else { return };
+    // SAFETY: per-CPU scratch.
+    let event = unsafe { &mut *event };
+    for i in 0..MAX_GRAPH_INPUTS {
+        if i as u32 >= inputs.n {
+            break;
+        }
+        let len = inputs.len[i] as usize;
+        if len == 0 || len > MAX_INPUT_BYTES {
+            continue;
+        }
+        event.header = header(EventKind::Input, task);
+        event.uid = uid;
+        event.tensor = inputs.tensor[i];
+        event.len = len as u32;
+        event._pad = 0;
+        // SAFETY: len is at most the size of `data`.
+        let ret = unsafe {
+            bpf_probe_read_user(event.data.as_mut_ptr().cast::<c_void>(), len as u32, inputs.data[i] as *const c_void)
+        };
+        if ret != 0 {
+            continue;
+        }
+        let total = INPUT_EVENT_FIXED + len;
+        if total > size_of::<InputEvent>() {
+            continue;
+        }
+        // SAFETY: total is within the scratch slot, checked above.
+        let bytes = unsafe { core::slice::from_raw_parts((event as *const InputEvent).cast::<u8>(), total) };
+        if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+            count_lost(EventKind::Input);
+        }
+    }
+}
