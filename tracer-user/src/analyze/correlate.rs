@@ -156,7 +156,9 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                     Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader),
                     None => a.ops_outside_ubatches += 1,
                 }
-                if let Some(ended) = clock.start(op.tid, op.ts_ns, name) {
+                if op.timed()
+                    && let Some(ended) = clock.start(op.tid, op.ts_ns, name)
+                {
                     *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
                 }
             }

@@ -31,7 +31,8 @@ pub struct Context {
 pub struct OpEvent {
     pub ctx: Context,
     pub op: Op,
-    /// `None` when the trace ended while it ran.
+    /// `None` when the trace ended while it ran, or the op is not timed
+    /// ([`Op::timed`]: captured with its graph, it has no time of its own).
     pub end_ns: Option<u64>,
 }
 
@@ -131,6 +132,7 @@ pub fn walk<S: Sink + ?Sized>(
     let mut ubatch: Option<u32> = None;
     let mut next_ubatch = 0u32;
     let mut clock: OpClock<OpEvent> = OpClock::default();
+    let mut graph_ops = GraphOps::default();
     // The index only places faults; without any, reading ahead is wasted.
     let mut index = if analysis.faults > 0 { prescan(path)? } else { AddressIndex::default() };
     let token_of = token_indices(analysis);
@@ -151,17 +153,22 @@ pub fn walk<S: Sink + ?Sized>(
             Record::Op(op) => {
                 let ctx = Context { seq, ubatch };
                 seq += 1;
-                if let Some(ended) = clock.start(op.tid, op.ts_ns, OpEvent { ctx, op, end_ns: None }) {
+                if !op.timed() {
+                    graph_ops.add(&op, ctx.seq, reader.descriptors());
+                    emit(Event::Op(OpEvent { ctx, op, end_ns: None }), &reader)?;
+                } else if let Some(ended) = clock.start(op.tid, op.ts_ns, OpEvent { ctx, op, end_ns: None }) {
                     emit(Event::Op(ended.into_op()), &reader)?;
                 }
             }
             Record::Marker(m) => {
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
+                    graph_ops.clear();
                     for ended in clock.graph_returned(m.ts_ns) {
                         emit(Event::Op(ended.into_op()), &reader)?;
                     }
                 }
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE {
+                    graph_ops.clear();
                     ubatch = Some(next_ubatch);
                     next_ubatch += 1;
                 }
@@ -176,7 +183,10 @@ pub fn walk<S: Sink + ?Sized>(
                 index.learn(reader.descriptors(), reader.models());
                 let ctx = Context { seq, ubatch };
                 seq += 1;
-                let op_seq = clock.running_on(fault.tid).map(|o| o.ctx.seq);
+                // A timed op runs on the faulting thread; otherwise the op of
+                // the current graph reading the faulting address is the cause.
+                let op_seq =
+                    clock.running_on(fault.tid).map(|o| o.ctx.seq).or_else(|| graph_ops.reading(fault.address));
                 // Newer traces carry the file position; older ones are resolved here.
                 let hit = match fault.file {
                     Some(pos) => {
@@ -241,6 +251,35 @@ fn prescan(path: &Path) -> Result<AddressIndex, TraceError> {
 impl super::op_time::Ended<OpEvent> {
     fn into_op(self) -> OpEvent {
         OpEvent { end_ns: self.end_ns, ..self.item }
+    }
+}
+
+/// The untimed ops of the current ubatch, by the memory their sources read.
+#[derive(Default)]
+struct GraphOps {
+    /// `(start, end, op seq)` of every source's bytes, in op order.
+    reads: Vec<(u64, u64, u64)>,
+}
+
+impl GraphOps {
+    fn add(&mut self, op: &Op, seq: u64, descriptors: &[Descriptor]) {
+        for &(_, id) in &op.srcs {
+            let d = &descriptors[id as usize];
+            if d.data != 0
+                && let Some(bytes) = super::tensor::view_bytes(d)
+            {
+                self.reads.push((d.data, d.data.saturating_add(bytes), seq));
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.reads.clear();
+    }
+
+    /// The first op whose source holds `address`.
+    fn reading(&self, address: u64) -> Option<u64> {
+        self.reads.iter().find(|&&(start, end, _)| (start..end).contains(&address)).map(|&(_, _, seq)| seq)
     }
 }
 

@@ -124,6 +124,9 @@ impl<W: Write> Sink for ChromeSink<W> {
 
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
+            // Ops captured with their graph have no time of their own: the
+            // timeline shows their ubatch (op slices need --op-timing).
+            Event::Op(e) if !e.op.timed() => {}
             Event::Op(e) => {
                 let Some(r) = row(event, t) else { return Ok(()) };
                 if self.threads.insert(r.tid) {

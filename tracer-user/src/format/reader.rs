@@ -49,6 +49,14 @@ pub struct Op {
     pub token_ids: Vec<i32>,
 }
 
+impl Op {
+    /// Whether the op was probed as it ran (`--op-timing`), so its start
+    /// time is its own; a graph-captured op has its graph's start time.
+    pub fn timed(&self) -> bool {
+        self.hook != tracer_common::hooks::GRAPH
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Marker {
     pub ts_ns: u64,

@@ -339,6 +339,9 @@ impl<W: Write> Sink for PerfettoSink<W> {
 
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
+            // Ops captured with their graph have no time of their own: the
+            // timeline shows their ubatch (op slices need --op-timing).
+            Event::Op(e) if !e.op.timed() => {}
             Event::Op(e) => {
                 // The thread moved on to its next op: its fault read nothing more.
                 self.close_fault(e.op.tid)?;
