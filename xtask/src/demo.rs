@@ -1,6 +1,6 @@
 //! `cargo xtask demo`: set up, build ttrace, and run the main job: trace a
-//! real, cold-cache llama-completion run on a generated model and write its
-//! report, a Perfetto timeline and an HTML page.
+//! real, cold-cache llama-completion run of the real model (Gemma 3 270M)
+//! and write its report, a Perfetto timeline and an HTML page.
 
 use std::{path::PathBuf, process::Command};
 
@@ -16,7 +16,7 @@ pub fn run() -> Result<()> {
     eprintln!("demo: kernel round trip (`ttrace check`)");
     shell::run(Command::new(&ttrace).arg("check"))?;
 
-    let model = paths.models.get("tiny").context("set-up generated no `tiny` model")?;
+    let model = paths.models.get("gemma").context("set-up fetched no `gemma` model")?;
     let trace = out_dir.join("ttrace.data");
     eprintln!("demo: tracing llama-completion on {}", model.display());
     shell::run(
@@ -27,7 +27,8 @@ pub fn run() -> Result<()> {
             .arg(&paths.llama.completion)
             .arg("-m")
             .arg(model)
-            .args(["-p", "hello world", "-n", "16", "-no-cnv", "--ignore-eos", "--perf", "-t", "2"]),
+            // Gemma's default context (32768) would size a KV cache far bigger than the model.
+            .args(["-p", "The three primary colors are", "-n", "32", "-c", "512", "-no-cnv", "--perf", "-t", "2"]),
     )?;
     let report = shell::output(Command::new(&ttrace).arg("report").arg(&trace))?;
     let report_path = out_dir.join("report.txt");
