@@ -1,0 +1,60 @@
+"""Graph capture (the default mode) against llama.cpp's own eval callback:
+per ubatch, the nodes ttrace records (op, name) are the nodes the scheduler
+computed, in order, and the GET_ROWS indices ttrace records are the token
+ids llama.cpp embedded. The oracle (graph_oracle.py with --oracle) and the
+traced run (the same script, untouched) decode greedily on the same build and
+thread count, so both compute the same tokens. Needs root."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_exports import export
+
+ORACLE = Path(__file__).with_name("graph_oracle.py")
+# Nodes ggml_graph_compute skips: they compute nothing (views, reshapes).
+EMPTY_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+
+
+def oracle_run(model: Path, out: Path | None, n: int) -> list[str]:
+    args = [sys.executable, ORACLE, model, "-n", str(n), "--threads", "2"]
+    return args + (["--oracle", str(out)] if out else [])
+
+
+@pytest.mark.parametrize("name", ["tiny", "moe", "gemma"])
+def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, models, name):
+    oracle_json = tmp_path / "oracle.json"
+    proc = subprocess.run(oracle_run(models[name], oracle_json, 4), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    oracle = json.loads(oracle_json.read_text())
+
+    trace = tmp_path / "t.data"
+    traced = subprocess.run([ttrace, "run", "-o", trace, "--", *oracle_run(models[name], None, 4)],
+                            capture_output=True, text=True, timeout=600)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    # The same greedy decode: the traced run generated the oracle's tokens.
+    assert json.loads(traced.stdout.strip().splitlines()[-1])["generated"] == oracle["generated"]
+
+    rows = export(ttrace, trace, "jsonl", tmp_path / "rows.jsonl")
+    by_ubatch: dict[int, list[dict]] = {}
+    for line in rows.read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "op" and r["ubatch"] is not None:
+            by_ubatch.setdefault(r["ubatch"], []).append(r)
+    assert sorted(by_ubatch) == list(range(len(oracle["ubatches"])))
+    for u, nodes in enumerate(oracle["ubatches"]):
+        want = [(n["op"], n["name"]) for n in nodes if n["op"] not in EMPTY_OPS]
+        got = [(r["name"], r["dst"]) for r in by_ubatch[u]]
+        diff = next((i for i in range(max(len(got), len(want))) if got[i:i + 1] != want[i:i + 1]), None)
+        assert diff is None, f"ubatch {u}, node {diff}: ttrace {got[diff:diff + 3]}, llama.cpp {want[diff:diff + 3]}"
+        # The embedding's indices: the prompt's tokens, then each generated one.
+        want_tokens = oracle["prompt_tokens"] if u == 0 else [oracle["generated"][u - 1]]
+        embd = [n for n in nodes if n.get("src0") == "token_embd.weight"]
+        assert [n["rows"] for n in embd] == [want_tokens]
+    report = json.loads(subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert [u["token_ids"] for u in report["ubatches"]] == [oracle["prompt_tokens"]] + [[t] for t in oracle["generated"]]
