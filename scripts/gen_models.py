@@ -74,14 +74,20 @@ class ModelSpec:
     direct_blocks: bool = False
     rope_freq_base: float = 10000.0
     rms_eps: float = 1e-5
+    # llama.cpp architecture: "llama", or "qwen3moe" (per-head q/k norms, its
+    # own MoE graph code: a second routing path).
+    arch: str = "llama"
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
     def params(self) -> dict:
+        spec = dataclasses.asdict(self)
+        if self.arch == "llama":
+            del spec["arch"]  # as before the field existed: cached llama models stay valid
         return {
-            "spec": dataclasses.asdict(self),
+            "spec": spec,
             "generator_version": GENERATOR_VERSION,
             "gguf": gguf_version(),
             "numpy": np.__version__,
@@ -101,6 +107,8 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec(name="tiny-split", wtype="F16", n_split=3, **_TINY),
         ModelSpec(name="moe", seed=2, n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                   n_vocab=384, n_ctx=2048, wtype="F16", n_expert=8, n_expert_used=2),
+        ModelSpec(name="qwen3moe", seed=4, n_layer=3, n_embd=256, n_ff=384, n_head=4, n_head_kv=2,
+                  n_vocab=384, n_ctx=2048, wtype="F16", n_expert=16, n_expert_used=4, arch="qwen3moe"),
         # Realistic shapes (TinyLlama-like, 32000-token vocab) for overhead measurements.
         ModelSpec(name="bench", seed=3, n_layer=16, n_embd=2048, n_ff=5632, n_head=16, n_head_kv=16,
                   n_vocab=32000, n_ctx=2048, wtype="Q8_0", direct_blocks=True),
@@ -196,6 +204,13 @@ def tensor_plan(spec: ModelSpec) -> list[TensorPlan]:
             TensorPlan(b + "attn_k.weight", (e, kv), w, 1.0 / math.sqrt(e)),
             TensorPlan(b + "attn_v.weight", (e, kv), w, 1.0 / math.sqrt(e)),
             TensorPlan(b + "attn_output.weight", (e, e), w, 1.0 / math.sqrt(e)),
+        ]
+        if spec.arch == "qwen3moe":
+            out += [
+                TensorPlan(b + "attn_k_norm.weight", (spec.head_dim,), QT.F32, 0.0),
+                TensorPlan(b + "attn_q_norm.weight", (spec.head_dim,), QT.F32, 0.0),
+            ]
+        out += [
             TensorPlan(b + "ffn_norm.weight", (e,), QT.F32, 0.0),
         ]
         if x:
@@ -257,27 +272,30 @@ def q8_0_blocks(rng: np.random.Generator, t: TensorPlan) -> np.ndarray:
 def expected_kv(spec: ModelSpec) -> dict[str, object]:
     """The metadata every model carries (first shard for split models)."""
     tokens, scores, types = vocab(spec.n_vocab)
+    a = spec.arch
     kv: dict[str, object] = {
-        "general.architecture": "llama",
+        "general.architecture": a,
         "general.name": spec.name,
         "general.description": f"ttrace synthetic test model (gen_models.py v{GENERATOR_VERSION}, seed {spec.seed})",
         "general.file_type": int(FILE_TYPES[spec.wtype]),
-        "llama.vocab_size": spec.n_vocab,
-        "llama.context_length": spec.n_ctx,
-        "llama.embedding_length": spec.n_embd,
-        "llama.block_count": spec.n_layer,
-        "llama.feed_forward_length": spec.n_ff,
-        "llama.attention.head_count": spec.n_head,
-        "llama.attention.head_count_kv": spec.n_head_kv,
-        "llama.attention.layer_norm_rms_epsilon": spec.rms_eps,
-        "llama.rope.dimension_count": spec.head_dim,
-        "llama.rope.freq_base": spec.rope_freq_base,
+        f"{a}.vocab_size": spec.n_vocab,
+        f"{a}.context_length": spec.n_ctx,
+        f"{a}.embedding_length": spec.n_embd,
+        f"{a}.block_count": spec.n_layer,
+        f"{a}.feed_forward_length": spec.n_ff,
+        f"{a}.attention.head_count": spec.n_head,
+        f"{a}.attention.head_count_kv": spec.n_head_kv,
+        f"{a}.attention.layer_norm_rms_epsilon": spec.rms_eps,
+        f"{a}.rope.dimension_count": spec.head_dim,
+        f"{a}.rope.freq_base": spec.rope_freq_base,
     }
     if spec.wtype != "F16":
         kv["general.quantization_version"] = gguf.GGML_QUANT_VERSION
     if spec.n_expert:
-        kv["llama.expert_count"] = spec.n_expert
-        kv["llama.expert_used_count"] = spec.n_expert_used
+        kv[f"{a}.expert_count"] = spec.n_expert
+        kv[f"{a}.expert_used_count"] = spec.n_expert_used
+    if a == "qwen3moe":
+        kv[f"{a}.expert_feed_forward_length"] = spec.n_ff
     kv.update({
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
@@ -312,6 +330,8 @@ def add_kv(w: gguf.GGUFWriter, spec: ModelSpec) -> None:
     if spec.n_expert:
         w.add_expert_count(spec.n_expert)
         w.add_expert_used_count(spec.n_expert_used)
+    if spec.arch == "qwen3moe":
+        w.add_expert_feed_forward_length(spec.n_ff)
     w.add_tokenizer_model("llama")
     w.add_token_list(kv["tokenizer.ggml.tokens"])
     w.add_token_scores(kv["tokenizer.ggml.scores"])
@@ -340,7 +360,7 @@ def split_max_tensors(spec: ModelSpec) -> int:
 def write_model(spec: ModelSpec, out_dir: Path) -> list[Path]:
     """Write the model into out_dir (a scratch dir); return its files."""
     plan = tensor_plan(spec)
-    w = gguf.GGUFWriter(out_dir / f"{spec.name}.gguf", "llama", split_max_tensors=split_max_tensors(spec))
+    w = gguf.GGUFWriter(out_dir / f"{spec.name}.gguf", spec.arch, split_max_tensors=split_max_tensors(spec))
     add_kv(w, spec)
     for t in plan:
         if t.type in (QT.F32, QT.F16):

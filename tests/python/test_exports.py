@@ -186,19 +186,10 @@ class Pftrace:
         return {int(n.split()[1]): u for u, n in self.tracks.items() if n.startswith("thread ")}
 
 
-def test_perfetto_tracks_slices_and_counters(ttrace, trace, tmp_path, models):
-    path, a = trace
-    pf = Pftrace(export(ttrace, path, "perfetto", tmp_path / "t.pftrace").read_bytes())
-    tracks, parents, begins, slice_names, counters, by_name = (
-        pf.tracks, pf.parents, pf.begins, pf.slice_names, pf.counters, pf.by_name)
-    assert begins == pf.ends, "every slice is closed"
-
-    # Ubatch track: one slice per ubatch, in order, named with its phase.
-    ub = slice_names[by_name["ubatches"]]
-    assert len(ub) == len(a["ubatches"])
-    assert all(f"({u['phase']}" in s for s, u in zip(ub, a["ubatches"]))
-
-    # Thread tracks: op slices, per op name as many as the report counts.
+def check_op_slices(ttrace, pf, a: dict, path: Path, tmp_path: Path):
+    """Per thread one slice per op row (same start), per op name as many as
+    the report counts, with the row's tensors, bytes, memory class and layer."""
+    begins, slice_names = pf.begins, pf.slice_names
     threads = list(pf.threads().values())
     ops = collections.Counter(n for u in threads for n in slice_names[u] if n != "page_fault")
     assert dict(ops) == a["op_counts"]
@@ -236,6 +227,27 @@ def test_perfetto_tracks_slices_and_counters(ttrace, trace, tmp_path, models):
                 assert args["weight_bytes"] == 0, (name, args)
     assert not rows and n_ops == a["ops"], "one op slice per op row"
     assert matmuls > 0
+
+
+def test_perfetto_tracks_slices_and_counters(ttrace, trace, tmp_path, models):
+    path, a = trace
+    pf = Pftrace(export(ttrace, path, "perfetto", tmp_path / "t.pftrace").read_bytes())
+    tracks, parents, begins, slice_names, counters, by_name = (
+        pf.tracks, pf.parents, pf.begins, pf.slice_names, pf.counters, pf.by_name)
+    assert begins == pf.ends, "every slice is closed"
+
+    # Ubatch track: one slice per ubatch, in order, named with its phase.
+    ub = slice_names[by_name["ubatches"]]
+    assert len(ub) == len(a["ubatches"])
+    assert all(f"({u['phase']}" in s for s, u in zip(ub, a["ubatches"]))
+
+    # Thread tracks: op slices with --op-timing; graph capture (the default)
+    # does not time ops, so its threads have fault slices only.
+    if a["header"]["options"]["op_timing"]:
+        check_op_slices(ttrace, pf, a, path, tmp_path)
+    else:
+        assert not [n for u in pf.threads().values() for n in slice_names[u] if n != "page_fault"]
+    (model,) = a["models"]
 
     # Model group: a track per layer of the model table, slices named by that layer's weights.
     group = by_name[f"model: {Path(model['files'][0]).name}"]
@@ -277,6 +289,8 @@ def test_chrome_json_matches_perfetto_and_report(ttrace, trace, tmp_path):
             ops[e["tid"]].append((e["ts"], e["name"], args))
     # (Perfetto also has tracks for threads that only faulted.)
     threads = {tid: u for tid, u in pf.threads().items() if pf.begins[u]}
+    if not a["header"]["options"]["op_timing"]:
+        threads = {}  # graph capture: no op slices, in either export
     assert set(ops) == set(threads)
     for tid, uuid in threads.items():
         # µs since tracing started, as the exporter computes them (exact in a double).
@@ -284,8 +298,9 @@ def test_chrome_json_matches_perfetto_and_report(ttrace, trace, tmp_path):
         got = sorted((ts, n, json.dumps(args, sort_keys=True)) for ts, n, args in ops[tid])
         assert len(got) == pf.begins[uuid], f"thread {tid}: op slice count"
         assert got == want, f"thread {tid}: op slices differ"
-    assert sum(len(v) for v in ops.values()) == a["ops"]
-    assert dict(collections.Counter(n for v in ops.values() for _, n, _ in v)) == a["op_counts"]
+    if threads:
+        assert sum(len(v) for v in ops.values()) == a["ops"]
+        assert dict(collections.Counter(n for v in ops.values() for _, n, _ in v)) == a["op_counts"]
 
     # Ubatch slices: one per ubatch, named as on Perfetto's ubatch track, with its op count.
     ubatches = [e for e in events if e["ph"] == "X" and e.get("cat") == "ubatch"]

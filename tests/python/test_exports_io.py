@@ -168,14 +168,17 @@ def check_disk_flows_and_counters(path: Path, a: dict, out: Path, ttrace) -> int
     return chains
 
 
+@pytest.mark.parametrize("mode", ["graph", "op-timing"])
 def test_memory_limited_run_reads_every_token_from_disk(ttrace, tmp_path, llama_completion, models,
-                                                        flush_log_preload):
+                                                        flush_log_preload, mode):
     """Under a memory limit smaller than the model, every generated token reads
-    weights from disk: major faults chain to their disk reads (fault → disk
-    request → op), and the HTML heatmap shows read-from-disk cells in
-    generate rows."""
+    weights from disk: each major fault names the op that read its address
+    (graph capture: an op of the current graph reading that tensor) and, with
+    --op-timing, chains to its disk read on the timeline (fault → disk request
+    → op); the HTML heatmap shows read-from-disk cells in generate rows."""
     out = tmp_path / "lim.data"
-    argv = [ttrace, "run", "--drop-caches", "--mem-limit", "384M", "-o", out, "--", llama_completion,
+    timing = ["--op-timing"] if mode == "op-timing" else []
+    argv = [ttrace, "run", *timing, "--drop-caches", "--mem-limit", "384M", "-o", out, "--", llama_completion,
             "-m", models["bench"], "-p", "hello world", "-n", "8", "-no-cnv", "--ignore-eos", "-t", "2",
             "-c", "256", "-b", "64", "-ub", "64"]
     env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
@@ -201,7 +204,18 @@ def test_memory_limited_run_reads_every_token_from_disk(ttrace, tmp_path, llama_
         assert sum(layers.values()) == u["disk_bytes"] == io["by_when"][f"ubatch {u['index']}"]["disk"]["bytes"]
         assert layers == dict(by_tensor[u["index"]]), f"ubatch {u['index']}: per-layer bytes"
         assert sum(1 for k, b in layers.items() if k != "none" and b > 0) > 1, "several layers read per token"
-    assert check_disk_flows_and_counters(out, a, tmp_path / "lim.pftrace", ttrace) >= 1, "no fault → disk → op chain"
+    chains = check_disk_flows_and_counters(out, a, tmp_path / "lim.pftrace", ttrace)
+    if timing:
+        assert chains >= 1, "no fault → disk → op chain"
+    else:
+        rows = [json.loads(line) for line in export(ttrace, out, "jsonl", tmp_path / "lim.jsonl").read_text().splitlines()]
+        ops = {r["seq"]: r for r in rows if r["kind"] == "op"}
+        faults = [r for r in rows if r["kind"] == "fault" and r["fault_tensor"] and r["ubatch"] is not None
+                  and a["ubatches"][r["ubatch"]]["phase"] == "generate"]
+        assert faults, "generate ubatches fault on weights"
+        for f in faults:
+            op = ops[f["op_seq"]]
+            assert op["ubatch"] == f["ubatch"] and f["fault_tensor"] in op["srcs"].split(";"), (f, op)
     text = subprocess.run([ttrace, "report", out], capture_output=True, text=True, check=True).stdout
     assert "disk read (tensors)" in text
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import pytest
 
 from test_exports import export
@@ -25,7 +26,7 @@ def oracle_run(model: Path, out: Path | None, n: int) -> list[str]:
     return args + (["--oracle", str(out)] if out else [])
 
 
-@pytest.mark.parametrize("name", ["tiny", "moe", "gemma"])
+@pytest.mark.parametrize("name", ["tiny", "moe", "qwen3moe", "gemma"])
 def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, models, name):
     oracle_json = tmp_path / "oracle.json"
     proc = subprocess.run(oracle_run(models[name], oracle_json, 4), capture_output=True, text=True, timeout=600)
@@ -58,3 +59,21 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
     report = json.loads(subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
     assert [u["token_ids"] for u in report["ubatches"]] == [oracle["prompt_tokens"]] + [[t] for t in oracle["generated"]]
+
+    # MoE routing: per ubatch, layer and row, the ranking llama.cpp computed
+    # in ffn_moe_argsort-L, and the first expert_used_count of it selected.
+    reader = gguf.GGUFReader(models[name])
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    used = reader.fields.get(f"{arch}.expert_used_count")
+    k = int(used.parts[-1][0]) if used else 0
+    for u, nodes in enumerate(oracle["ubatches"]):
+        want = {}
+        for n in nodes:
+            if n["name"].startswith("ffn_moe_argsort"):
+                layer, width = int(n["name"].rsplit("-", 1)[1]), n["shape"][0]
+                for row in range(len(n["ids"]) // width):
+                    want[(layer, row)] = n["ids"][row * width:(row + 1) * width]
+        got = {(r["layer"], r["row"]): r["ranking"] for r in report["ubatches"][u]["routing"]}
+        assert got == want, f"ubatch {u}: routing differs"
+        assert all(r["selected"] == r["ranking"][:k] for r in report["ubatches"][u]["routing"])
+        assert bool(want) == (k > 0), "MoE models route every ubatch, dense ones never"

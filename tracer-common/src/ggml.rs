@@ -11,6 +11,8 @@ pub const MAX_SRC: usize = 10;
 /// enum values move between ggml versions, so ops are found by name in the
 /// target's own table.
 pub const OP_GET_ROWS: &str = "GET_ROWS";
+/// The MoE expert matmul: `MUL_MAT_ID(experts, input, ids)`.
+pub const OP_MUL_MAT_ID: &str = "MUL_MAT_ID";
 /// `GGML_MAX_NAME`.
 pub const MAX_NAME: usize = 64;
 /// `GGML_MAX_OP_PARAMS / sizeof(int32_t)`.

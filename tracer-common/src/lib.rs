@@ -68,6 +68,11 @@ pub mod programs {
     /// and the tensors they read) unless it is unchanged since its last run,
     /// then its small integer inputs (token ids, positions).
     pub const GRAPH_COMPUTE: &str = "graph_compute";
+    /// `ggml_compute_forward_argsort(params, dst)` entry and return: on an
+    /// `ffn_moe_argsort-L` node, the rows (tokens) the returning thread
+    /// sorted, that is the experts ranked for each of them.
+    pub const ARGSORT_ENTRY: &str = "argsort_entry";
+    pub const ARGSORT_RETURN: &str = "argsort_return";
     /// `exceptions:page_fault_user` tracepoint.
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
     /// `filemap:mm_filemap_add_to_page_cache`: a page of a model file filled.
@@ -108,6 +113,7 @@ pub enum EventKind {
     Graph = 6,
     Node = 7,
     Input = 8,
+    Routing = 9,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
@@ -378,6 +384,28 @@ pub struct InputEvent {
 }
 
 pub const INPUT_EVENT_FIXED: usize = core::mem::offset_of!(InputEvent, data);
+
+/// Experts per routing row a record holds.
+pub const MAX_EXPERTS: usize = 256;
+/// Rows one argsort return reads at most (tokens per ubatch per thread).
+pub const MAX_ROUTING_ROWS: u32 = 8192;
+/// The name prefix of llama.cpp's MoE routing node (`ffn_moe_argsort-L`).
+pub const MOE_ARGSORT_PREFIX: &[u8; 15] = b"ffn_moe_argsort";
+
+/// One token's experts, best first, as llama.cpp's `ffn_moe_argsort-L` node
+/// ranked them (the first `n_expert_used` are the routed ones). Sent with
+/// only `n_experts` ids.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoutingEvent {
+    pub header: EventHeader,
+    /// Address of the argsort node's `ggml_tensor`.
+    pub tensor: u64,
+    /// Row of the node: the token's index in its ubatch.
+    pub row: u32,
+    pub n_experts: u32,
+    pub ids: [i32; MAX_EXPERTS],
+}
 
 /// A user-space page fault (`exceptions:page_fault_user`).
 #[repr(C)]

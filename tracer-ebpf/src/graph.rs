@@ -88,7 +88,7 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
     read_user(&mut uid, cgraph + ggml::CGRAPH_UID as u64)?;
     let n_nodes = (n_nodes.max(0) as u32).min(MAX_GRAPH_NODES);
     // uid 0 means "not set": such a graph is never taken for unchanged.
-    let reused = uid != 0 && LAST_UID.get_ptr(&cgraph).is_some_and(|last| unsafe { *last } == uid);
+    let reused = uid != 0 && LAST_UID.get_ptr(cgraph).is_some_and(|last| unsafe { *last } == uid);
     emit(
         EventKind::Graph,
         GraphEvent {
@@ -101,13 +101,13 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
     );
     if !reused {
         let empty = Inputs { n: 0, _pad: 0, tensor: [0; MAX_GRAPH_INPUTS], data: [0; MAX_GRAPH_INPUTS], len: [0; 4] };
-        let _ = INPUTS.insert(&cgraph, &empty, 0);
+        let _ = INPUTS.insert(cgraph, empty, 0);
         let mut walk = Walk { task, nodes, uid, cgraph };
         // SAFETY: the callback gets `walk` back as its context.
         unsafe {
             bpf_loop(n_nodes, walk_node as *mut c_void, addr_of_mut!(walk).cast::<c_void>(), 0);
         }
-        let _ = LAST_UID.insert(&cgraph, &uid, 0);
+        let _ = LAST_UID.insert(cgraph, uid, 0);
     }
     send_inputs(cgraph, uid, task);
     Ok(())
@@ -125,12 +125,12 @@ fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
     let mut node = 0u64;
     read_user(&mut node, walk.nodes + u64::from(index) * 8)?;
     let sources = send_tensor(walk, index, node_role::NODE, node).ok_or(())?;
-    let _ = SENT.insert(&node, &walk.uid, 0);
+    let _ = SENT.insert(node, walk.uid, 0);
     for src in sources {
-        if src == 0 || SENT.get_ptr(&src).is_some_and(|uid| unsafe { *uid } == walk.uid) {
+        if src == 0 || SENT.get_ptr(src).is_some_and(|uid| unsafe { *uid } == walk.uid) {
             continue;
         }
-        let _ = SENT.insert(&src, &walk.uid, 0);
+        let _ = SENT.insert(src, walk.uid, 0);
         let _ = send_tensor(walk, index, node_role::SOURCE, src);
     }
     Ok(())
@@ -169,7 +169,7 @@ fn send_tensor(walk: &Walk, index: u32, role: u32, address: u64) -> Option<[u64;
 
 #[inline(always)]
 fn add_input(cgraph: u64, tensor_address: u64, t: &GgmlTensor) {
-    let Some(inputs) = INPUTS.get_ptr_mut(&cgraph) else { return };
+    let Some(inputs) = INPUTS.get_ptr_mut(cgraph) else { return };
     // SAFETY: a map value; only this graph's caller thread writes it.
     let inputs = unsafe { &mut *inputs };
     let i = inputs.n as usize;
@@ -185,7 +185,7 @@ fn add_input(cgraph: u64, tensor_address: u64, t: &GgmlTensor) {
 
 #[inline(always)]
 fn send_inputs(cgraph: u64, uid: u64, task: (u32, u32)) {
-    let Some(inputs) = INPUTS.get_ptr(&cgraph) else { return };
+    let Some(inputs) = INPUTS.get_ptr(cgraph) else { return };
     // SAFETY: a map value, read only.
     let inputs = unsafe { *inputs };
     let Some(event) = GRAPH_INPUT.get_ptr_mut(0) else { return };

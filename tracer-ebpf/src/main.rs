@@ -10,6 +10,7 @@ mod ggml;
 mod graph;
 mod maps;
 mod pagecache;
+mod routing;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

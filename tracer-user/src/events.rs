@@ -4,7 +4,8 @@ use std::{mem::size_of, ptr};
 
 use tracer_common::{
     BlockEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS, NodeEvent,
-    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE, TensorRecord,
+    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
+    TensorRecord,
 };
 
 /// One event from the kernel side.
@@ -18,6 +19,18 @@ pub enum Event {
     Graph(GraphEvent),
     Node(Box<NodeEvent>),
     Input(InputRecord),
+    Routing(RoutingRecord),
+}
+
+/// One token's expert ranking from an `ffn_moe_argsort-L` node (best first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingRecord {
+    pub header: EventHeader,
+    /// Address of the argsort node's `ggml_tensor`.
+    pub tensor: u64,
+    /// The token's index in its ubatch.
+    pub row: u32,
+    pub experts: Vec<i32>,
 }
 
 /// A graph run's integer input (token ids, positions), as sent.
@@ -52,6 +65,7 @@ impl Event {
             Event::Graph(e) => &e.header,
             Event::Node(e) => &e.header,
             Event::Input(e) => &e.header,
+            Event::Routing(e) => &e.header,
         }
     }
 }
@@ -86,7 +100,15 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Graph => read::<GraphEvent>(kind, bytes).map(Event::Graph),
         EventKind::Node => read::<NodeEvent>(kind, bytes).map(|n| Event::Node(Box::new(n))),
         EventKind::Input => decode_input(bytes).map(Event::Input),
+        EventKind::Routing => decode_routing(bytes).map(Event::Routing),
     }
+}
+
+/// Routing events hold `n_experts` valid ids.
+fn decode_routing(bytes: &[u8]) -> Result<RoutingRecord, DecodeError> {
+    let event: RoutingEvent = read(EventKind::Routing, bytes)?;
+    let n = (event.n_experts as usize).min(event.ids.len());
+    Ok(RoutingRecord { header: event.header, tensor: event.tensor, row: event.row, experts: event.ids[..n].to_vec() })
 }
 
 /// Input events are variable-length: the fixed part, then `len` bytes.

@@ -91,8 +91,8 @@ pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
     for script in ["scripts/gen_models.py", "scripts/fetch_gemma.py"] {
         let script = cache::repo_root().join(script);
         let manifest = shell::output(Command::new(python).arg(&script).arg("--out").arg(&out_dir))?;
-        let some: Models = serde_json::from_str(&manifest)
-            .with_context(|| format!("{} printed no manifest", script.display()))?;
+        let some: Models =
+            serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))?;
         models.extend(some);
     }
     let names: Vec<&str> = models.keys().map(String::as_str).collect();

@@ -12,9 +12,16 @@
 use std::{collections::BTreeMap, io::Read};
 
 use serde::Serialize;
-use tracer_common::{ggml::OP_GET_ROWS, markers};
+use tracer_common::{
+    ggml::{OP_GET_ROWS, OP_MUL_MAT_ID},
+    markers,
+};
 
-use super::{io, op_time::OpClock, tensor::op_weight_bytes};
+use super::{
+    io,
+    op_time::OpClock,
+    tensor::{name_layer, op_weight_bytes},
+};
 use crate::format::{
     Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
 };
@@ -62,6 +69,24 @@ pub struct Ubatch {
     /// `(model, tensor)` of each weight read.
     #[serde(serialize_with = "weights_as_list")]
     pub weights: BTreeMap<(u32, u32), WeightUse>,
+    /// MoE routing, per (layer, token): the experts ranked, best first, and
+    /// the ones the layer used (its `MUL_MAT_ID` reads the first k).
+    pub routing: Vec<RoutedToken>,
+    /// Per MoE layer, experts used per token (`k`, the width of the ids
+    /// `MUL_MAT_ID` reads).
+    #[serde(skip)]
+    pub experts_used: BTreeMap<u32, u32>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RoutedToken {
+    pub layer: Option<u32>,
+    /// Row of the layer's routing: the token's index in the ubatch, except
+    /// where llama.cpp keeps only the output tokens (the last layer of a
+    /// prompt), whose rows are those outputs in order.
+    pub row: u32,
+    pub selected: Vec<i32>,
+    pub ranking: Vec<i32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -162,6 +187,13 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                     *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
                 }
             }
+            Record::Routing(r) => {
+                if let Some(u) = bounds.current {
+                    let layer = r.node.and_then(|d| name_layer(&reader.descriptor(d).name));
+                    let routed = RoutedToken { layer, row: r.row, selected: Vec::new(), ranking: r.experts };
+                    a.ubatches[u].routing.push(routed);
+                }
+            }
             Record::Fault(fault) => {
                 a.faults += 1;
                 io.on_fault(&fault, when(bounds.current, &a.ubatches));
@@ -185,6 +217,9 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
         }
     }
     a.models = reader.models().to_vec();
+    for u in &mut a.ubatches {
+        select_experts(u);
+    }
     assign_phases(&mut a, bounds.decodes_before_reset);
     Ok(a)
 }
@@ -221,6 +256,8 @@ impl Boundaries {
                     faults_major: 0,
                     faults_minor: 0,
                     weights: BTreeMap::new(),
+                    routing: Vec::new(),
+                    experts_used: BTreeMap::new(),
                 });
                 self.current = Some(index as usize);
             }
@@ -289,6 +326,21 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
     }
     if ubatch.n_tokens.is_none() {
         take_token_input(ubatch, op, reader);
+    }
+    // MUL_MAT_ID(experts, input, ids): ids (slot 2) holds k experts per token.
+    if name == OP_MUL_MAT_ID
+        && let Some(&(_, ids)) = op.srcs.iter().find(|(slot, _)| *slot == 2)
+        && let Some(layer) = name_layer(&dst.name)
+    {
+        ubatch.experts_used.insert(layer, reader.descriptor(ids).ne[0].max(0) as u32);
+    }
+}
+
+/// Each routed token's selected experts: the first k of its ranking.
+fn select_experts(ubatch: &mut Ubatch) {
+    for t in &mut ubatch.routing {
+        let k = t.layer.and_then(|l| ubatch.experts_used.get(&l)).map_or(0, |&k| k as usize);
+        t.selected = t.ranking[..k.min(t.ranking.len())].to_vec();
     }
 }
 

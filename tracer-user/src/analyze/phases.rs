@@ -32,7 +32,7 @@ pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError>
             Record::Fault(_) => a.faults += 1,
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
-            Record::PageCache(_) | Record::Block(_) | Record::Model(_) => {}
+            Record::PageCache(_) | Record::Block(_) | Record::Model(_) | Record::Routing(_) => {}
         }
         // Only ops of a ubatch whose token count is still open can change it.
         reader.skip_ops(bounds.current.is_none_or(|u| a.ubatches[u].n_tokens.is_some()));

@@ -39,8 +39,11 @@ pub struct OpEvent {
 pub struct FaultEvent {
     pub ctx: Context,
     pub fault: Fault,
-    /// `seq` of the op running on the faulting thread.
+    /// `seq` of the op running on the faulting thread (timed ops), else of
+    /// the op of the current graph reading the faulting address.
     pub op_seq: Option<u64>,
+    /// Whether that op is timed, so has a slice a timeline can link to.
+    pub op_timed: bool,
     /// The model file position the address falls in.
     pub hit: Option<FileHit>,
 }
@@ -185,8 +188,9 @@ pub fn walk<S: Sink + ?Sized>(
                 seq += 1;
                 // A timed op runs on the faulting thread; otherwise the op of
                 // the current graph reading the faulting address is the cause.
-                let op_seq =
-                    clock.running_on(fault.tid).map(|o| o.ctx.seq).or_else(|| graph_ops.reading(fault.address));
+                let running = clock.running_on(fault.tid).map(|o| o.ctx.seq);
+                let op_timed = running.is_some();
+                let op_seq = running.or_else(|| graph_ops.reading(fault.address));
                 // Newer traces carry the file position; older ones are resolved here.
                 let hit = match fault.file {
                     Some(pos) => {
@@ -195,7 +199,7 @@ pub fn walk<S: Sink + ?Sized>(
                     }
                     None => index.lookup(fault.address, reader.models()),
                 };
-                emit(Event::Fault(FaultEvent { ctx, fault, op_seq, hit }), &reader)?;
+                emit(Event::Fault(FaultEvent { ctx, fault, op_seq, op_timed, hit }), &reader)?;
             }
             Record::PageCache(p) => {
                 let ctx = Context { seq, ubatch };

@@ -58,6 +58,10 @@ pub enum FrameKind {
     /// A run of a defined graph: time, thread, graph id and the contents of
     /// its integer inputs. Readers expand it into the graph's executed ops.
     Compute = 15,
+    /// One token's expert ranking from an `ffn_moe_argsort-L` node: time,
+    /// thread, the node's tensor address, its row (the token in the ubatch)
+    /// and the expert ids, best first.
+    Routing = 16,
 }
 
 /// Late-found hooks (see `FrameKind::Hooks`).
@@ -226,8 +230,8 @@ pub struct ModelTable {
 
 /// Events the kernel side dropped because the ring buffer was full, per
 /// [`EventKind`] (named fields, so the trace's JSON reads `{"op": 3, ...}`).
-/// Graph-capture records (graph, node, input) count as lost ops: each one
-/// lost loses executed ops.
+/// Graph-capture records (graph, node, input, routing) count as lost ops:
+/// each one lost loses executed ops or what they read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lost {
     pub call: u64,
@@ -254,7 +258,7 @@ impl std::ops::Index<EventKind> for Lost {
         match kind {
             EventKind::Call => &self.call,
             EventKind::PageFault => &self.page_fault,
-            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input => &self.op,
+            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &self.op,
             EventKind::PageCache => &self.page_cache,
             EventKind::Block => &self.block,
         }
@@ -266,7 +270,7 @@ impl std::ops::IndexMut<EventKind> for Lost {
         match kind {
             EventKind::Call => &mut self.call,
             EventKind::PageFault => &mut self.page_fault,
-            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input => &mut self.op,
+            EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,
             EventKind::Block => &mut self.block,
         }

@@ -106,9 +106,22 @@ pub struct Block {
     pub comm: String,
 }
 
+/// One token's expert ranking, best first (see `FrameKind::Routing`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    pub ts_ns: u64,
+    pub tid: u32,
+    /// The argsort node's descriptor (its name gives the layer), when defined.
+    pub node: Option<u32>,
+    /// The token's index in its ubatch.
+    pub row: u32,
+    pub experts: Vec<i32>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Op(Op),
+    Routing(Routing),
     Marker(Marker),
     Fault(Fault),
     PageCache(PageCache),
@@ -126,6 +139,8 @@ pub struct TraceReader<R: Read> {
     strings: Vec<String>,
     threads: Vec<u32>,
     descriptors: Vec<Descriptor>,
+    /// Tensor address → its latest descriptor.
+    by_address: std::collections::HashMap<u64, u32>,
     models: Vec<ModelTable>,
     files: std::collections::HashMap<(u32, u64), (u32, u32)>,
     last_ts: u64,
@@ -202,6 +217,7 @@ impl<R: Read> TraceReader<R> {
             strings: Vec::new(),
             threads: Vec::new(),
             descriptors: Vec::new(),
+            by_address: std::collections::HashMap::new(),
             models: Vec::new(),
             files: std::collections::HashMap::new(),
             buf: Vec::new(),
@@ -345,6 +361,7 @@ impl<R: Read> TraceReader<R> {
             }
             FrameKind::Tensor => {
                 let d = self.parse_descriptor(&mut c).map_err(e)??;
+                self.by_address.insert(d.tensor, self.descriptors.len() as u32);
                 self.descriptors.push(d);
                 Ok(None)
             }
@@ -457,6 +474,18 @@ impl<R: Read> TraceReader<R> {
                 }
                 self.expanded.extend(ops);
                 Ok(None)
+            }
+            FrameKind::Routing => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let node = self.by_address.get(&c.u64().map_err(e)?).copied();
+                let row = c.u32().map_err(e)?;
+                let n = c.u32().map_err(e)? as usize;
+                if n > tracer_common::MAX_EXPERTS {
+                    return Err(format!("{n} experts in a routing row"));
+                }
+                let experts = (0..n).map(|_| c.i64().map(|v| v as i32)).collect::<Result<_, _>>().map_err(e)?;
+                Ok(Some(Record::Routing(Routing { ts_ns, tid, node, row, experts })))
             }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;

@@ -12,7 +12,7 @@ use super::{
     codec::{put_bytes, put_i64, put_u64},
     frames::{Descriptor, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
 };
-use crate::events::OpRecord;
+use crate::events::{OpRecord, RoutingRecord};
 
 /// Bytes and frames written, for the end-of-run summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -26,6 +26,8 @@ pub struct WriterStats {
     pub computes: u64,
     pub graph_bytes: u64,
     pub markers: u64,
+    /// MoE routing rows (one per token and MoE layer).
+    pub routing: u64,
     pub faults: u64,
     pub page_cache: u64,
     pub block: u64,
@@ -231,6 +233,19 @@ impl<W: Write> TraceWriter<W> {
         self.stats.computes += 1;
         self.stats.graph_bytes += self.emit(FrameKind::Compute)?;
         Ok(())
+    }
+
+    /// One token's expert ranking (see `FrameKind::Routing`).
+    pub fn routing(&mut self, r: &RoutingRecord) -> io::Result<()> {
+        let thread = self.thread(r.header.tid)?;
+        self.timestamp(r.header.ts_ns);
+        let f = &mut self.frame;
+        for v in [u64::from(thread), r.tensor, u64::from(r.row), r.experts.len() as u64] {
+            put_u64(f, v);
+        }
+        r.experts.iter().for_each(|&e| put_i64(f, i64::from(e)));
+        self.stats.routing += 1;
+        self.emit(FrameKind::Routing).map(drop)
     }
 
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {

@@ -292,6 +292,7 @@ impl<W: Write> Recorder<W> {
                 self.writer.fault(fault, memory, file)
             }
             Event::PageCache(event) => self.writer.page_cache(event),
+            Event::Routing(routing) => self.writer.routing(routing),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.writer.block(event)

@@ -159,13 +159,18 @@ pub fn assert_nothing_left(progs: &[u64], links: &[u64]) {
 }
 
 /// The hook functions ttrace probes (tracer-user's session HOOKS), by library.
-pub const HOOK_SITES: [&str; 5] = [
+pub const HOOK_SITES: [&str; 6] = [
+    "ggml_graph_compute",
     "ggml_cpu_extra_compute_forward",
     "ggml_compute_forward_rms_norm_mul_fused",
     "ggml_backend_sched_graph_compute_async",
     "llama_decode",
     "llama_perf_context_reset",
 ];
+
+/// The per-node hooks: probed only with `--op-timing` (graph capture reads
+/// the nodes at `ggml_graph_compute` instead).
+pub const PER_NODE_HOOKS: [&str; 2] = ["ggml_cpu_extra_compute_forward", "ggml_compute_forward_rms_norm_mul_fused"];
 
 /// x86's breakpoint instruction, which a uprobe writes over the first byte
 /// of the probed instruction in the target's copy of the code.

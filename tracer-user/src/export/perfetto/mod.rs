@@ -424,7 +424,9 @@ impl<W: Write> Sink for PerfettoSink<W> {
                 }
                 self.close_fault(f.fault.tid)?;
                 let flow = (1 << 63) | f.ctx.seq;
-                if let Some(op) = f.op_seq {
+                // Only an op slice can start a flow (untimed graph ops have none).
+                let op_slice = f.op_seq.filter(|_| f.op_timed);
+                if let Some(op) = op_slice {
                     // The op is written when it ends, after its faults.
                     self.op_flows.entry(op).or_default().push(flow);
                 }
@@ -444,13 +446,13 @@ impl<W: Write> Sink for PerfettoSink<W> {
                         ts: f.fault.ts_ns,
                         event: e,
                         flow,
-                        in_op: f.op_seq.is_some(),
+                        in_op: op_slice.is_some(),
                         page,
                     };
                     self.faults.insert(f.fault.tid, pending);
                     return Ok(());
                 }
-                if f.op_seq.is_some() {
+                if op_slice.is_some() {
                     e.terminating_flow_ids.push(flow);
                 }
                 self.event(f.fault.ts_ns, e, new)?;

@@ -9,8 +9,12 @@ use std::{
 
 use super::{TargetError, elf::ElfIdent, elf::has_symbols};
 
-pub const CPU_HOOKS: [&str; 3] =
-    ["ggml_cpu_extra_compute_forward", "ggml_compute_forward_rms_norm_mul_fused", "ggml_graph_compute"];
+pub const CPU_HOOKS: [&str; 4] = [
+    "ggml_cpu_extra_compute_forward",
+    "ggml_compute_forward_rms_norm_mul_fused",
+    "ggml_graph_compute",
+    "ggml_compute_forward_argsort",
+];
 pub const BASE_HOOKS: [&str; 4] =
     ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
 pub const LLAMA_HOOKS: [&str; 3] = ["llama_decode", "llama_process", "llama_perf_context_reset"];

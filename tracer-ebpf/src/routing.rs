@@ -1,0 +1,141 @@
+//! MoE routing from the unmodified binary. llama.cpp ranks each token's
+//! experts in an `ffn_moe_argsort-L` node, whose buffer is reused later in
+//! the graph, so the ids are read when computed: at the return of
+//! `ggml_compute_forward_argsort(params, dst)`, each thread has sorted rows
+//! `ith, ith + nth, …` and sends those. Two traps per MoE layer and thread.
+
+use core::{
+    ffi::c_void,
+    mem::{MaybeUninit, size_of},
+    ptr::{addr_of_mut, read_volatile},
+};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::generated::{bpf_get_current_pid_tgid, bpf_loop, bpf_probe_read_user},
+    macros::{map, uprobe, uretprobe},
+    maps::HashMap,
+    programs::{ProbeContext, RetProbeContext},
+};
+use tracer_common::{
+    EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX, RoutingEvent,
+    ggml::{self, GgmlTensor},
+};
+
+use crate::maps::{EVENTS, count_lost, header, submit_flags, traced_task};
+
+/// An argsort call in flight on a thread (pid_tgid key).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Call {
+    dst: u64,
+    ith: u32,
+    nth: u32,
+}
+
+#[map]
+static ARGSORT_CALLS: HashMap<u64, Call> = HashMap::with_max_entries(1024, 0);
+
+/// What each `bpf_loop` step of a return needs.
+#[repr(C)]
+struct Rows {
+    task: (u32, u32),
+    dst: u64,
+    data: u64,
+    row_bytes: u64,
+    first: u32,
+    step: u32,
+    n_experts: u32,
+}
+
+#[inline(always)]
+fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
+    // SAFETY: dst points to a stack slot of size_of::<T>().
+    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
+}
+
+#[uprobe]
+pub fn argsort_entry(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let regs = ctx.as_ptr() as *const pt_regs;
+    let (params, dst) = unsafe { (read_volatile(&(*regs).rdi), read_volatile(&(*regs).rsi)) };
+    let _ = entry(params, dst);
+    0
+}
+
+fn entry(params: u64, dst: u64) -> Result<(), ()> {
+    traced_task().ok_or(())?;
+    let mut name = [0u8; 15];
+    read_user(&mut name, dst + core::mem::offset_of!(GgmlTensor, name) as u64)?;
+    if &name != MOE_ARGSORT_PREFIX {
+        return Ok(());
+    }
+    let (mut ith, mut nth) = (0i32, 0i32);
+    read_user(&mut ith, params + ggml::PARAMS_ITH as u64)?;
+    read_user(&mut nth, params + ggml::PARAMS_NTH as u64)?;
+    let call = Call { dst, ith: ith.max(0) as u32, nth: nth.max(1) as u32 };
+    // SAFETY: plain helper call.
+    let key = unsafe { bpf_get_current_pid_tgid() };
+    ARGSORT_CALLS.insert(key, call, 0).map_err(|_| ())
+}
+
+#[uretprobe]
+pub fn argsort_return(_ctx: RetProbeContext) -> u32 {
+    // SAFETY: plain helper call.
+    let key = unsafe { bpf_get_current_pid_tgid() };
+    // SAFETY: a map value, copied out before it is removed.
+    let Some(call) = (unsafe { ARGSORT_CALLS.get(key) }).copied() else { return 0 };
+    let _ = ARGSORT_CALLS.remove(key);
+    let _ = send_rows(call);
+    0
+}
+
+fn send_rows(call: Call) -> Result<(), ()> {
+    let task = traced_task().ok_or(())?;
+    let base = call.dst;
+    let (mut ne, mut nb1, mut data) = ([0i64; 4], 0u64, 0u64);
+    read_user(&mut ne, base + core::mem::offset_of!(GgmlTensor, ne) as u64)?;
+    read_user(&mut nb1, base + core::mem::offset_of!(GgmlTensor, nb) as u64 + 8)?;
+    read_user(&mut data, base + core::mem::offset_of!(GgmlTensor, data) as u64)?;
+    // Unsigned arithmetic: BPF has no signed division.
+    let rows = ne[1].max(1) as u64 * ne[2].max(1) as u64 * ne[3].max(1) as u64;
+    let (ith, nth) = (u64::from(call.ith), u64::from(call.nth));
+    let mine = if rows > ith { (rows - ith).div_ceil(nth) } else { 0 };
+    let n_experts = ne[0].clamp(0, MAX_EXPERTS as i64) as u32;
+    let mut walk = Rows { task, dst: base, data, row_bytes: nb1, first: call.ith, step: call.nth, n_experts };
+    // SAFETY: the callback gets `walk` back as its context.
+    unsafe {
+        bpf_loop(mine.min(u64::from(MAX_ROUTING_ROWS)) as u32, send_row as *mut c_void, addr_of_mut!(walk).cast(), 0);
+    }
+    Ok(())
+}
+
+#[inline(never)]
+extern "C" fn send_row(k: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `Rows` given to it.
+    let walk = unsafe { &*(ctx as *const Rows) };
+    let row = walk.first + k as u32 * walk.step;
+    let Some(mut entry) = EVENTS.reserve::<RoutingEvent>(0) else {
+        count_lost(EventKind::Routing);
+        return 0;
+    };
+    let event: &mut MaybeUninit<RoutingEvent> = &mut entry;
+    let e = event.as_mut_ptr();
+    let bytes = (walk.n_experts as usize * 4).min(MAX_EXPERTS * 4) as u32;
+    // SAFETY: the reservation is RoutingEvent-sized; `bytes` fits `ids`.
+    unsafe {
+        (*e).header = header(EventKind::Routing, walk.task);
+        (*e).tensor = walk.dst;
+        (*e).row = row;
+        (*e).n_experts = walk.n_experts;
+        let src = walk.data + u64::from(row) * walk.row_bytes;
+        if bpf_probe_read_user(addr_of_mut!((*e).ids).cast(), bytes, src as *const c_void) != 0 {
+            entry.discard(0);
+            return 0;
+        }
+    }
+    entry.submit(submit_flags());
+    0
+}
