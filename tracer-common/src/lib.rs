@@ -330,6 +330,9 @@ pub const MAX_INPUT_BYTES: usize = 4096;
 pub mod graph {
     /// Same `cgraph` and `uid` as its last run: no node records follow.
     pub const REUSED: u32 = 1;
+    /// Sent after a graph's node and input records: they are complete
+    /// (records of other threads may interleave with them in the ring).
+    pub const DONE: u32 = 2;
 }
 
 /// `ggml_graph_compute` entered. Unless `REUSED`, `n_nodes` [`NodeEvent`]s

@@ -110,6 +110,8 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
         let _ = LAST_UID.insert(cgraph, uid, 0);
     }
     send_inputs(cgraph, uid, task);
+    let flags = graph::DONE | if reused { graph::REUSED } else { 0 };
+    emit(EventKind::Graph, GraphEvent { header: header(EventKind::Graph, task), cgraph, uid, n_nodes, flags });
     Ok(())
 }
 

@@ -9,7 +9,10 @@
 //! GET_ROWS that reads the token-embedding weight, whose index source holds
 //! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
 
-use std::{collections::BTreeMap, io::Read};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::Read,
+};
 
 use serde::Serialize;
 use tracer_common::{
@@ -20,7 +23,7 @@ use tracer_common::{
 use super::{
     io,
     op_time::OpClock,
-    tensor::{name_layer, op_weight_bytes},
+    tensor::{model_tensor, name_layer, op_weight_bytes},
 };
 use crate::format::{
     Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
@@ -46,8 +49,13 @@ pub struct WeightUse {
     pub copy: u32,
     /// Bytes of it the ubatch read: the largest single access (the viewed
     /// bytes; one row per token for the embedding lookup), as `ttrace
-    /// report` counts a token's weight bytes.
+    /// report` counts a token's weight bytes. For an MoE expert tensor
+    /// whose layer's routing was recorded: the routed experts' slices.
     pub bytes: u64,
+    /// Expert tensors with recorded routing: how many distinct experts the
+    /// ubatch's tokens were routed to (`bytes` is that many slices).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -218,7 +226,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     }
     a.models = reader.models().to_vec();
     for u in &mut a.ubatches {
-        select_experts(u);
+        select_experts(u, &a.models);
     }
     assign_phases(&mut a, bounds.decodes_before_reset);
     Ok(a)
@@ -336,11 +344,24 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
     }
 }
 
-/// Each routed token's selected experts: the first k of its ranking.
-fn select_experts(ubatch: &mut Ubatch) {
+/// Each routed token's selected experts (the first k of its ranking), and
+/// each expert tensor's bytes: the slices of the experts its layer's tokens
+/// were routed to.
+fn select_experts(ubatch: &mut Ubatch, models: &[ModelTable]) {
+    let mut routed: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
     for t in &mut ubatch.routing {
         let k = t.layer.and_then(|l| ubatch.experts_used.get(&l)).map_or(0, |&k| k as usize);
         t.selected = t.ranking[..k.min(t.ranking.len())].to_vec();
+        if let Some(layer) = t.layer {
+            routed.entry(layer).or_default().extend(&t.selected);
+        }
+    }
+    for (&(model, tensor), usage) in &mut ubatch.weights {
+        let Some(t) = model_tensor(models, model, tensor) else { continue };
+        if let (Some(slice), Some(experts)) = (t.expert_bytes, t.layer.and_then(|l| routed.get(&l))) {
+            usage.bytes = usage.bytes.min(experts.len() as u64 * slice);
+            usage.routed_experts = Some(experts.len() as u32);
+        }
     }
 }
 

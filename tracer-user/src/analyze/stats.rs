@@ -4,9 +4,9 @@
 //!
 //! Weight bytes of a ubatch are summed over the distinct weight tensors it
 //! read, each counted with the largest view read (the whole tensor for a
-//! plain matrix). MoE expert tensors count whole: only the routed experts
-//! are really read, but the routing ids are not recorded yet, so any figure
-//! that includes them is an upper bound (`upper_bound`). Disk bytes and
+//! plain matrix). MoE expert tensors count the routed experts' slices when
+//! their layer's routing was recorded, else whole, and any figure that then
+//! includes them is an upper bound (`upper_bound`). Disk bytes and
 //! major/minor faults come from `correlate::io` (block requests mapped to
 //! model-file bytes); they are `null` for traces without I/O records.
 
@@ -199,11 +199,24 @@ impl Sink for Collector {
                 let Some(u) = ctx.ubatch else { return Ok(()) };
                 let weights = self.open.remove(&u).unwrap_or_default();
                 let Some(us) = self.stats.ubatches.get_mut(u as usize) else { return Ok(()) };
+                let correlated = tables.analysis.ubatches.get(u as usize);
                 for (&(m, t), &bytes) in &weights {
+                    // Expert tensors whose routing was recorded: the routed slices.
+                    let routed = correlated
+                        .and_then(|c| c.weights.get(&(m, t)))
+                        .filter(|w| w.routed_experts.is_some())
+                        .map(|w| w.bytes);
+                    let bytes = routed.unwrap_or(bytes);
                     us.weight_tensors += 1;
                     us.weight_bytes += bytes;
                     let tensor = model_tensor(tables.models, m, t);
-                    us.upper_bound |= tensor.is_some_and(is_expert_tensor);
+                    let whole_experts = tensor.is_some_and(is_expert_tensor) && routed.is_none();
+                    us.upper_bound |= whole_experts;
+                    if routed.is_some()
+                        && let Some(&i) = self.tensor_index.get(&(m, t))
+                    {
+                        self.stats.tensors[i].upper_bound = false;
+                    }
                     *us.layer_bytes.entry(tensor.and_then(|t| t.layer)).or_default() += bytes;
                 }
             }
@@ -343,8 +356,8 @@ fn finish(s: &mut Stats, a: &Analysis) {
     }
     if s.tensors.iter().any(|t| t.upper_bound && t.tokens_touched > 0) {
         s.notes.push(
-            "MoE expert tensors are counted whole: only the routed experts are read, but routing ids are not \
-             recorded yet, so weight bytes are an upper bound"
+            "some MoE expert tensors are counted whole: their routing was not recorded (no \
+             ffn_moe_argsort node, or its records were lost), so weight bytes are an upper bound"
                 .into(),
         );
     }

@@ -75,7 +75,9 @@ impl Summary {
             .flat_map(|u| u.weights.values())
             .fold((0u64, 0u64), |(f, c), w| (f + u64::from(w.file_backed), c + u64::from(w.copy)));
         let distinct: BTreeSet<(u32, u32)> = a.ubatches.iter().flat_map(|u| u.weights.keys().copied()).collect();
-        let per_op = |s: &WriterStats, bytes: u64| if s.ops == 0 { 0.0 } else { bytes as f64 / s.ops as f64 };
+        // Per executed op, whichever frames carried the ops (OP frames with
+        // --op-timing; GRAPH and COMPUTE frames with graph capture).
+        let per_op = |bytes: u64| if a.ops == 0 { 0.0 } else { bytes as f64 / a.ops as f64 };
         Summary {
             mode: h.mode.to_string(),
             pid: h.pid,
@@ -100,8 +102,8 @@ impl Summary {
             trace: TraceFile {
                 path: path.to_string(),
                 bytes: stats.map(|s| s.total_bytes),
-                bytes_per_op_frame: stats.map(|s| per_op(s, s.op_bytes)),
-                bytes_per_op_with_descriptors: stats.map(|s| per_op(s, s.op_bytes + s.descriptor_bytes)),
+                bytes_per_op_frame: stats.map(|s| per_op(s.op_bytes + s.graph_bytes)),
+                bytes_per_op_with_descriptors: stats.map(|s| per_op(s.op_bytes + s.graph_bytes + s.descriptor_bytes)),
             },
             lost: a.lost,
             uncompleted_reads: a.io.disk.uncompleted,

@@ -20,6 +20,7 @@ use super::{
     ExportError, Written,
     buckets::{Buckets, Points},
     rows::{phase_name, row},
+    ubatch_weights::UbatchWeights,
 };
 use crate::analyze::Analysis;
 use crate::analyze::{
@@ -38,6 +39,8 @@ struct ChromeSink<W: Write> {
     threads: BTreeSet<u32>,
     layer_end: HashMap<(u32, u64), u64>,
     faults_per_bucket: Buckets,
+    /// Graph capture: the weights the current ubatch's untimed ops read.
+    ubatch_weights: UbatchWeights,
 }
 
 pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> Result<Written, ExportError> {
@@ -50,6 +53,7 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
         threads: BTreeSet::new(),
         layer_end: HashMap::new(),
         faults_per_bucket: Buckets::default(),
+        ubatch_weights: UbatchWeights::default(),
     };
     let run = |sink: &mut ChromeSink<BufWriter<File>>| -> Result<(), ExportError> {
         sink.out.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n").map_err(io)?;
@@ -125,8 +129,9 @@ impl<W: Write> Sink for ChromeSink<W> {
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             // Ops captured with their graph have no time of their own: the
-            // timeline shows their ubatch (op slices need --op-timing).
-            Event::Op(e) if !e.op.timed() => {}
+            // timeline shows their ubatch (op slices need --op-timing), and
+            // the weights they read over it.
+            Event::Op(e) if !e.op.timed() => self.ubatch_weights.note(e, t),
             Event::Op(e) => {
                 let Some(r) = row(event, t) else { return Ok(()) };
                 if self.threads.insert(r.tid) {
@@ -172,6 +177,17 @@ impl<W: Write> Sink for ChromeSink<W> {
                 let (ts, dur) = (self.us(ub.start_ns), m.ts_ns.saturating_sub(ub.start_ns) as f64 / 1000.0);
                 self.emit(json!({"ph":"X","name":name,"cat":"ubatch","pid":self.pid,"tid":0,"ts":ts,"dur":dur,
                     "args":{"ops":ub.ops,"n_tokens":ub.n_tokens,"token_ids":ub.token_ids}}))?;
+                for ((model, layer), weights) in self.ubatch_weights.take() {
+                    let tid = layer.map_or(0, |l| u64::from(l) + 1);
+                    for (m, x, copy) in weights {
+                        let Some(tensor) = model_tensor(t.models, m, x) else { continue };
+                        let memory = if copy { "copy" } else { "model_file" };
+                        self.emit(
+                            json!({"ph":"X","name":tensor.name,"cat":"weight","pid":MODEL_PID + u64::from(model),
+                            "tid":tid,"ts":ts,"dur":dur,"args":{"memory":memory,"size_bytes":tensor.size_bytes}}),
+                        )?;
+                    }
+                }
             }
             Event::Fault(f) => {
                 self.count_fault(f.fault.ts_ns)?;

@@ -28,6 +28,7 @@ pub mod shape;
 pub mod summary;
 mod text;
 pub mod tokens;
+pub mod ubatch_weights;
 
 use std::{
     io::{self, Read},

@@ -53,9 +53,13 @@ pub struct Ready {
 }
 
 impl GraphAssembler {
-    /// A graph was entered: whatever was pending is complete.
+    /// A graph was entered (whatever was pending is complete), or its
+    /// records are all sent (`graph::DONE`).
     pub fn on_graph(&mut self, event: &GraphEvent) -> Ready {
         let ready = self.settle();
+        if event.flags & graph::DONE != 0 {
+            return ready;
+        }
         let known = self.defined.get(&event.cgraph).filter(|&&(_, uid)| uid == event.uid);
         match known {
             Some(&(id, _)) if event.flags & graph::REUSED != 0 => self.start_run(id, event),
@@ -90,7 +94,7 @@ impl GraphAssembler {
         Ready { definition, run: None }
     }
 
-    /// Any other event, or the end: everything pending is complete.
+    /// The end of a graph's records (or of the trace): what is pending is complete.
     pub fn settle(&mut self) -> Ready {
         let definition = self.finish_reading();
         Ready { definition, run: self.run.take() }
@@ -135,5 +139,66 @@ impl GraphAssembler {
         self.tensors.insert(id, by_address);
         self.start_run(id, &reading.event);
         Some(Definition { id, nodes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{EventHeader, EventKind};
+
+    use super::*;
+
+    fn tensor(src: u64) -> GgmlTensor {
+        // SAFETY: GgmlTensor holds only integers and byte arrays.
+        let mut t: GgmlTensor = unsafe { std::mem::zeroed() };
+        t.src[0] = src;
+        t
+    }
+
+    fn graph(uid: u64, n_nodes: u32, flags: u32) -> GraphEvent {
+        let header = EventHeader { kind: EventKind::Graph as u32, tid: 7, ..Default::default() };
+        GraphEvent { header, cgraph: 0x1000, uid, n_nodes, flags }
+    }
+
+    fn node(uid: u64, role: u32, address: u64, src: u64) -> NodeEvent {
+        let header = EventHeader { kind: EventKind::Node as u32, tid: 7, ..Default::default() };
+        NodeEvent { header, uid, index: 0, role, address, tensor: tensor(src) }
+    }
+
+    fn input(uid: u64, tensor: u64) -> InputRecord {
+        InputRecord { header: EventHeader::default(), uid, tensor, data: vec![1, 0, 0, 0] }
+    }
+
+    #[test]
+    fn a_graph_is_complete_at_its_done_event_and_a_reused_one_runs_it_again() {
+        let mut a = GraphAssembler::default();
+        assert!(a.on_graph(&graph(5, 2, 0)).definition.is_none());
+        a.on_node(&node(5, node_role::NODE, 0xa0, 0xb0));
+        a.on_node(&node(5, node_role::SOURCE, 0xb0, 0));
+        a.on_node(&node(5, node_role::NODE, 0xa8, 0xa0));
+        let ready = a.on_input(&input(5, 0xb0));
+        let definition = ready.definition.expect("inputs follow the last node");
+        assert_eq!(definition.nodes.len(), 2);
+        assert_eq!(definition.nodes[1].1[0].1.tensor, 0xa0, "a node's source is the node before it");
+        let ready = a.on_graph(&graph(5, 2, graph::DONE));
+        let run = ready.run.expect("DONE ends the run");
+        assert_eq!((run.graph, run.inputs.len()), (0, 1));
+
+        // The same (cgraph, uid) again: a run of definition 0, no nodes.
+        assert!(a.on_graph(&graph(5, 2, graph::REUSED)).run.is_none());
+        a.on_input(&input(5, 0xb0));
+        let run = a.on_graph(&graph(5, 2, graph::REUSED | graph::DONE)).run.expect("a reused run");
+        assert_eq!((run.graph, run.inputs.len()), (0, 1));
+        assert_eq!(a.incomplete, 0);
+    }
+
+    #[test]
+    fn a_graph_missing_node_records_is_counted_not_written() {
+        let mut a = GraphAssembler::default();
+        a.on_graph(&graph(9, 3, 0));
+        a.on_node(&node(9, node_role::NODE, 0xa0, 0));
+        let ready = a.on_graph(&graph(9, 3, graph::DONE));
+        assert!(ready.definition.is_none());
+        assert_eq!(a.incomplete, 1);
     }
 }

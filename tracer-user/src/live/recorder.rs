@@ -252,10 +252,8 @@ impl<W: Write> Recorder<W> {
     }
 
     pub fn record(&mut self, event: &Event) -> io::Result<()> {
-        if !matches!(event, Event::Graph(_) | Event::Node(_) | Event::Input(_)) {
-            let ready = self.graphs.settle();
-            self.write_graphs(ready)?;
-        }
+        // A graph's records end with its DONE event, not at the next record
+        // of another kind: other threads' records interleave with them.
         match event {
             Event::Graph(g) => {
                 let ready = self.graphs.on_graph(g);

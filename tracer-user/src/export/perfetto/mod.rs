@@ -11,7 +11,8 @@
 //!   with a track per layer (`layer N`, `+ 1 + N`) and `non-layer`
 //!   (`+ 0xffff`): a slice, named by the weight, while an op reads that
 //!   layer's weights (one per graph node: ith 0 only, clipped so slices
-//!   never overlap);
+//!   never overlap; with graph capture, which does not time ops, one per
+//!   weight a ubatch read, spanning the ubatch);
 //! - a counter `page faults per 10 ms` (uuid 3);
 //! - with I/O records: a `disk` group (uuid 4) with `disk requests N` lanes
 //!   (uuid 0x3_0000_0000 + N): a slice per block request from issue to
@@ -53,6 +54,8 @@ use std::{
 use indicatif::ProgressBar;
 use prost::Message;
 use proto::*;
+
+use super::ubatch_weights::UbatchWeights;
 use tracer_common::{PAGE_SIZE, markers};
 
 use super::{
@@ -101,6 +104,10 @@ struct PerfettoSink<W: Write> {
     threads: BTreeMap<u32, ()>,
     /// Per layer track: where its last slice ended.
     layer_end: HashMap<u64, u64>,
+    /// Graph capture: the weights the current ubatch's untimed ops read,
+    /// drawn over the ubatch at its end.
+    ubatch_weights: UbatchWeights,
+    ubatch_start: u64,
     /// Flows from an op (by seq) to the faults it took.
     op_flows: HashMap<u64, Vec<u64>>,
     faults_per_bucket: Buckets,
@@ -186,6 +193,8 @@ impl<W: Write> PerfettoSink<W> {
             strings: HashMap::new(),
             threads: BTreeMap::new(),
             layer_end: HashMap::new(),
+            ubatch_weights: UbatchWeights::default(),
+            ubatch_start: 0,
             op_flows: HashMap::new(),
             faults_per_bucket: Buckets::default(),
             disk_bytes_per_bucket: Buckets::default(),
@@ -340,8 +349,9 @@ impl<W: Write> Sink for PerfettoSink<W> {
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
         match event {
             // Ops captured with their graph have no time of their own: the
-            // timeline shows their ubatch (op slices need --op-timing).
-            Event::Op(e) if !e.op.timed() => {}
+            // timeline shows their ubatch (op slices need --op-timing), and
+            // the weights they read over it.
+            Event::Op(e) if !e.op.timed() => self.ubatch_weights.note(e, t),
             Event::Op(e) => {
                 // The thread moved on to its next op: its fault read nothing more.
                 self.close_fault(e.op.tid)?;
@@ -396,7 +406,9 @@ impl<W: Write> Sink for PerfettoSink<W> {
                         ..Default::default()
                     };
                     self.event(m.ts_ns, e, InternedData::default())?;
+                    self.ubatch_start = m.ts_ns;
                 } else if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
+                    self.ubatch_weight_slices(m.ts_ns, t)?;
                     self.end(m.ts_ns, UBATCH_UUID)?;
                 }
             }
@@ -483,6 +495,32 @@ impl<W: Write> Sink for PerfettoSink<W> {
 }
 
 impl<W: Write> PerfettoSink<W> {
+    /// Per layer track, one slice per weight the ubatch read, all spanning
+    /// the ubatch (nested: graph capture does not time the reads within it).
+    fn ubatch_weight_slices(&mut self, end: u64, t: &Tables) -> Result<(), ExportError> {
+        for ((model, layer), weights) in self.ubatch_weights.take() {
+            let track = layer_uuid(model, layer);
+            for &(model, x, copy) in &weights {
+                let Some(tensor) = model_tensor(t.models, model, x) else { continue };
+                let mut new = InternedData::default();
+                let name = self.name_iid(&tensor.name, &mut new);
+                let memory = self.string_iid(if copy { "copy" } else { "model_file" }, &mut new);
+                let ev = TrackEvent {
+                    r#type: Some(TYPE_SLICE_BEGIN),
+                    track_uuid: Some(track),
+                    name_iid: Some(name),
+                    debug_annotations: vec![string(3, memory), uint(2, tensor.size_bytes)],
+                    ..Default::default()
+                };
+                self.event(self.ubatch_start, ev, new)?;
+            }
+            for _ in &weights {
+                self.end(end, track)?;
+            }
+        }
+        Ok(())
+    }
+
     fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
         let mut seen: Vec<u64> = Vec::new();
         for &(_, id) in &e.op.srcs {
