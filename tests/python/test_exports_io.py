@@ -40,11 +40,15 @@ def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_comple
     blocks = [r for r in rows if r["kind"] == "block"]
     assert any(r["kind"] == "page_cache" for r in rows), "a cold model is read into the page cache"
     assert blocks, "a cold model file is read from disk"
-    # Pair issues with completions as the exporter does: by (dev, sector).
-    issued, pairs = {}, []
+    # Pair issues with completions as the exporter does: by (dev, sector). A
+    # sector issued again before its completion was traced ends the earlier
+    # request there.
+    issued, pairs, superseded = {}, [], []
     for r in sorted(blocks, key=lambda r: r["seq"]):
         key = (r["dev"], r["sector"])
         if r["name"] == "issue":
+            if key in issued:
+                superseded.append((issued.pop(key)["ts_ns"], r["ts_ns"]))
             issued[key] = r
         elif key in issued:
             pairs.append((issued.pop(key), r))
@@ -75,13 +79,13 @@ def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_comple
     # from its issue to the end of the trace.
     a = json.loads(subprocess.run([ttrace, "report", path, "--json"], capture_output=True, text=True, check=True).stdout)
     unfinished = [(i["ts_ns"], max(a["last_ts_ns"], i["ts_ns"])) for i in issued.values()]
-    assert sum(len(v) for v in lane_slices.values()) == len(pairs) + len(unfinished)
+    assert sum(len(v) for v in lane_slices.values()) == len(pairs) + len(superseded) + len(unfinished)
     # Slices are written at completion: sort each lane by start before checking overlap.
     for spans in lane_slices.values():
         spans.sort()
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "requests on one lane do not overlap"
     assert sum(disk_counter) == sum(c["io_bytes"] for _, c in pairs)
-    expected = sorted([(i["ts_ns"], c["ts_ns"]) for i, c in pairs] + unfinished)
+    expected = sorted([(i["ts_ns"], c["ts_ns"]) for i, c in pairs] + superseded + unfinished)
     assert sorted(s for v in lane_slices.values() for s in v) == expected
 
     load = next(p for p in a["stats"]["phases"] if p["phase"] == "load")

@@ -77,3 +77,25 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
         assert got == want, f"ubatch {u}: routing differs"
         assert all(r["selected"] == r["ranking"][:k] for r in report["ubatches"][u]["routing"])
         assert bool(want) == (k > 0), "MoE models route every ubatch, dense ones never"
+
+        # Weight bytes per ubatch, from the oracle and the GGUF table alone:
+        # the embedding reads one row per token id, an expert tensor the
+        # slices of the experts its layer's tokens were routed to.
+        (model,) = report["models"]
+        names = [t["name"] for t in model["tensors"]]
+        table = {t.name: t for t in reader.tensors}
+        bytes_of = {names[w["tensor"]]: w["bytes"] for w in report["ubatches"][u]["weights"]}
+        embd = table["token_embd.weight"]
+        n_rows = int(embd.shape[1])  # gguf-py: shape in ggml order (ne0, ne1)
+        n_ids = len([n for n in nodes if n.get("src0") == "token_embd.weight"][0]["rows"])
+        if "output.weight" in table:  # (Gemma's output projection reads the whole table)
+            assert bytes_of["token_embd.weight"] == n_ids * int(embd.n_bytes) // n_rows
+        routed = {}
+        for (layer, _), ranking in want.items():
+            routed.setdefault(layer, set()).update(ranking[:k])
+        for tname, got_bytes in bytes_of.items():
+            if tname.endswith("_exps.weight"):
+                layer = int(tname.split(".")[1])
+                t = table[tname]
+                n_expert = int(t.shape[-1])
+                assert got_bytes == len(routed[layer]) * int(t.n_bytes) // n_expert, (u, tname)

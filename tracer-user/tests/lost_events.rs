@@ -98,9 +98,12 @@ async fn a_full_ring_counts_lost_block_requests() {
     unsafe { std::alloc::dealloc(buf, layout) };
     let lost = tracer.lost().unwrap();
     let delivered = drain(&mut tracer, |e| matches!(e, Event::Block(_)));
-    println!("block events: {delivered} delivered, {} lost ({lost:?})", lost.block);
+    // Other tests' programs run on the same CPUs: a block tracepoint that
+    // fires while one runs is skipped by the kernel, not lost in the ring.
+    let skipped = common::recursion_misses_of(std::process::id(), "block_rq");
+    println!("block events: {delivered} delivered, {} lost, {skipped} skipped ({lost:?})", lost.block);
     assert!(delivered > 0 && lost.block > 0, "a one-page ring overflows on {READS} direct reads");
-    assert!(delivered + lost.block >= 2 * READS as u64, "every request's issue and completion is counted");
+    assert!(delivered + lost.block + skipped >= 2 * READS as u64, "every request's issue and completion is counted");
     // Counted per kind: nothing of the other kinds was attempted.
     assert_eq!((lost.call, lost.op, lost.page_fault, lost.page_cache), (0, 0, 0, 0));
 }

@@ -140,6 +140,18 @@ pub fn bpf_ids(kind: &str) -> Vec<u64> {
     bpftool_json(&[kind, "show"]).into_iter().filter_map(|o| o["id"].as_u64()).collect()
 }
 
+/// Runs of `pid`'s programs named `prefix…` that the kernel skipped because
+/// another BPF program was running on that CPU (`recursion_misses`; bpftool
+/// omits it when 0). Their events are neither delivered nor counted lost.
+pub fn recursion_misses_of(pid: u32, prefix: &str) -> u64 {
+    bpf_objects_of("prog", pid)
+        .iter()
+        .flat_map(|id| bpftool_json(&["prog", "show", "id", &id.to_string()]))
+        .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .filter_map(|p| p["recursion_misses"].as_u64())
+        .sum()
+}
+
 fn bpftool_json(args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new("bpftool").arg("-j").args(args).output().expect("bpftool (installed by set-up)");
     assert!(out.status.success(), "bpftool {args:?}: {}", stderr(&out));

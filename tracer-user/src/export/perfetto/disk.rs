@@ -97,6 +97,14 @@ impl<W: Write> PerfettoSink<W> {
     pub(super) fn block(&mut self, b: &crate::format::reader::Block) -> Result<(), ExportError> {
         let key = (b.dev, b.sector);
         if b.kind == tracer_common::BlockKind::Issue {
+            // The same sector issued again before its completion was traced
+            // (the kernel skips a tracepoint program while another BPF
+            // program runs on that CPU): the earlier request ends here, with
+            // the fault chain waiting for it.
+            if let Some(old) = self.requests.remove(&key) {
+                let flow = self.request_flows.remove(&key);
+                self.request_slice(old, b.ts_ns, " (no completion traced)", flow)?;
+            }
             let lane = self.lane()?;
             let open = OpenRequest {
                 issued: b.ts_ns,
@@ -105,9 +113,7 @@ impl<W: Write> PerfettoSink<W> {
                 bytes: u64::from(b.nr_sector) * 512,
                 rwbs: b.rwbs.clone(),
             };
-            if let Some(old) = self.requests.insert(key, open) {
-                self.lanes[old.lane] = false;
-            }
+            self.requests.insert(key, open);
             if b.rwbs.contains('R') {
                 self.read_issued(b)?;
             }
