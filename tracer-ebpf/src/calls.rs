@@ -20,13 +20,13 @@ pub fn call_args(ctx: ProbeContext) -> u32 {
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     // SAFETY: ctx is the program's own context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    // A ubatch graph starting wakes the reader at once: it re-reads the
-    // target's maps then, while the model is surely mapped and the target
-    // alive (a short run may exit before the next timed drain).
-    let flags = if cookie == markers::SCHED_GRAPH_COMPUTE { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
-    if cookie == markers::SCHED_GRAPH_COMPUTE {
-        stop_once();
-    }
+    // The first ubatch graph of a `run` stops the target and wakes the
+    // reader at once: it reads the target's maps while the model is surely
+    // mapped (a short run may exit before the next timed drain). Later
+    // graphs wake nobody: a wake-up per token would take a CPU from the
+    // target's threads.
+    let first = cookie == markers::SCHED_GRAPH_COMPUTE && stop_once();
+    let flags = if first { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
     emit_with(
         EventKind::Call,
         CallEvent {
@@ -43,15 +43,17 @@ pub fn call_args(ctx: ProbeContext) -> u32 {
 /// and its maps go with it: hold the target at its first graph until ttrace
 /// has read them (it sends SIGCONT). Only when `run` asked, and only once.
 #[inline(always)]
-fn stop_once() {
-    let Some(slot) = CONFIG.get_ptr_mut(config::STOP_AT_FIRST_GRAPH) else { return };
+fn stop_once() -> bool {
+    let Some(slot) = CONFIG.get_ptr_mut(config::STOP_AT_FIRST_GRAPH) else { return false };
     // SAFETY: a map value; the one graph-computing thread clears it.
-    if unsafe { *slot } != 0 {
-        unsafe {
-            *slot = 0;
-            bpf_send_signal(SIGSTOP);
-        }
+    if unsafe { *slot } == 0 {
+        return false;
     }
+    unsafe {
+        *slot = 0;
+        bpf_send_signal(SIGSTOP);
+    }
+    true
 }
 
 const SIGSTOP: u32 = 19;

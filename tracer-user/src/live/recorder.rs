@@ -183,6 +183,14 @@ impl Resolver {
         self.space = space;
     }
 
+    /// At a graph's start: re-read the maps until they show a model mapped
+    /// (at most once a second for a target that never maps one).
+    pub fn refresh_for_graph(&mut self) {
+        if self.mapped_models.is_empty() && self.last_refresh.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            self.refresh();
+        }
+    }
+
     /// The maps as last read, for the header: no MAPS frame is due for them.
     pub fn header_maps(&mut self) -> String {
         self.maps_due = false;
@@ -274,12 +282,12 @@ impl<W: Write> Recorder<W> {
                 self.writer.op(op, &mut |r| resolver.memory_of(r))
             }
             Event::Call(call) => {
-                // A graph starting means loading is done: re-read the maps
-                // now, while the target is alive (the kernel wakes the reader
-                // for this marker), so the graph's weights resolve to the
-                // file mapping rather than by name.
+                // A graph starting means loading is done: until the maps show
+                // a model mapped, re-read them now, while the target is alive,
+                // so the graph's weights resolve to the file mapping rather
+                // than by name. (Not per graph: a /proc read per token.)
                 if call.cookie == markers::SCHED_GRAPH_COMPUTE {
-                    self.resolver.refresh();
+                    self.resolver.refresh_for_graph();
                     self.flush_models()?;
                 }
                 self.writer.marker(call)
