@@ -164,3 +164,39 @@ fn a_maps_frame_becomes_the_header_snapshot() {
     assert_eq!(r.header().maps, maps);
     assert_eq!(records.len(), 1, "only the trailer is a record: {records:?}");
 }
+
+#[test]
+fn version_1_traces_read_and_newer_ones_are_refused_by_name() {
+    // Version 1 (per-node ops, no GRAPH/COMPUTE/ROUTING frames) is a subset of 2.
+    for version in [1, frames::FORMAT_VERSION] {
+        let mut w = TraceWriter::create(Vec::new(), &Header { format_version: version, ..header() }).unwrap();
+        w.op(&op(2_000, 7, vec![tensor("Qcur-0", 0x100, SLOT_DST)]), &mut memory_of).unwrap();
+        let bytes = w.finish(&Trailer::default()).unwrap();
+        let (_, records) = read_all(&bytes).unwrap();
+        assert!(records.iter().any(|r| matches!(r, Record::Op(_))), "version {version}");
+    }
+    let newer = frames::FORMAT_VERSION + 1;
+    let w = TraceWriter::create(Vec::new(), &Header { format_version: newer, ..header() }).unwrap();
+    let bytes = w.finish(&Trailer::default()).unwrap();
+    let err = read_all(&bytes).err().expect("a newer format is refused").to_string();
+    assert!(err.contains(&format!("version {newer}")) && err.contains("reads versions 1 to"), "{err}");
+}
+
+#[test]
+fn routing_frames_round_trip_and_name_their_argsort_node() {
+    let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
+    let node = tensor("ffn_moe_argsort-3", 0x500, SLOT_DST);
+    w.op(&op(2_000, 7, vec![node]), &mut memory_of).unwrap();
+    let header = EventHeader { kind: EventKind::Routing as u32, cpu: 0, ts_ns: 2_050, tgid: 42, tid: 8 };
+    let routing = crate::events::RoutingRecord { header, tensor: node.tensor, row: 2, experts: vec![5, 1, 7, 0] };
+    w.routing(&routing).unwrap();
+    let bytes = w.finish(&Trailer::default()).unwrap();
+    let (r, records) = read_all(&bytes).unwrap();
+    let got = records.iter().find_map(|rec| match rec {
+        Record::Routing(x) => Some(x.clone()),
+        _ => None,
+    });
+    let got = got.expect("a routing record");
+    assert_eq!((got.ts_ns, got.tid, got.row, got.experts.as_slice()), (2_050, 8, 2, &[5, 1, 7, 0][..]));
+    assert_eq!(r.descriptor(got.node.expect("the argsort node is defined")).name, "ffn_moe_argsort-3");
+}

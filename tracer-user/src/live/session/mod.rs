@@ -78,11 +78,14 @@ pub struct Outcome {
     pub lost: Lost,
 }
 
-/// How often the ring is drained (a quarter-full ring wakes ttrace sooner),
-/// the trace flushed (so a SIGKILLed tracer leaves a readable file) and the
-/// maps rescanned for libraries loaded with dlopen. Every wake-up can take a
-/// CPU from the target's threads (on 2 cores, 20 ms cost 2-3 % at `-t 2`).
+/// How often the ring is drained (a quarter-full ring wakes ttrace sooner)
+/// and the trace flushed (so a SIGKILLed tracer leaves a readable file).
+/// Every wake-up can take a CPU from the target's threads (on 2 cores, a
+/// 20 ms tick cost 2-3 % at `-t 2`).
 const TICK: Duration = Duration::from_millis(100);
+/// The tick until the op probes are attached: the maps are rescanned for
+/// libraries loaded with dlopen, and a late attach misses the first graphs.
+const HOOK_SEARCH_TICK: Duration = Duration::from_millis(20);
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
@@ -239,7 +242,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let mut tick = tokio::time::interval(TICK);
+    let mut tick = tokio::time::interval(if session.attached.has_ops { TICK } else { HOOK_SEARCH_TICK });
     let deadline = spec.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_flush = Instant::now();
     let mut interrupted_at: Option<tokio::time::Instant> = None;
@@ -260,6 +263,9 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
+                    if session.attached.has_ops {
+                        tick = tokio::time::interval(TICK);
+                    }
                 }
                 session.continue_after_first_graph(child.as_ref())?;
                 session.sync_watches(&mut tracer)?;
