@@ -3,6 +3,7 @@
 pub mod codec;
 pub mod frames;
 pub mod reader;
+pub mod records;
 pub mod writer;
 
 pub use frames::{

@@ -11,6 +11,8 @@ use std::{
 
 use tracer_common::{BlockKind, PageCacheKind};
 
+pub use super::records::{Block, Fault, Marker, Op, PageCache, Record, Routing};
+
 use super::{
     codec::{CodecError, Cursor},
     frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
@@ -33,103 +35,6 @@ pub enum TraceError {
     Header(serde_json::Error),
     #[error("malformed frame (kind {kind}) at byte {offset}: {detail}")]
     Frame { offset: u64, kind: u8, detail: String },
-}
-
-/// An op, with descriptor indices resolved by [`TraceReader::descriptor`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct Op {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub ith: u32,
-    pub nth: u32,
-    pub hook: u32,
-    pub dst: u32,
-    /// `(source slot, descriptor)` pairs.
-    pub srcs: Vec<(u32, u32)>,
-    pub token_ids: Vec<i32>,
-}
-
-impl Op {
-    /// Whether the op was probed as it ran (`--op-timing`), so its start
-    /// time is its own; a graph-captured op has its graph's start time.
-    pub fn timed(&self) -> bool {
-        self.hook != tracer_common::hooks::GRAPH
-    }
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Marker {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub cookie: u64,
-    pub args: [u64; 3],
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fault {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub address: u64,
-    pub ip: u64,
-    pub error_code: u64,
-    /// The model-file byte the address maps, when it is in a model mapping.
-    pub file: Option<FilePos>,
-    pub memory: Memory,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct PageCache {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub kind: PageCacheKind,
-    pub dev: u32,
-    pub ino: u64,
-    /// Page index (file offset / 4096) and folio order.
-    pub index: u64,
-    pub order: u32,
-    /// `(model, file)` from the MODEL frames' (dev, ino).
-    pub file: Option<(u32, u32)>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Block {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub tgid: u32,
-    pub cpu: u32,
-    pub kind: BlockKind,
-    pub dev: u32,
-    pub sector: u64,
-    pub nr_sector: u32,
-    pub error: i32,
-    pub rwbs: String,
-    pub comm: String,
-}
-
-/// One token's expert ranking, best first (see `FrameKind::Routing`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    pub ts_ns: u64,
-    pub tid: u32,
-    /// The argsort node's descriptor (its name gives the layer), when defined.
-    pub node: Option<u32>,
-    /// The token's index in its ubatch.
-    pub row: u32,
-    pub experts: Vec<i32>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Record {
-    Op(Op),
-    Routing(Routing),
-    Marker(Marker),
-    Fault(Fault),
-    PageCache(PageCache),
-    Block(Block),
-    /// A model table was defined; its index in [`TraceReader::models`].
-    Model(u32),
-    Lost(Lost),
-    End(Trailer),
 }
 
 pub struct TraceReader<R: Read> {

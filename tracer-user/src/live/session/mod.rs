@@ -83,6 +83,8 @@ pub struct Outcome {
 /// Every wake-up can take a CPU from the target's threads (on 2 cores, a
 /// 20 ms tick cost 2-3 % at `-t 2`).
 const TICK: Duration = Duration::from_millis(100);
+/// How long after the target's exit a Ctrl-C may still arrive and count.
+const SIGNAL_WITH_EXIT: Duration = Duration::from_millis(50);
 /// The tick until the op probes are attached: the maps are rescanned for
 /// libraries loaded with dlopen, and a late attach misses the first graphs.
 const HOOK_SEARCH_TICK: Duration = Duration::from_millis(20);
@@ -253,7 +255,18 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             biased;
             _ = sigint.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) { break reason },
             _ = sigterm.recv() => if let Some(reason) = on_signal(&mut child, libc::SIGTERM, &mut interrupted_at) { break reason },
-            _ = exited.readable() => break if interrupted_at.is_some() { StopReason::Interrupted } else { StopReason::TargetExited },
+            _ = exited.readable() => {
+                // A Ctrl-C sent to the process group reaches the target too,
+                // which may exit before ttrace's signal stream yields it: a
+                // signal arriving with the exit still means interrupted.
+                let signalled = interrupted_at.is_some()
+                    || tokio::time::timeout(SIGNAL_WITH_EXIT, async {
+                        tokio::select! { _ = sigint.recv() => {}, _ = sigterm.recv() => {} }
+                    })
+                    .await
+                    .is_ok();
+                break if signalled { StopReason::Interrupted } else { StopReason::TargetExited };
+            }
             _ = sleep_until(deadline) => break StopReason::DurationElapsed,
             _ = sleep_until(grace_over) => {
                 if let Some(c) = &child { c.kill()?; }
