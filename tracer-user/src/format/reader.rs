@@ -279,18 +279,9 @@ impl<R: Read> TraceReader<R> {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (ith, nth, hook) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
-                let (dst, n_src) = (c.u32().map_err(e)?, c.u32().map_err(e)?);
+                let dst = c.u32().map_err(e)?;
                 self.check_descriptor(dst)?;
-                if n_src as usize > tracer_common::ggml::MAX_SRC {
-                    return Err(format!("{n_src} sources"));
-                }
-                let mut srcs = Vec::with_capacity(n_src as usize);
-                for _ in 0..n_src {
-                    let slot = c.u32().map_err(e)?;
-                    let id = c.u32().map_err(e)?;
-                    self.check_descriptor(id)?;
-                    srcs.push((slot, id));
-                }
+                let srcs = self.sources(&mut c)?;
                 let n_ids = c.u32().map_err(e)?;
                 if n_ids as usize > tracer_common::MAX_TOKEN_IDS {
                     return Err(format!("{n_ids} token ids"));
@@ -311,17 +302,7 @@ impl<R: Read> TraceReader<R> {
                 for _ in 0..n_nodes {
                     let dst = c.u32().map_err(e)?;
                     self.check_descriptor(dst)?;
-                    let n_src = c.u32().map_err(e)?;
-                    if n_src as usize > tracer_common::ggml::MAX_SRC {
-                        return Err(format!("{n_src} sources"));
-                    }
-                    let mut srcs = Vec::with_capacity(n_src as usize);
-                    for _ in 0..n_src {
-                        let slot = c.u32().map_err(e)?;
-                        let id = c.u32().map_err(e)?;
-                        self.check_descriptor(id)?;
-                        srcs.push((slot, id));
-                    }
+                    let srcs = self.sources(&mut c)?;
                     nodes.push(GraphNode { dst, srcs });
                 }
                 self.graphs.push(nodes);
@@ -506,6 +487,23 @@ impl<R: Read> TraceReader<R> {
             let d = &self.descriptors[node.dst as usize];
             !empty.contains(&d.op) && d.flags & FLAG_COMPUTE != 0
         }))
+    }
+
+    /// A node's sources: a count, then `(slot, descriptor)` pairs.
+    fn sources(&self, c: &mut Cursor) -> Result<Vec<(u32, u32)>, String> {
+        let e = |e: CodecError| e.to_string();
+        let n_src = c.u32().map_err(e)?;
+        if n_src as usize > tracer_common::ggml::MAX_SRC {
+            return Err(format!("{n_src} sources"));
+        }
+        let mut srcs = Vec::with_capacity(n_src as usize);
+        for _ in 0..n_src {
+            let slot = c.u32().map_err(e)?;
+            let id = c.u32().map_err(e)?;
+            self.check_descriptor(id)?;
+            srcs.push((slot, id));
+        }
+        Ok(srcs)
     }
 
     fn check_descriptor(&self, id: u32) -> Result<(), String> {

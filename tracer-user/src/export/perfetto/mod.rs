@@ -54,20 +54,20 @@ use std::{
 use indicatif::ProgressBar;
 use prost::Message;
 use proto::*;
-
-use super::ubatch_weights::UbatchWeights;
 use tracer_common::{PAGE_SIZE, markers};
 
 use super::{
     ExportError, Written,
     buckets::Buckets,
     rows::{phase_name, row},
+    ubatch_weights::UbatchWeights,
 };
 use crate::analyze::{Analysis, io::IoCorrelator};
 use crate::analyze::{
     tensor::{model_tensor, weight_of},
     walk::{self, Event, Sink, Tables},
 };
+use crate::format::ModelTensor;
 
 pub const PROCESS_UUID: u64 = 1;
 pub const UBATCH_UUID: u64 = 2;
@@ -502,23 +502,28 @@ impl<W: Write> PerfettoSink<W> {
             let track = layer_uuid(model, layer);
             for &(model, x, copy) in &weights {
                 let Some(tensor) = model_tensor(t.models, model, x) else { continue };
-                let mut new = InternedData::default();
-                let name = self.name_iid(&tensor.name, &mut new);
-                let memory = self.string_iid(if copy { "copy" } else { "model_file" }, &mut new);
-                let ev = TrackEvent {
-                    r#type: Some(TYPE_SLICE_BEGIN),
-                    track_uuid: Some(track),
-                    name_iid: Some(name),
-                    debug_annotations: vec![string(3, memory), uint(2, tensor.size_bytes)],
-                    ..Default::default()
-                };
-                self.event(self.ubatch_start, ev, new)?;
+                self.weight_slice_begin(track, tensor, copy, self.ubatch_start)?;
             }
             for _ in &weights {
                 self.end(end, track)?;
             }
         }
         Ok(())
+    }
+
+    /// A slice on a layer track, named by the weight read.
+    fn weight_slice_begin(&mut self, track: u64, tensor: &ModelTensor, copy: bool, ts: u64) -> Result<(), ExportError> {
+        let mut new = InternedData::default();
+        let name = self.name_iid(&tensor.name, &mut new);
+        let memory = self.string_iid(if copy { "copy" } else { "model_file" }, &mut new);
+        let ev = TrackEvent {
+            r#type: Some(TYPE_SLICE_BEGIN),
+            track_uuid: Some(track),
+            name_iid: Some(name),
+            debug_annotations: vec![string(3, memory), uint(2, tensor.size_bytes)],
+            ..Default::default()
+        };
+        self.event(ts, ev, new)
     }
 
     fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
@@ -537,17 +542,7 @@ impl<W: Write> PerfettoSink<W> {
                 continue;
             }
             self.layer_end.insert(track, end);
-            let mut new = InternedData::default();
-            let name = self.name_iid(&tensor.name, &mut new);
-            let memory = self.string_iid(if w.copy { "copy" } else { "model_file" }, &mut new);
-            let ev = TrackEvent {
-                r#type: Some(TYPE_SLICE_BEGIN),
-                track_uuid: Some(track),
-                name_iid: Some(name),
-                debug_annotations: vec![string(3, memory), uint(2, tensor.size_bytes)],
-                ..Default::default()
-            };
-            self.event(begin, ev, new)?;
+            self.weight_slice_begin(track, tensor, w.copy, begin)?;
             self.end(end, track)?;
         }
         Ok(())
