@@ -1,6 +1,8 @@
-//! Inference overhead: llama-completion untraced (A), under `ttrace run` (B),
-//! `ttrace run --all-threads` (C) and bpftrace with the equivalent probe set
-//! (D), interleaved A B C D A B C D …; llama's own generation tokens/s.
+//! Inference overhead on the real model: llama-completion untraced (A),
+//! under `ttrace run` (B, graph capture), `ttrace run --op-timing` (C, the
+//! per-node probes) and bpftrace counting calls of the per-node hook (D),
+//! interleaved A B C D A B C D … at each thread count; llama's own
+//! generation tokens/s.
 
 use std::{
     path::{Path, PathBuf},
@@ -13,15 +15,20 @@ use super::Ctx;
 
 pub const VARIANTS: [(&str, &str); 4] = [
     ("A", "untraced"),
-    ("B", "ttrace run"),
-    ("C", "ttrace run --all-threads"),
-    ("D", "bpftrace (scripts/bench/ggml_ops.bt)"),
+    ("B", "ttrace run (graph capture)"),
+    ("C", "ttrace run --op-timing (per-node probes)"),
+    ("D", "bpftrace, count-only per-node uprobe (scripts/bench/count_ops.bt)"),
 ];
+
+/// `-t` of each measured series: the cost of per-node probes grows with
+/// threads, graph capture's should not.
+pub const THREADS: [u32; 2] = [2, 1];
 
 pub const PROMPT: &str = "The history of the printing press begins in";
 
 /// One measured run.
 pub struct Sample {
+    pub threads: u32,
     pub round: usize,
     pub variant: &'static str,
     pub tokens_per_s: f64,
@@ -29,8 +36,9 @@ pub struct Sample {
     pub summary: Option<String>,
 }
 
-/// llama-completion's arguments for the bench model.
-pub fn llama_args(ctx: &Ctx, model: &Path) -> Vec<String> {
+/// llama-completion's arguments (`-c 512`: Gemma's default context would
+/// size a KV cache far bigger than the model).
+pub fn llama_args(ctx: &Ctx, model: &Path, threads: u32) -> Vec<String> {
     vec![
         ctx.paths.llama.completion.display().to_string(),
         "-m".into(),
@@ -42,25 +50,27 @@ pub fn llama_args(ctx: &Ctx, model: &Path) -> Vec<String> {
         "--ignore-eos".into(),
         "-no-cnv".into(),
         "--perf".into(),
+        "-c".into(),
+        "512".into(),
         "-t".into(),
-        "2".into(),
+        threads.to_string(),
     ]
 }
 
 /// The bpftrace script with the library path filled in (0.17 takes no
 /// positional parameter in a probe's binary path).
 fn bpftrace_script(ctx: &Ctx) -> Result<PathBuf> {
-    let src = crate::cache::repo_root().join("scripts/bench/ggml_ops.bt");
+    let src = crate::cache::repo_root().join("scripts/bench/count_ops.bt");
     let text = std::fs::read_to_string(&src).with_context(|| format!("reading {}", src.display()))?;
     let lib = ctx.paths.llama.lib_dir.join("libggml-cpu.so.0");
     let lib = std::fs::canonicalize(&lib).with_context(|| format!("resolving {}", lib.display()))?;
-    let out = ctx.out_dir.join("ggml_ops.bt");
+    let out = ctx.out_dir.join("count_ops.bt");
     std::fs::write(&out, text.replace("LIBGGML_CPU", &lib.display().to_string()))?;
     Ok(out)
 }
 
-pub fn command(ctx: &Ctx, variant: &str, model: &Path, trace: &Path) -> Result<Command> {
-    let args = llama_args(ctx, model);
+pub fn command(ctx: &Ctx, variant: &str, model: &Path, threads: u32, trace: &Path) -> Result<Command> {
+    let args = llama_args(ctx, model, threads);
     let mut cmd = match variant {
         "A" => {
             let mut c = Command::new(&args[0]);
@@ -71,7 +81,7 @@ pub fn command(ctx: &Ctx, variant: &str, model: &Path, trace: &Path) -> Result<C
             let mut c = Command::new(&ctx.ttrace);
             c.arg("run");
             if variant == "C" {
-                c.arg("--all-threads");
+                c.arg("--op-timing");
             }
             c.arg("-o").arg(trace).arg("--").args(&args);
             c
@@ -104,9 +114,9 @@ pub fn eval_tokens_per_s(text: &str) -> Option<f64> {
     before.rsplit([',', '(']).next()?.trim().parse().ok()
 }
 
-pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> Result<Sample> {
+pub fn run_one(ctx: &Ctx, variant: &'static str, threads: u32, round: usize, model: &Path) -> Result<Sample> {
     let trace = ctx.out_dir.join(format!("overhead-{variant}.data"));
-    let mut cmd = command(ctx, variant, model, &trace)?;
+    let mut cmd = command(ctx, variant, model, threads, &trace)?;
     let out = cmd.output().with_context(|| format!("starting {}", crate::shell::describe(&cmd)))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
@@ -115,7 +125,7 @@ pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> 
     let tokens_per_s = eval_tokens_per_s(&text)
         .with_context(|| format!("variant {variant}: no `eval time` line in the output:\n{}", tail(&text, 20)))?;
     let summary = text.lines().find(|l| l.contains("bytes per op frame")).map(str::to_string);
-    Ok(Sample { round, variant, tokens_per_s, summary })
+    Ok(Sample { threads, round, variant, tokens_per_s, summary })
 }
 
 fn tail(text: &str, n: usize) -> String {
@@ -126,13 +136,18 @@ fn tail(text: &str, n: usize) -> String {
 pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<Sample>> {
     // Warm the page cache (and check everything starts) before measuring.
     eprintln!("bench: overhead warm-up run");
-    run_one(ctx, "A", 0, model)?;
+    run_one(ctx, "A", 2, 0, model)?;
     let mut samples = Vec::new();
-    for round in 1..=ctx.rounds {
-        for (variant, _) in VARIANTS {
-            let s = run_one(ctx, variant, round, model)?;
-            eprintln!("bench: overhead round {round}/{} {variant}: {:.2} tokens/s", ctx.rounds, s.tokens_per_s);
-            samples.push(s);
+    for threads in THREADS {
+        for round in 1..=ctx.rounds {
+            for (variant, _) in VARIANTS {
+                let s = run_one(ctx, variant, threads, round, model)?;
+                eprintln!(
+                    "bench: overhead -t {threads} round {round}/{} {variant}: {:.2} tokens/s",
+                    ctx.rounds, s.tokens_per_s
+                );
+                samples.push(s);
+            }
         }
     }
     Ok(samples)

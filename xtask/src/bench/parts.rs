@@ -226,7 +226,7 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
     let trace = ctx.out_dir.join("profile-B.data");
     let stats_before = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling kernel.bpf_stats_enabled")?;
-    let mut cmd = overhead::command(ctx, "B", model, &trace)?;
+    let mut cmd = overhead::command(ctx, "B", model, 2, &trace)?;
     let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let perf = Command::new("perf")
         .args(["stat", "-x,", "-e", "task-clock,context-switches,cpu-migrations", "-p"])
@@ -240,7 +240,7 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
     let reader = std::thread::spawn(move || child.wait_with_output());
     while !reader.is_finished() {
         let now = bpf_progs();
-        if now.iter().any(|p| p.0.contains("ggml")) {
+        if now.iter().any(|p| p.0 == "graph_compute") {
             programs = now;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -260,7 +260,9 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
     let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_before.trim());
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let tokens_per_s = overhead::eval_tokens_per_s(&text);
-    programs.retain(|p| ["ggml", "page", "filemap", "block", "mark"].iter().any(|k| p.0.contains(k)));
+    programs.retain(|p| {
+        ["graph_compute", "argsort", "call_", "ggml", "page", "filemap", "block"].iter().any(|k| p.0.starts_with(k))
+    });
     Ok(Profile { tokens_per_s, programs, perf_stat: perf_stat.filter(|s| !s.is_empty()) })
 }
 
