@@ -5,16 +5,12 @@
 //! stack) and sent up to the last source present, so a node with two sources
 //! costs 112 + 3 * 192 bytes of ring, not the full 2224.
 
-use core::{
-    ffi::c_void,
-    mem::size_of,
-    ptr::{addr_of_mut, read_volatile},
-};
+use core::ptr::{addr_of_mut, read_volatile};
 
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::generated::{bpf_get_attach_cookie, bpf_probe_read_user},
+    helpers::generated::bpf_get_attach_cookie,
     macros::{map, uprobe},
     maps::PerCpuArray,
     programs::ProbeContext,
@@ -26,7 +22,7 @@ use tracer_common::{
     hooks,
 };
 
-use crate::maps::{CONFIG, EVENTS, count_lost, header, submit_flags, traced_task};
+use crate::maps::{CONFIG, EVENTS, count_lost, header, read_user, submit_flags, traced_task};
 
 #[map]
 static OP_SCRATCH: PerCpuArray<OpEvent> = PerCpuArray::with_max_entries(1, 0);
@@ -57,13 +53,6 @@ pub fn ggml_op(ctx: ProbeContext) -> u32 {
     let node = if hook == hooks::FUSED_MUL { third } else { second };
     let _ = record_node(params, node, hook);
     0
-}
-
-#[inline(always)]
-fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
-    // SAFETY: dst points to a map value or stack slot of size_of::<T>().
-    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
-    if ret == 0 { Ok(()) } else { Err(()) }
 }
 
 #[inline(always)]

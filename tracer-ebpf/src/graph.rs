@@ -26,7 +26,7 @@ use tracer_common::{
     graph, node_role,
 };
 
-use crate::maps::{EVENTS, count_lost, emit, header, submit_flags, traced_task};
+use crate::maps::{EVENTS, count_lost, emit, header, read_user, submit_flags, traced_task};
 
 /// What a graph's walk needs in every `bpf_loop` step.
 #[repr(C)]
@@ -69,13 +69,6 @@ pub fn graph_compute(ctx: ProbeContext) -> u32 {
     let cgraph = unsafe { read_volatile(&(*(ctx.as_ptr() as *const pt_regs)).rdi) };
     let _ = read_graph(cgraph);
     0
-}
-
-#[inline(always)]
-fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
-    // SAFETY: dst points to a map value or stack slot of size_of::<T>().
-    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
-    if ret == 0 { Ok(()) } else { Err(()) }
 }
 
 fn read_graph(cgraph: u64) -> Result<(), ()> {

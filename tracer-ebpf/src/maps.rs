@@ -2,9 +2,11 @@
 //! Names must equal the `MAP_*` constants in tracer-common (checked by a
 //! user-side test against the built object).
 
+use core::{ffi::c_void, mem::size_of};
+
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_probe_read_user},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
@@ -91,4 +93,12 @@ pub fn emit_with<T: 'static>(kind: EventKind, event: T, flags: u64) {
         }
         None => count_lost(kind),
     }
+}
+
+/// Copy a `T` from the traced process's memory at `src` into `dst`.
+#[inline(always)]
+pub fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
+    // SAFETY: dst points to a map value or stack slot of size_of::<T>().
+    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
 }

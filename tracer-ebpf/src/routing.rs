@@ -6,7 +6,7 @@
 
 use core::{
     ffi::c_void,
-    mem::{MaybeUninit, size_of},
+    mem::MaybeUninit,
     ptr::{addr_of_mut, read_volatile},
 };
 
@@ -23,7 +23,7 @@ use tracer_common::{
     ggml::{self, GgmlTensor},
 };
 
-use crate::maps::{EVENTS, count_lost, header, submit_flags, traced_task};
+use crate::maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task};
 
 /// An argsort call in flight on a thread (pid_tgid key).
 #[repr(C)]
@@ -47,13 +47,6 @@ struct Rows {
     first: u32,
     step: u32,
     n_experts: u32,
-}
-
-#[inline(always)]
-fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {
-    // SAFETY: dst points to a stack slot of size_of::<T>().
-    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), size_of::<T>() as u32, src as *const c_void) };
-    if ret == 0 { Ok(()) } else { Err(()) }
 }
 
 #[uprobe]
