@@ -66,6 +66,7 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     used = reader.fields.get(f"{arch}.expert_used_count")
     k = int(used.parts[-1][0]) if used else 0
+    per_op: dict[int, dict[tuple[str, str], int]] = {}  # ubatch -> (op, weight) -> bytes read
     for u, nodes in enumerate(oracle["ubatches"]):
         want = {}
         for n in nodes:
@@ -80,7 +81,8 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
 
         # Weight bytes per ubatch, from the oracle and the GGUF table alone:
         # the embedding reads one row per token id, an expert tensor the
-        # slices of the experts its layer's tokens were routed to.
+        # slices of the experts its layer's tokens were routed to. The
+        # report, the row export and tokens-json all say so.
         (model,) = report["models"]
         names = [t["name"] for t in model["tensors"]]
         table = {t.name: t for t in reader.tensors}
@@ -88,14 +90,34 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
         embd = table["token_embd.weight"]
         n_rows = int(embd.shape[1])  # gguf-py: shape in ggml order (ne0, ne1)
         n_ids = len([n for n in nodes if n.get("src0") == "token_embd.weight"][0]["rows"])
+        lookup = n_ids * int(embd.n_bytes) // n_rows
         if "output.weight" in table:  # (Gemma's output projection reads the whole table)
-            assert bytes_of["token_embd.weight"] == n_ids * int(embd.n_bytes) // n_rows
+            assert bytes_of["token_embd.weight"] == lookup
         routed = {}
         for (layer, _), ranking in want.items():
             routed.setdefault(layer, set()).update(ranking[:k])
-        for tname, got_bytes in bytes_of.items():
+        expert_bytes = {}
+        for tname, t in table.items():
             if tname.endswith("_exps.weight"):
                 layer = int(tname.split(".")[1])
-                t = table[tname]
-                n_expert = int(t.shape[-1])
-                assert got_bytes == len(routed[layer]) * int(t.n_bytes) // n_expert, (u, tname)
+                expert_bytes[tname] = len(routed[layer]) * int(t.n_bytes) // int(t.shape[-1])
+                assert bytes_of[tname] == expert_bytes[tname], (u, tname)
+        assert bool(expert_bytes) == (k > 0)
+        per_op[u] = {("GET_ROWS", "token_embd.weight"): lookup,
+                     **{("MUL_MAT_ID", tname): b for tname, b in expert_bytes.items()}}
+
+    for u, ops in by_ubatch.items():
+        for r in ops:
+            want_bytes = per_op[u].get((r["name"], r["srcs"].split(";")[0]))
+            if want_bytes is not None:
+                assert r["weight_bytes"] == want_bytes, (u, r["name"], r["srcs"])
+    tokens_dir = export(ttrace, trace, "tokens-json", tmp_path / "tokens")
+    checked = 0
+    for doc in map(json.loads, map(Path.read_text, [*tokens_dir.glob("token-*.json"), *tokens_dir.glob("prompt-*.json")])):
+        for entry in doc["entries"]:
+            src = entry["sources"][0]
+            want_bytes = per_op[doc["ubatch"]].get((entry["operation_type"], src["name"]))
+            if want_bytes is not None:
+                assert src["bytes_read"] == want_bytes, (doc["ubatch"], entry["dst_name"])
+                checked += 1
+    assert checked >= len(oracle["ubatches"])

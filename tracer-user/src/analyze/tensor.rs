@@ -72,9 +72,9 @@ pub fn op_weight_bytes(op_name: &str, slot: u32, d: &Descriptor, t: &ModelTensor
     whole
 }
 
-/// MoE expert tensors: only the routed experts' slices are read. Per op they
-/// count whole; a ubatch's figure is exact once its layer's routing is known
-/// (`correlate::select_experts`), an upper bound otherwise.
+/// MoE expert tensors: only the routed experts' slices are read. The figure
+/// is exact once the ubatch's routing is known (`correlate::select_experts`,
+/// `walk::Tables::weight_read`), the whole tensor, an upper bound, otherwise.
 pub fn is_expert_tensor(t: &ModelTensor) -> bool {
     t.expert_bytes.is_some() || t.component.ends_with("_exps")
 }

@@ -13,7 +13,7 @@ use tracer_common::markers;
 use super::{
     Analysis, Phase,
     op_time::OpClock,
-    tensor::{AddressIndex, FileHit},
+    tensor::{AddressIndex, FileHit, WeightRef, is_expert_tensor, model_tensor, op_weight_bytes, weight_of},
 };
 use crate::format::{
     Descriptor, Lost, ModelTable, Op, Record, TraceError, TraceReader, Trailer,
@@ -89,6 +89,29 @@ impl<'a> Tables<'a> {
 
     pub fn phase(&self, ubatch: Option<u32>) -> Option<Phase> {
         ubatch.and_then(|u| self.analysis.ubatches.get(u as usize)).map(|u| u.phase)
+    }
+
+    /// What op `op_name` of `ubatch` reads from its weight source `slot`
+    /// (`None` if that source is no model tensor): the routed experts'
+    /// slices of an MoE expert tensor when the ubatch's routing was recorded,
+    /// else [`op_weight_bytes`].
+    pub fn weight_read(
+        &self,
+        op_name: &str,
+        ubatch: Option<u32>,
+        (slot, d): (u32, &Descriptor),
+        slotted: &[(u32, &Descriptor)],
+    ) -> Option<WeightRead> {
+        let weight = weight_of(d)?;
+        let t = model_tensor(self.models, weight.model, weight.tensor)?;
+        let routed = ubatch
+            .and_then(|u| self.analysis.ubatches.get(u as usize))
+            .and_then(|u| u.weights.get(&(weight.model, weight.tensor)))
+            .filter(|w| w.routed_experts.is_some() && is_expert_tensor(t));
+        Some(match routed {
+            Some(w) => WeightRead { weight, bytes: w.bytes, routed: true },
+            None => WeightRead { weight, bytes: op_weight_bytes(op_name, slot, d, t, slotted), routed: false },
+        })
     }
 
     /// Index among generate ubatches, i.e. which generated token.
@@ -285,6 +308,16 @@ impl GraphOps {
     fn reading(&self, address: u64) -> Option<u64> {
         self.reads.iter().find(|&&(start, end, _)| (start..end).contains(&address)).map(|&(_, _, seq)| seq)
     }
+}
+
+/// Bytes an op reads from one weight source ([`Tables::weight_read`]).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightRead {
+    pub weight: WeightRef,
+    pub bytes: u64,
+    /// `bytes` are the ubatch's routed expert slices, so they differ
+    /// between runs of the same op.
+    pub routed: bool,
 }
 
 /// Descriptors of an op's sources, in slot order.

@@ -36,7 +36,7 @@ use encode::{Batch, Column};
 use super::{
     ExportError, Written,
     columns::{self, COLUMNS},
-    rows::{Cells, cells, op_context, op_shape},
+    rows::{Cells, ShapeScope, cells, op_context, op_shape},
     shape::{FxMap, OpShapes},
 };
 use crate::analyze::Analysis;
@@ -299,9 +299,12 @@ impl Sink for ParquetSink {
                 Some(&ids) => ids,
                 None => {
                     let mut s = Cells::default();
-                    op_shape(e, tables, &mut s);
+                    let scope = op_shape(e, tables, &mut s);
                     let ids = self.shape_ids(&s);
-                    *self.ops.insert(&e.op, ids)
+                    match scope {
+                        ShapeScope::PerShape => *self.ops.insert(&e.op, ids),
+                        ShapeScope::PerUbatch => ids,
+                    }
                 }
             };
             self.push_head(&c);

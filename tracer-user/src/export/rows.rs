@@ -15,7 +15,7 @@ use serde::Serialize;
 use tracer_common::{PAGE_SIZE, ggml::MAX_SRC, markers};
 
 use crate::analyze::{
-    tensor::{memory_class, model_tensor, op_layer, op_weight_bytes, weight_of},
+    tensor::{memory_class, model_tensor, op_layer},
     walk::{Event, OpEvent, Tables},
 };
 use crate::{analyze::Phase, format::Descriptor};
@@ -236,10 +236,20 @@ pub fn op_context<'a>(e: &OpEvent, t: &Tables<'a>) -> Cells<'a> {
     }
 }
 
+/// Whether an op's [`op_shape`] columns may be kept per op shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapeScope {
+    /// A function of the op's destination and sources and the model tables.
+    PerShape,
+    /// `weight_bytes` also depends on the ubatch's MoE routing.
+    PerUbatch,
+}
+
 /// The columns `name` to `weight_bytes` of an op: a function of its
-/// destination and sources (slot, descriptor) and the model tables alone, so
-/// writers may keep them per [`super::shape::OpShapes`] key.
-pub fn op_shape<'a>(e: &OpEvent, t: &Tables<'a>, c: &mut Cells<'a>) {
+/// destination and sources (slot, descriptor) and the model tables, so
+/// writers may keep them per [`super::shape::OpShapes`] key, except where
+/// an op reads routed MoE experts ([`ShapeScope::PerUbatch`]).
+pub fn op_shape<'a>(e: &OpEvent, t: &Tables<'a>, c: &mut Cells<'a>) -> ShapeScope {
     let dst = t.descriptor(e.op.dst);
     // The reader rejects ops with more than MAX_SRC sources.
     let n = e.op.srcs.len().min(MAX_SRC);
@@ -258,16 +268,20 @@ pub fn op_shape<'a>(e: &OpEvent, t: &Tables<'a>, c: &mut Cells<'a>) {
     c.srcs = Some(names);
     c.n_srcs = e.op.srcs.len() as u32;
     (c.weights_file, c.weights_copy, c.weight_bytes) = (0, 0, 0);
-    for &(slot, d) in slotted {
-        let Some(w) = weight_of(d) else { continue };
-        if w.copy {
+    let mut scope = ShapeScope::PerShape;
+    for &source in slotted {
+        let Some(read) = t.weight_read(&c.name, e.ctx.ubatch, source, slotted) else { continue };
+        if read.weight.copy {
             c.weights_copy += 1;
         } else {
             c.weights_file += 1;
         }
-        c.weight_bytes +=
-            model_tensor(t.models, w.model, w.tensor).map_or(0, |m| op_weight_bytes(&c.name, slot, d, m, slotted));
+        c.weight_bytes += read.bytes;
+        if read.routed {
+            scope = ShapeScope::PerUbatch;
+        }
     }
+    scope
 }
 
 impl Cells<'_> {

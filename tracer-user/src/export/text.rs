@@ -16,7 +16,7 @@ use indicatif::ProgressBar;
 
 use super::{
     ExportError, Written, columns,
-    rows::{Cells, cells, op_context, op_shape},
+    rows::{Cells, ShapeScope, cells, op_context, op_shape},
     shape::OpShapes,
 };
 use crate::analyze::Analysis;
@@ -76,10 +76,13 @@ impl Sink for TextSink {
                 Some(bytes) => out.extend_from_slice(bytes),
                 None => {
                     let mut s = Cells::default();
-                    op_shape(e, tables, &mut s);
+                    let scope = op_shape(e, tables, &mut s);
                     let mut bytes = Vec::new();
                     shape(&s, &mut bytes);
-                    out.extend_from_slice(self.shapes.insert(&e.op, bytes.into()));
+                    match scope {
+                        ShapeScope::PerShape => out.extend_from_slice(self.shapes.insert(&e.op, bytes.into())),
+                        ShapeScope::PerUbatch => out.extend_from_slice(&bytes),
+                    }
                 }
             }
             rest(&c, out);

@@ -8,7 +8,9 @@
 //!   `token_ids` all of them). Warm-up and auxiliary graphs are not written.
 //! - `memory-map.json`: the model's GGUF tensor table (first model).
 //!
-//! Per source, `memory_source` is `DISK` when the tensor's data is inside the
+//! Per source, `bytes_read` (model tensors only) is what the op read: the
+//! indexed rows of a GET_ROWS, the routed experts' slices of an MoE expert
+//! tensor, else the view. `memory_source` is `DISK` when the tensor's data is inside the
 //! model file mapping (`disk_offset` = tensor file offset + view offset) and
 //! `BUFFER` otherwise, with `buffer_id` naming the memory class (`copy` of a
 //! model tensor, `anon`, `other_file`, `unmapped`).
@@ -30,7 +32,7 @@ use crate::analyze::{
 };
 use crate::{
     analyze::{Analysis, Phase},
-    format::Memory,
+    format::{Descriptor, Memory},
 };
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -85,12 +87,17 @@ impl Sink for TokenSink {
                 }
                 let dst = t.descriptor(e.op.dst);
                 let srcs = sources(&e.op, t);
+                let slotted: Vec<(u32, &Descriptor)> = e.op.srcs.iter().map(|&(s, _)| s).zip(srcs.iter().copied()).collect();
                 let layer = op_layer(t.models, dst, &srcs);
-                let sources: Vec<Value> = srcs
+                let op_name = t.op_name(&e.op);
+                let sources: Vec<Value> = slotted
                     .iter()
-                    .map(|d| {
+                    .map(|&(slot, d)| {
                         let mut s = json!({"name": d.name, "tensor_ptr": format!("{:#x}", d.data),
                                            "size_bytes": view_bytes(d), "layer_id": layer});
+                        if let Some(read) = t.weight_read(&op_name, e.ctx.ubatch, (slot, d), &slotted) {
+                            s["bytes_read"] = json!(read.bytes);
+                        }
                         match d.memory {
                             Memory::ModelFile { model, tensor, offset } => {
                                 let mt = model_tensor(t.models, model, tensor);
@@ -116,7 +123,7 @@ impl Sink for TokenSink {
                 self.entries.push(json!({
                     "entry_id": self.entries.len(), "timestamp_ns": e.op.ts_ns, "timestamp_relative_ms": rel_ms,
                     "token_id": u.token_ids.last(), "layer_id": layer, "thread_id": e.op.tid,
-                    "phase": phase_name(u.phase), "operation_type": t.op_name(&e.op), "dst_name": dst.name,
+                    "phase": phase_name(u.phase), "operation_type": op_name, "dst_name": dst.name,
                     "num_sources": sources.len(), "sources": sources,
                     "duration_ns": e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns)),
                 }));
