@@ -10,6 +10,7 @@ use num_enum::TryFromPrimitive;
 use strum::{EnumIter, IntoStaticStr};
 
 pub mod ggml;
+pub mod kernel;
 pub mod tracepoints;
 
 /// Ring buffer carrying every event to user space.
@@ -82,6 +83,15 @@ pub mod programs {
     /// `block:block_rq_issue` / `block:block_rq_complete`.
     pub const BLOCK_RQ_ISSUE: &str = "block_rq_issue";
     pub const BLOCK_RQ_COMPLETE: &str = "block_rq_complete";
+    /// The same five as BTF tracepoints (`tp_btf`): the kernel skips one
+    /// only when that same program is already running on the CPU, where it
+    /// skips a perf-event tracepoint program whenever any BPF program runs
+    /// there (a uprobe interrupted by a block completion, say).
+    pub const PAGE_FAULT_USER_BTF: &str = "page_fault_user_btf";
+    pub const PAGE_CACHE_ADD_BTF: &str = "page_cache_add_btf";
+    pub const FILEMAP_FAULT_BTF: &str = "filemap_fault_btf";
+    pub const BLOCK_RQ_ISSUE_BTF: &str = "block_rq_issue_btf";
+    pub const BLOCK_RQ_COMPLETE_BTF: &str = "block_rq_complete_btf";
 }
 
 /// Attach cookies of `call_args`/`call_return`: which function fired.

@@ -8,6 +8,7 @@ mod calls;
 mod faults;
 mod ggml;
 mod graph;
+mod kernel;
 mod maps;
 mod pagecache;
 mod routing;

@@ -171,7 +171,7 @@ impl Traced {
     fn new() -> Self {
         let exe = std::env::current_exe().unwrap();
         let pid = std::process::id();
-        let mut tracer = Tracer::load(&LoadOptions { ring_bytes: RING_BYTES }).unwrap();
+        let mut tracer = Tracer::load(&LoadOptions { ring_bytes: RING_BYTES, ..Default::default() }).unwrap();
         tracer.add_target(pid).unwrap();
         tracer.set_wakeup_bytes(WAKEUP_BYTES).unwrap();
         tracer.attach_call_args(&exe, "bench_probe_target", Some(pid)).unwrap();

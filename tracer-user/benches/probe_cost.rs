@@ -42,7 +42,7 @@ async fn main() {
     let mut samples: [Vec<f64>; 3] = Default::default();
     for _ in 0..ROUNDS {
         for (setup, out) in samples.iter_mut().enumerate() {
-            let mut tracer = Tracer::load(&LoadOptions { ring_bytes: RING_BYTES }).unwrap();
+            let mut tracer = Tracer::load(&LoadOptions { ring_bytes: RING_BYTES, ..Default::default() }).unwrap();
             tracer.add_target(pid).unwrap();
             // As `ttrace run`: no reader wake-up per event (on this VM each
             // costs a self-IPI of several µs), only past a quarter-full ring.

@@ -95,6 +95,10 @@ pub struct CheckArgs {
     /// Fresh file-backed pages written (one page fault each).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(0..=65_536))]
     pub pages: u64,
+    /// The page-fault tracepoint's flavour, as `run --tracepoints`.
+    #[cfg(feature = "live")]
+    #[arg(long, value_enum, default_value_t = TracepointChoice::Auto, value_name = "KIND")]
+    pub tracepoints: TracepointChoice,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -150,6 +154,23 @@ pub struct TraceArgs {
     /// Trace only ops: no page faults, page-cache or block events.
     #[arg(long)]
     pub no_io: bool,
+    /// Which tracepoint programs record page faults, page-cache fills and
+    /// block requests. `btf` (tp_btf, reading kernel structs at offsets from
+    /// /sys/kernel/btf/vmlinux) are skipped only when the same program is
+    /// already running on a CPU; `perf` (perf-event tracepoints, the
+    /// fallback for kernels without BTF) are skipped whenever any other BPF
+    /// program runs there, so they can miss block completions. `auto`: btf
+    /// where the kernel has BTF. The summary says which ran.
+    #[arg(long, value_enum, default_value_t = TracepointChoice::Auto, value_name = "KIND")]
+    pub tracepoints: TracepointChoice,
+}
+
+#[cfg(feature = "live")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TracepointChoice {
+    Auto,
+    Btf,
+    Perf,
 }
 
 #[cfg(feature = "live")]

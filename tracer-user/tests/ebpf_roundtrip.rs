@@ -7,7 +7,11 @@
 
 use std::collections::HashSet;
 
-use ttrace::live::selftest::{self, RoundTrip, TAG};
+use ttrace::{
+    cli::TracepointChoice,
+    format::Tracepoints,
+    live::selftest::{self, RoundTrip, TAG},
+};
 
 mod common;
 
@@ -24,7 +28,17 @@ pub extern "C" fn overflow_probe_target(seq: u64, tag: u64) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uprobe_and_page_faults_arrive_exactly() {
+async fn uprobe_and_btf_page_faults_arrive_exactly() {
+    let ips = uprobe_and_page_faults_arrive_exactly(TracepointChoice::Btf, Tracepoints::Btf).await;
+    // The faulting instruction, read from `regs->ip` at a BTF offset, is
+    // the one the perf-event record carries.
+    let perf_ips = uprobe_and_page_faults_arrive_exactly(TracepointChoice::Perf, Tracepoints::Perf).await;
+    assert_eq!(ips, perf_ips, "the same code faulted at the same instructions");
+}
+
+/// One round trip; the set of instruction pointers that faulted on the
+/// touched pages.
+async fn uprobe_and_page_faults_arrive_exactly(choice: TracepointChoice, want: Tracepoints) -> HashSet<u64> {
     common::require_root();
     const N: u64 = 10_000;
     const K: usize = 128;
@@ -35,9 +49,11 @@ async fn uprobe_and_page_faults_arrive_exactly() {
         pages: K,
         ring_bytes: 1 << 22,
         read_concurrently: true,
+        tracepoints: choice,
     })
     .await
     .expect("round trip");
+    assert_eq!(observed.tracepoints, Some(want));
 
     let pid = std::process::id();
     assert_eq!(observed.calls.len() as u64, N, "exactly one uprobe event per call");
@@ -59,6 +75,10 @@ async fn uprobe_and_page_faults_arrive_exactly() {
     assert!(observed.faults.iter().all(|f| f.header.tgid == pid), "faults are filtered to this process");
     assert_eq!(observed.lost.total(), 0);
     assert_eq!(observed.decode_errors, 0);
+    let touched: HashSet<u64> = observed.touched.iter().copied().collect();
+    let ips: HashSet<u64> = observed.faults.iter().filter(|f| touched.contains(&f.address)).map(|f| f.ip).collect();
+    assert!(!ips.contains(&0), "every fault has its instruction pointer");
+    ips
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,6 +93,7 @@ async fn full_ring_buffer_is_counted_as_lost() {
         pages: 0,
         ring_bytes: 4096,
         read_concurrently: false,
+        tracepoints: TracepointChoice::Auto,
     })
     .await
     .expect("round trip");

@@ -21,6 +21,8 @@ mod common;
 mod io_support;
 mod target_support;
 
+use io_support::blkparse::{BlkLine, check_blkparse_lines, parse_blkparse};
+
 fn ttrace(args: &[&str], trace: &Path, command: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_ttrace"))
         .args(args)
@@ -51,16 +53,45 @@ fn scratch_trace(name: &str) -> PathBuf {
 }
 
 #[test]
-fn block_bytes_agree_with_the_kernel_blk_tracer() {
+fn block_requests_and_completions_match_the_kernel_blk_tracer() {
     common::require_root();
-    let model = target_support::model("moe");
+    let argv = llama(&target_support::model("moe"), "4");
+    let (a, missing) = blk_oracle_run("blk-oracle", &["run", "--drop-caches"], &argv);
+    assert_eq!(a.io.disk.uncompleted, missing as u64, "report: uncompleted reads are the missing completions");
+}
+
+/// The real model streamed from disk under a memory limit, five times:
+/// thousands of reads per run, issued and completed while uprobe programs
+/// run on the same CPUs (which made perf-event tracepoint programs miss
+/// about 0.3 % of them).
+#[test]
+fn five_cold_memory_limited_runs_of_the_real_model_match_the_blk_tracer() {
+    common::require_root();
+    let mut argv = llama(&target_support::model("gemma"), "8");
+    argv.extend(["-c", "512"].map(String::from));
+    let mut totals = Vec::new();
+    for run in 0..5 {
+        let (a, missing) =
+            blk_oracle_run(&format!("blk-gemma-{run}"), &["run", "--drop-caches", "--mem-limit", "160M"], &argv);
+        totals.push((a.io.disk.issues, a.io.disk.issue_bytes, missing));
+    }
+    println!("five runs: (requests, bytes, completions missing) {totals:?}");
+    assert!(totals.iter().all(|&(n, _, _)| n > 1000), "a memory-limited run streams the model: {totals:?}");
+}
+
+/// Trace `argv` cold with the kernel's blk tracer alongside; ttrace's block
+/// events in the model's extents are the blk tracer's: every issue (D) one
+/// for one, every completion (C) it recorded, and no program run skipped by
+/// the kernel. (A completion is still occasionally absent without a counted
+/// miss, see issue 14; the report counts those reads as uncompleted.)
+fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysis, usize) {
+    let model = PathBuf::from(&argv[2]);
     let extents = FileExtents::read(&model).unwrap();
     let device = extents.device.disk.clone().expect("model on a block device");
-    let trace = scratch_trace("blk-oracle");
+    let trace = scratch_trace(name);
     let blk = io_support::BlkTrace::start(&device);
-    let argv = llama(&model, "4");
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    ttrace(&["run", "--drop-caches"], &trace, &argv);
+    let out = ttrace(ttrace_args, &trace, &argv);
     let records = blk.stop();
     // Only what happened while ttrace traced: before that, ttrace itself read
     // the model's header (and then dropped the caches). Same clock: the blk
@@ -72,15 +103,18 @@ fn block_bytes_agree_with_the_kernel_blk_tracer() {
     let a = analyze(&trace);
     let disk = &a.io.disk;
     println!(
-        "blk tracer D records in the model's extents: {oracle_requests} requests, {oracle_bytes} bytes; \
+        "{name}: blk tracer D records in the model's extents: {oracle_requests} requests, {oracle_bytes} bytes; \
          ttrace: {} issues, {} bytes ({} requests, {} bytes without re-issues)",
         disk.issues, disk.issue_bytes, disk.requests, disk.bytes
     );
     assert!(oracle_bytes > 0, "a cold run reads the model from disk");
-    let ratio = |a: u64, b: u64| a.min(b) as f64 / a.max(b) as f64;
-    assert!(ratio(disk.issue_bytes, oracle_bytes) >= 0.99, "bytes: ttrace {} vs blk {oracle_bytes}", disk.issue_bytes);
-    assert!(ratio(disk.issues, oracle_requests) >= 0.99, "requests: ttrace {} vs blk {oracle_requests}", disk.issues);
+    assert_eq!((disk.issues, disk.issue_bytes), (oracle_requests, oracle_bytes), "requests and bytes");
     assert_eq!(a.lost.total(), 0);
+    let trailer = a.trailer.as_ref().expect("a complete trace");
+    assert_eq!(trailer.tracepoints, Some(ttrace::format::Tracepoints::Btf), "BTF tracepoints by default");
+    assert_eq!(trailer.skipped.total(), 0, "recursion misses: {:?}", trailer.recursion_misses);
+    let summary = String::from_utf8_lossy(&out.stderr);
+    assert!(summary.contains("BTF (tp_btf)") && summary.contains("recursion misses"), "{summary}");
 
     // The blkparse export: blkparse's columns, then what ttrace adds; its D
     // lines are the blk tracer's D records in the model's extents, its C lines
@@ -97,187 +131,56 @@ fn block_bytes_agree_with_the_kernel_blk_tracer() {
     let lines: Vec<BlkLine> = text.lines().map(parse_blkparse).collect();
     check_blkparse_lines(&lines, &a, &extents);
 
-    let key = |r: &io_support::BlkRecord| (r.sector, r.nr_sectors, r.rwbs.clone());
-    let mut ours: Vec<_> =
-        lines.iter().filter(|l| l.action == 'D').map(|l| (l.sector, l.sectors, l.rwbs.clone())).collect();
-    let mut theirs: Vec<_> = io_support::records_in_extents(&records, &extents, 'D').into_iter().map(key).collect();
+    let key = |l: &BlkLine| (l.sector, l.sectors, l.rwbs.clone(), l.last.clone());
+    let oracle = |action: char| -> Vec<(u64, u64, String, String)> {
+        io_support::records_in_extents(&records, &extents, action)
+            .into_iter()
+            .map(|r| {
+                let last =
+                    if action == 'C' { r.error.map_or_else(String::new, |e| e.to_string()) } else { String::new() };
+                (r.sector, r.nr_sectors, r.rwbs.clone(), last)
+            })
+            .collect()
+    };
+    // Every issue, one for one.
+    let mut ours: Vec<_> = lines
+        .iter()
+        .filter(|l| l.action == 'D')
+        .map(|l| (l.sector, l.sectors, l.rwbs.clone(), String::new()))
+        .collect();
+    let mut theirs = oracle('D');
     ours.sort_unstable();
     theirs.sort_unstable();
-    assert_eq!(ours, theirs, "blkparse D lines vs the blk tracer's D records");
-    let ours: Vec<_> = lines
-        .iter()
-        .filter(|l| l.action == 'C')
-        .map(|l| (l.sector, l.sectors, l.rwbs.clone(), l.last.clone()))
-        .collect();
-    let theirs: Vec<_> = io_support::records_in_extents(&records, &extents, 'C')
-        .into_iter()
-        .map(|r| (r.sector, r.nr_sectors, r.rwbs.clone(), r.error.map_or_else(String::new, |e| e.to_string())))
-        .collect();
+    if ours != theirs {
+        let (only_ours, only_theirs) = multiset_difference(&ours, &theirs);
+        panic!("D lines vs the blk tracer's: only ttrace's {only_ours:?}; only the blk tracer's {only_theirs:?}");
+    }
+    // Every completion ttrace recorded is one of the blk tracer's; those it
+    // lacks are exactly the reads the report counts as uncompleted.
+    let mut ours: Vec<_> = lines.iter().filter(|l| l.action == 'C').map(key).collect();
+    let mut theirs = oracle('C');
+    ours.sort_unstable();
+    theirs.sort_unstable();
     assert!(!ours.is_empty(), "completions of the model's reads");
-    // Every C line is one of the blk tracer's. The kernel may not run
-    // ttrace's completion program (it skips a tracepoint program while
-    // another BPF program runs on that CPU): exactly the requests the report
-    // counts as uncompleted, i.e. the D lines no C line follows.
-    let mut missing = theirs.clone();
-    for c in &ours {
-        let i = missing.iter().position(|t| t == c).unwrap_or_else(|| panic!("C line {c:?} not in the blk tracer's"));
-        missing.swap_remove(i);
-    }
-    let mut missing: Vec<(u64, u64)> = missing.into_iter().map(|(s, n, _, _)| (s, n)).collect();
-    let mut open: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-    for l in &lines {
-        if l.action == 'D' {
-            open.insert(l.sector, l.sectors);
-        } else {
-            open.remove(&l.sector);
-        }
-    }
-    let mut uncompleted: Vec<(u64, u64)> = open.into_iter().collect();
-    missing.sort_unstable();
-    uncompleted.sort_unstable();
-    println!("C lines: {} of the blk tracer's {}; uncompleted {:?}", ours.len(), theirs.len(), uncompleted);
-    assert_eq!(missing, uncompleted, "the blk tracer's completions ttrace lacks are its uncompleted reads");
-    assert_eq!(a.io.disk.uncompleted, uncompleted.len() as u64, "report: uncompleted reads");
+    let (only_ours, missing) = multiset_difference(&ours, &theirs);
+    assert!(only_ours.is_empty(), "C lines the blk tracer lacks: {only_ours:?}");
+    println!("{name}: C lines {} of the blk tracer's {}; missing {missing:?}", ours.len(), theirs.len());
+    (a, missing.len())
 }
 
-/// One line of `ttrace export --format blkparse`.
-#[derive(Debug)]
-struct BlkLine {
-    dev: (u32, u32),
-    ts_ns: u64,
-    action: char,
-    rwbs: String,
-    sector: u64,
-    sectors: u64,
-    /// The bracket: the command of an issue, the error of a completion.
-    last: String,
-    /// ttrace's suffix: `key=value` pairs.
-    suffix: std::collections::BTreeMap<String, String>,
-    line: String,
-}
-
-/// blkparse's `%D %2c %8s %5T.%9t %5p %2a %3d %S + %n [%C]`, then the suffix.
-fn parse_blkparse(line: &str) -> BlkLine {
-    let (blk, suffix) = line.split_once("] ").unwrap_or((line, ""));
-    let f: Vec<&str> = blk.split_whitespace().collect();
-    assert!(f.len() == 11 && f[0].contains(',') && f[3].contains('.') && f[8] == "+", "not blkparse: {line}");
-    let (major, minor) = f[0].split_once(',').unwrap();
-    let (secs, nanos) = f[3].split_once('.').unwrap();
-    assert_eq!(nanos.len(), 9, "nanosecond times: {line}");
-    let action = f[5].chars().next().unwrap();
-    assert_eq!(f[5].len(), 1, "{line}");
-    let last = f[10].strip_prefix('[').unwrap_or_else(|| panic!("no [..] in {line}"));
-    let last = last.strip_suffix(']').unwrap_or(last).to_string();
-    let suffix = suffix
-        .split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("suffix `{kv}` is not key=value: {line}"));
-            (k.to_string(), v.to_string())
-        })
-        .collect();
-    BlkLine {
-        dev: (major.parse().unwrap(), minor.parse().unwrap()),
-        ts_ns: secs.parse::<u64>().unwrap() * 1_000_000_000 + nanos.parse::<u64>().unwrap(),
-        action,
-        rwbs: f[6].to_string(),
-        sector: f[7].parse().unwrap(),
-        sectors: f[9].parse().unwrap(),
-        last,
-        suffix,
-        line: line.to_string(),
-    }
-}
-
-/// What ttrace appends to each line, checked against the model's FIEMAP
-/// extents and tensor table and the trace's ubatches: the first tensor the
-/// request read, the file offset where it starts, its layer, the ubatch it
-/// was issued (or completed) in; a completion carries the issue's tensor and
-/// offset, its error in brackets, and follows its issue.
-fn check_blkparse_lines(lines: &[BlkLine], a: &Analysis, extents: &FileExtents) {
-    let table = &a.models[0];
-    let base = extents.device.partition_start_sector * 512;
-    let disk = (extents.device.disk_major.unwrap(), extents.device.disk_minor.unwrap());
-    let start = a.header.start_monotonic_ns;
-    // The request's file byte ranges, in disk order.
-    let file_ranges = |sector: u64, sectors: u64| -> Vec<(u64, u64)> {
-        let (from, to) = (sector * 512, (sector + sectors) * 512);
-        let mut v: Vec<(u64, u64, u64)> = extents
-            .extents
-            .iter()
-            .filter_map(|e| {
-                let (s, end) = (base + e.physical, base + e.physical + e.length);
-                (to.min(end) > from.max(s)).then(|| (s, e.logical + from.max(s) - s, e.logical + to.min(end) - s))
-            })
-            .collect();
-        v.sort_unstable();
-        v.into_iter().map(|(_, f, t)| (f, t)).collect()
-    };
-    let mut by_offset: Vec<_> = table.tensors.iter().collect();
-    by_offset.sort_by_key(|t| t.file_offset);
-    let layer_of = |name: &str| {
-        name.strip_prefix("blk.")
-            .and_then(|r| r.split_once('.'))
-            .map_or_else(|| "-".to_string(), |(n, _)| n.to_string())
-    };
-    let mut issued: std::collections::HashMap<(u64, u64), &BlkLine> = std::collections::HashMap::new();
-    let mut issues_by_when: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
-    for l in lines {
-        let line = &l.line;
-        assert_eq!(l.dev, disk, "the model's disk: {line}");
-        assert!(matches!(l.action, 'D' | 'C'), "{line}");
-        assert!(l.rwbs.contains('R'), "model reads: {line}");
-        let ranges = file_ranges(l.sector, l.sectors);
-        assert!(!ranges.is_empty(), "only requests in the model's extents: {line}");
-        assert_eq!(l.suffix["file_off"], ranges[0].0.to_string(), "{line}");
-        let first = ranges
-            .iter()
-            .find_map(|&(f, t)| by_offset.iter().find(|x| x.file_offset < t && x.file_offset + x.size_bytes > f));
-        let (name, layer) = first.map_or(("-".to_string(), "-".to_string()), |t| (t.name.clone(), layer_of(&t.name)));
-        assert_eq!(l.suffix["tensor"], name, "{line}");
-        assert_eq!(l.suffix["layer"], layer, "{line}");
-        if let Some(t) = first {
-            assert_eq!(t.layer.map_or_else(|| "-".to_string(), |n| n.to_string()), layer, "{line}");
-        }
-        // The ubatch: by time, against the trace's graphs.
-        let ts = start + l.ts_ns;
-        let when = &l.suffix["ubatch"];
-        match when.as_str() {
-            "load" => assert!(a.ubatches.first().is_none_or(|u| ts <= u.start_ns), "{line}"),
-            "between" => {
-                assert!(a.ubatches.first().is_some_and(|u| ts >= u.start_ns), "{line}");
-                let inside = a.ubatches.iter().any(|u| u.start_ns < ts && u.end_ns.is_some_and(|e| ts < e));
-                assert!(!inside, "between graphs, yet inside one: {line}");
-            }
-            k => {
-                let u = &a.ubatches[k.parse::<usize>().unwrap_or_else(|_| panic!("ubatch={k}: {line}"))];
-                assert!(u.start_ns <= ts && u.end_ns.is_none_or(|e| ts <= e), "{line} outside ubatch {k}");
-            }
-        }
-        for k in l.suffix.keys() {
-            assert!(["tensor", "file_off", "ubatch", "layer", "op", "tensors"].contains(&k.as_str()), "{line}");
-        }
-        if let Some(op) = l.suffix.get("op") {
-            assert!(a.header.op_names.contains(op) && when.parse::<u32>().is_ok(), "{line}");
-        }
-        if l.action == 'D' {
-            assert!(!l.last.is_empty(), "an issue names its command: {line}");
-            let key = if when.parse::<u32>().is_ok() { format!("ubatch {when}") } else { when.clone() };
-            *issues_by_when.entry(key).or_default() += 1;
-            issued.insert((l.sector, l.sectors), l);
-        } else {
-            assert_eq!(l.last, "0", "a completion's error: {line}");
-            assert!(!l.suffix.contains_key("op"), "op= only on issues: {line}");
-            let d = issued.get(&(l.sector, l.sectors)).unwrap_or_else(|| panic!("a completion without issue: {line}"));
-            assert!(d.ts_ns <= l.ts_ns, "{line}");
-            for k in ["tensor", "file_off", "layer"] {
-                assert_eq!(d.suffix[k], l.suffix[k], "{line} vs its issue {}", d.line);
-            }
+/// What each sorted list has that the other lacks, counting repeats.
+fn multiset_difference<T: Ord + Clone>(a: &[T], b: &[T]) -> (Vec<T>, Vec<T>) {
+    let (mut i, mut j, mut only_a, mut only_b) = (0, 0, Vec::new(), Vec::new());
+    while i < a.len() || j < b.len() {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => (i, j) = (i + 1, j + 1),
+            (Some(x), Some(y)) if x < y => (only_a.push(x.clone()), i += 1).1,
+            (Some(x), None) => (only_a.push(x.clone()), i += 1).1,
+            (_, Some(y)) => (only_b.push(y.clone()), j += 1).1,
+            (None, None) => unreachable!(),
         }
     }
-    // Per ubatch (and load, between), the issues are the ones the correlator counted.
-    let counted: std::collections::BTreeMap<String, u64> =
-        a.io.by_when.iter().filter(|(_, w)| w.disk.issues > 0).map(|(k, w)| (k.to_string(), w.disk.issues)).collect();
-    assert_eq!(issues_by_when, counted, "D lines per ubatch vs report --json io.by_when");
+    (only_a, only_b)
 }
 
 #[test]
@@ -379,7 +282,7 @@ async fn a_full_ring_buffer_counts_lost_io_events_per_kind() {
     };
 
     // One page of ring and nobody reading while the file is read cold.
-    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: 4096 }).unwrap();
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: 4096, ..Default::default() }).unwrap();
     tracer.watch_file(key).unwrap();
     tracer.attach_io().unwrap();
     let data = std::fs::read(&file).unwrap();

@@ -80,7 +80,7 @@ async fn a_full_ring_counts_lost_block_requests() {
     let device = FileExtents::read(&file).unwrap().device;
     let disk = kernel_dev(device.disk_major.expect("a block device"), device.disk_minor.unwrap());
 
-    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: TINY_RING }).unwrap();
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: TINY_RING, ..Default::default() }).unwrap();
     tracer.watch_block_device(disk).unwrap();
     tracer.attach_io().unwrap();
     // O_DIRECT: every read is at least one request of its own, issued and
@@ -112,7 +112,7 @@ async fn a_full_ring_counts_lost_block_requests() {
 async fn a_full_ring_counts_lost_page_faults() {
     common::require_root();
     const PAGES: usize = 4096;
-    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: TINY_RING }).unwrap();
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: TINY_RING, ..Default::default() }).unwrap();
     tracer.add_target(std::process::id()).unwrap();
     tracer.attach_page_faults().unwrap();
     fault_pages(PAGES);

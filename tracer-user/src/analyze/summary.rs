@@ -3,13 +3,13 @@
 //! was lost. Rendered as text (`export::summary`), in `report --json` and in
 //! the HTML report's table, all from these fields.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
 use super::{Analysis, Phase};
 use crate::{
-    format::{Lost, WriterStats},
+    format::{Lost, Tracepoints, WriterStats},
     units::human_bytes,
 };
 
@@ -35,7 +35,14 @@ pub struct Summary {
     pub file_backed_accesses: u64,
     pub copy_accesses: u64,
     pub trace: TraceFile,
+    /// Events lost because the ring buffer was full, per kind.
     pub lost: Lost,
+    /// Which tracepoint programs recorded faults, page-cache and block events.
+    pub tracepoints: Option<Tracepoints>,
+    /// Per program, runs the kernel skipped (`recursion_misses`), and their
+    /// sum per event kind: events lost beside `lost`.
+    pub recursion_misses: BTreeMap<String, u64>,
+    pub skipped: Lost,
     /// Model-file reads issued without a recorded completion.
     pub uncompleted_reads: u64,
     /// Kernel records that did not decode (layout mismatch).
@@ -106,6 +113,9 @@ impl Summary {
                 bytes_per_op_with_descriptors: stats.map(|s| per_op(s.op_bytes + s.graph_bytes + s.descriptor_bytes)),
             },
             lost: a.lost,
+            tracepoints: a.trailer.as_ref().and_then(|t| t.tracepoints),
+            recursion_misses: a.trailer.as_ref().map(|t| t.recursion_misses.clone()).unwrap_or_default(),
+            skipped: a.trailer.as_ref().map(|t| t.skipped).unwrap_or_default(),
             uncompleted_reads: a.io.disk.uncompleted,
             decode_errors: a.trailer.as_ref().map_or(0, |t| t.decode_errors),
         }
@@ -186,13 +196,45 @@ impl Summary {
                 ),
             ));
         }
+        if let Some(tracepoints) = self.tracepoints {
+            rows.push(("tracepoints", tracepoints.to_string()));
+        }
+        if !self.recursion_misses.is_empty() {
+            let skipped = self.skipped;
+            rows.push(if skipped.total() == 0 {
+                ("recursion misses", format!("none in {} programs", self.recursion_misses.len()))
+            } else {
+                let missed: Vec<String> =
+                    self.recursion_misses.iter().filter(|(_, n)| **n > 0).map(|(p, n)| format!("{p} {n}")).collect();
+                (
+                    "SKIPPED EVENTS",
+                    format!(
+                        "{}: the kernel skipped these programs while one was already running on the CPU \
+                         (op {}, call {}, page_fault {}, page_cache {}, block {})",
+                        missed.join(", "),
+                        skipped.op,
+                        skipped.call,
+                        skipped.page_fault,
+                        skipped.page_cache,
+                        skipped.block
+                    ),
+                )
+            });
+        }
         if self.uncompleted_reads > 0 {
+            let why = match self.tracepoints {
+                Some(Tracepoints::Perf) => {
+                    "the kernel skips a perf-event tracepoint program while another BPF program runs on that CPU \
+                     (use --tracepoints btf where the kernel has BTF), or the read was still in flight when \
+                     tracing stopped"
+                }
+                _ => "the read was still in flight when tracing stopped, or its completion was skipped (see above)",
+            };
             rows.push((
                 "WARNING",
                 format!(
-                    "{} model-file reads issued without a completion recorded: the kernel skips a tracepoint program \
-                     while another BPF program runs on that CPU (or the read was still in flight when tracing \
-                     stopped); their latencies and disk slices are missing",
+                    "{} model-file reads issued without a completion recorded: {why}; their latencies and disk \
+                     slices are missing",
                     self.uncompleted_reads
                 ),
             ));

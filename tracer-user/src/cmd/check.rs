@@ -15,6 +15,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         pages: args.pages as usize,
         ring_bytes: tracer_common::DEFAULT_RING_BYTES,
         read_concurrently: true,
+        tracepoints: args.tracepoints,
     })
     .await?;
 
@@ -33,6 +34,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         args.calls,
         observed.calls.len()
     );
+    let flavour = observed.tracepoints.map_or_else(|| "none".to_string(), |t| t.to_string());
+    println!("tracepoints {flavour}");
     println!(
         "faults   exceptions:page_fault_user: {} pages written, {faulted} faulted at the written address ({} fault events in all)",
         observed.touched.len(),

@@ -29,6 +29,7 @@ fn session_spec(
         libs: args.lib.clone(),
         duration: None,
         ring_bytes: args.ring_bytes,
+        tracepoints: args.tracepoints,
         owner,
     }
 }

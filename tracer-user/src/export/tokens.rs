@@ -87,7 +87,8 @@ impl Sink for TokenSink {
                 }
                 let dst = t.descriptor(e.op.dst);
                 let srcs = sources(&e.op, t);
-                let slotted: Vec<(u32, &Descriptor)> = e.op.srcs.iter().map(|&(s, _)| s).zip(srcs.iter().copied()).collect();
+                let slotted: Vec<(u32, &Descriptor)> =
+                    e.op.srcs.iter().map(|&(s, _)| s).zip(srcs.iter().copied()).collect();
                 let layer = op_layer(t.models, dst, &srcs);
                 let op_name = t.op_name(&e.op);
                 let sources: Vec<Value> = slotted

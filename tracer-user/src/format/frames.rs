@@ -1,4 +1,4 @@
-//! The trace file (`ttrace.data`), format version 1.
+//! The trace file (`ttrace.data`), format version 2.
 //!
 //! ```text
 //! magic  "TTRACE\0\x01"
@@ -10,6 +10,8 @@
 //! interned: a frame defines each once and later frames refer to it by index
 //! (the definition order is the index). Timestamps are varint deltas from the
 //! previous timed frame, starting at `Header::start_monotonic_ns`.
+
+use std::collections::BTreeMap;
 
 use num_enum::TryFromPrimitive;
 use serde::{Deserialize, Serialize};
@@ -336,6 +338,30 @@ impl std::fmt::Display for StopReason {
     }
 }
 
+/// Which tracepoint programs carried the page-fault, page-cache and block
+/// events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tracepoints {
+    /// BTF tracepoints (`tp_btf`), reading kernel structs at offsets from
+    /// the kernel's BTF. The kernel skips one only when that same program
+    /// already runs on the CPU.
+    Btf,
+    /// Perf-event tracepoints, reading the formatted record. The kernel
+    /// skips one whenever any other BPF program runs on the CPU (a uprobe
+    /// interrupted by a block completion, say).
+    Perf,
+}
+
+impl std::fmt::Display for Tracepoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tracepoints::Btf => "BTF (tp_btf)",
+            Tracepoints::Perf => "perf-event (fallback: no BTF)",
+        })
+    }
+}
+
 /// Written last; its absence means the trace was cut short.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trailer {
@@ -346,4 +372,14 @@ pub struct Trailer {
     pub end_monotonic_ns: u64,
     /// Records the kernel sent that did not decode (layout mismatch).
     pub decode_errors: u64,
+    /// `None` in traces without I/O events, and in traces older than this field.
+    #[serde(default)]
+    pub tracepoints: Option<Tracepoints>,
+    /// Per loaded program, the events the kernel skipped running it for
+    /// (`bpf_prog_info.recursion_misses`), and their sum per kind: lost
+    /// events beside the ring buffer's [`Lost`].
+    #[serde(default)]
+    pub recursion_misses: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub skipped: Lost,
 }

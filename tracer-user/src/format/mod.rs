@@ -8,7 +8,7 @@ pub mod writer;
 
 pub use frames::{
     Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, Mode, ModelTable, ModelTensor, StopReason,
-    Trailer,
+    Tracepoints, Trailer,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterStats};

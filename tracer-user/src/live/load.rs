@@ -1,12 +1,17 @@
 //! Stage 1, load: put the embedded eBPF object into the kernel, configure its
 //! maps and attach programs. Everything here needs root.
 
-use std::{collections::HashSet, num::NonZeroU32, path::Path};
+use std::{
+    collections::{BTreeMap, HashSet},
+    num::NonZeroU32,
+    os::fd::{AsFd, AsRawFd},
+    path::Path,
+};
 
 use aya::{
-    Ebpf, EbpfLoader,
+    Btf, Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{BtfTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
 };
 use aya::{
     maps::Array,
@@ -16,11 +21,13 @@ use aya_log::EbpfLogger;
 use strum::IntoEnumIterator;
 use tracer_common::{
     EventKind, FileKey, MAP_BLOCK_DEVICES, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_MODEL_FILES, MAP_TARGET_TGIDS, config,
-    markers, programs,
+    kernel::KERNEL_LAYOUT, markers, programs,
 };
 
 use crate::{
-    format::Lost,
+    cli::TracepointChoice,
+    format::{Lost, Tracepoints},
+    live::kernel_btf::{self, BtfError},
     live::privileges::{PrivilegeError, require_tracing_privileges},
     live::tracefs::{self, TracefsError},
 };
@@ -48,16 +55,24 @@ pub enum LoadError {
     Map { map: &'static str, error: Box<aya::maps::MapError> },
     #[error("attaching a uprobe to `{symbol}` in {binary}: {error}")]
     Attach { symbol: String, binary: String, error: Box<aya::programs::ProgramError> },
+    #[error(transparent)]
+    Btf(#[from] BtfError),
+    #[error("reading the kernel's BTF for the tp_btf programs: {0} (use --tracepoints perf)")]
+    AyaBtf(Box<aya::BtfError>),
+    #[error("reading eBPF program `{program}`'s counters: {error}")]
+    ProgramInfo { program: &'static str, error: std::io::Error },
 }
 
 pub struct LoadOptions {
     /// Ring buffer bytes: a power of two, at least one page.
     pub ring_bytes: u32,
+    /// Which tracepoint flavour the I/O programs use; `None`: no I/O programs.
+    pub tracepoints: Option<TracepointChoice>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { ring_bytes: tracer_common::DEFAULT_RING_BYTES }
+        Self { ring_bytes: tracer_common::DEFAULT_RING_BYTES, tracepoints: Some(TracepointChoice::Auto) }
     }
 }
 
@@ -66,6 +81,70 @@ pub struct Tracer {
     ebpf: Ebpf,
     logger: Option<Logger>,
     loaded: HashSet<&'static str>,
+    /// The I/O programs' flavour, and for BTF the kernel's types aya loads
+    /// them against.
+    io: Option<IoPrograms>,
+}
+
+enum IoPrograms {
+    Btf(Box<Btf>),
+    Perf,
+}
+
+/// What the kernel skipped running ttrace's programs for.
+#[derive(Debug, Default)]
+pub struct RecursionMisses {
+    pub per_program: BTreeMap<String, u64>,
+    pub per_kind: Lost,
+}
+
+/// One I/O tracepoint: its program in each flavour, the perf-event
+/// (group, event), the BTF tracepoint's name, and the kind of event it records.
+#[derive(Clone, Copy)]
+struct IoTracepoint {
+    perf: &'static str,
+    btf: &'static str,
+    group: &'static str,
+    event: &'static str,
+    btf_name: &'static str,
+    kind: EventKind,
+}
+
+const IO_TRACEPOINTS: [IoTracepoint; 5] = {
+    use tracer_common::tracepoints::{
+        block_rq_complete as complete, block_rq_issue as issue, filemap_add_to_page_cache as add,
+        filemap_fault as fault, page_fault_user as pf,
+    };
+    const fn tp(
+        perf: &'static str,
+        btf: &'static str,
+        (group, event): (&'static str, &'static str),
+        kind: EventKind,
+    ) -> IoTracepoint {
+        // The BTF tracepoint is the perf-event one without its group.
+        IoTracepoint { perf, btf, group, event, btf_name: event, kind }
+    }
+    [
+        tp(programs::PAGE_FAULT_USER, programs::PAGE_FAULT_USER_BTF, (pf::GROUP, pf::NAME), EventKind::PageFault),
+        tp(programs::PAGE_CACHE_ADD, programs::PAGE_CACHE_ADD_BTF, (add::GROUP, add::NAME), EventKind::PageCache),
+        tp(programs::FILEMAP_FAULT, programs::FILEMAP_FAULT_BTF, (fault::GROUP, fault::NAME), EventKind::PageCache),
+        tp(programs::BLOCK_RQ_ISSUE, programs::BLOCK_RQ_ISSUE_BTF, (issue::GROUP, issue::NAME), EventKind::Block),
+        tp(
+            programs::BLOCK_RQ_COMPLETE,
+            programs::BLOCK_RQ_COMPLETE_BTF,
+            (complete::GROUP, complete::NAME),
+            EventKind::Block,
+        ),
+    ]
+};
+
+/// The kind of event a program records, for its recursion misses.
+fn kind_of(program: &str) -> EventKind {
+    match IO_TRACEPOINTS.iter().find(|t| t.perf == program || t.btf == program) {
+        Some(t) => t.kind,
+        None if program == programs::CALL_ARGS || program == programs::CALL_RETURN => EventKind::Call,
+        None => EventKind::Op,
+    }
 }
 
 impl Tracer {
@@ -76,13 +155,42 @@ impl Tracer {
         if !ring.is_power_of_two() || ring < 4096 {
             return Err(LoadError::RingSize(ring));
         }
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(MAP_EVENTS, ring)
-            .load(EBPF_OBJECT)
-            .map_err(|e| LoadError::Load(Box::new(e)))?;
+        let layout = match options.tracepoints {
+            None | Some(TracepointChoice::Perf) => None,
+            Some(TracepointChoice::Btf) => Some(Self::kernel_types()?),
+            Some(TracepointChoice::Auto) => Self::kernel_types()
+                .inspect_err(|e| log::warn!("BTF tracepoints unavailable, using perf-event ones: {e}"))
+                .ok(),
+        };
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(MAP_EVENTS, ring);
+        if let Some((layout, _)) = &layout {
+            loader.override_global(KERNEL_LAYOUT, layout, true);
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| LoadError::Load(Box::new(e)))?;
         // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
         let logger = EbpfLogger::init(&mut ebpf).inspect_err(|e| log::debug!("aya-log not wired: {e}")).ok();
-        Ok(Self { ebpf, logger, loaded: HashSet::new() })
+        let io = options.tracepoints.map(|_| match layout {
+            Some((_, btf)) => IoPrograms::Btf(Box::new(btf)),
+            None => IoPrograms::Perf,
+        });
+        Ok(Self { ebpf, logger, loaded: HashSet::new(), io })
+    }
+
+    /// The struct layout the tp_btf programs read, and aya's view of the
+    /// same BTF (it loads those programs against their tracepoint's type).
+    fn kernel_types() -> Result<(tracer_common::kernel::KernelLayout, Btf), LoadError> {
+        let layout = kernel_btf::resolve(Path::new(kernel_btf::VMLINUX_BTF))?;
+        let btf = Btf::from_sys_fs().map_err(|e| LoadError::AyaBtf(Box::new(e)))?;
+        Ok((layout, btf))
+    }
+
+    /// Which flavour the I/O programs are (`None`: not loaded).
+    pub fn tracepoints(&self) -> Option<Tracepoints> {
+        self.io.as_ref().map(|io| match io {
+            IoPrograms::Btf(_) => Tracepoints::Btf,
+            IoPrograms::Perf => Tracepoints::Perf,
+        })
     }
 
     /// Record events of process `tgid` (and all its threads).
@@ -195,27 +303,58 @@ impl Tracer {
     /// Page-cache and block-request tracepoints (filtered by the watched
     /// files and devices).
     pub fn attach_io(&mut self) -> Result<(), LoadError> {
-        use tracer_common::tracepoints::{block_rq_complete, block_rq_issue, filemap_add_to_page_cache, filemap_fault};
-        for (program, group, event) in [
-            (programs::PAGE_CACHE_ADD, filemap_add_to_page_cache::GROUP, filemap_add_to_page_cache::NAME),
-            (programs::FILEMAP_FAULT, filemap_fault::GROUP, filemap_fault::NAME),
-            (programs::BLOCK_RQ_ISSUE, block_rq_issue::GROUP, block_rq_issue::NAME),
-            (programs::BLOCK_RQ_COMPLETE, block_rq_complete::GROUP, block_rq_complete::NAME),
-        ] {
-            let tp: &mut TracePoint = self.program(program)?;
-            tp.attach(group, event).map_err(|source| LoadError::Program { program, error: Box::new(source) })?;
+        for tp in IO_TRACEPOINTS.iter().filter(|t| t.kind != EventKind::PageFault) {
+            self.attach_tracepoint(tp)?;
         }
         Ok(())
     }
 
     pub fn attach_page_faults(&mut self) -> Result<(), LoadError> {
-        use tracer_common::tracepoints::page_fault_user as tp;
-        let name = programs::PAGE_FAULT_USER;
-        let program: &mut TracePoint = self.program(name)?;
-        program
-            .attach(tp::GROUP, tp::NAME)
-            .map(drop)
-            .map_err(|source| LoadError::Program { program: name, error: Box::new(source) })
+        self.attach_tracepoint(&IO_TRACEPOINTS[0])
+    }
+
+    /// Attach one I/O tracepoint in the flavour chosen at load.
+    fn attach_tracepoint(&mut self, tp: &IoTracepoint) -> Result<(), LoadError> {
+        let IoTracepoint { perf, btf, group, event, btf_name, .. } = *tp;
+        match &self.io {
+            Some(IoPrograms::Btf(types)) => {
+                let first_use = self.loaded.insert(btf);
+                let program = self.ebpf.program_mut(btf).ok_or(LoadError::Missing { what: "program", name: btf })?;
+                let program: &mut BtfTracePoint = program
+                    .try_into()
+                    .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })?;
+                if first_use {
+                    program
+                        .load(btf_name, types)
+                        .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })?;
+                }
+                program
+                    .attach()
+                    .map(drop)
+                    .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })
+            }
+            _ => {
+                let tp: &mut TracePoint = self.program(perf)?;
+                tp.attach(group, event)
+                    .map(drop)
+                    .map_err(|source| LoadError::Program { program: perf, error: Box::new(source) })
+            }
+        }
+    }
+
+    /// Per loaded program, the runs the kernel skipped because it (BTF
+    /// tracepoints, uprobes) or any BPF program (perf-event tracepoints)
+    /// was already running on that CPU: `bpf_prog_info.recursion_misses`.
+    pub fn recursion_misses(&self) -> Result<RecursionMisses, LoadError> {
+        let mut misses = RecursionMisses::default();
+        for &name in &self.loaded {
+            let Some(program) = self.ebpf.program(name) else { continue };
+            let fd = program.fd().map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
+            let n = recursion_misses_of(fd.as_fd()).map_err(|error| LoadError::ProgramInfo { program: name, error })?;
+            misses.per_program.insert(name.to_string(), n);
+            misses.per_kind[kind_of(name)] += n;
+        }
+        Ok(misses)
     }
 
     /// Look a program up by name and load it into the kernel on first use.
@@ -280,4 +419,30 @@ impl Loadable for TracePoint {
     fn load_into_kernel(&mut self) -> Result<(), aya::programs::ProgramError> {
         self.load()
     }
+}
+
+/// `bpf_prog_info.recursion_misses` of a program (`BPF_OBJ_GET_INFO_BY_FD`;
+/// aya reads the struct but keeps that field to itself).
+fn recursion_misses_of(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u64> {
+    /// The `info` member of `union bpf_attr`.
+    #[repr(C)]
+    struct InfoByFd {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    // SAFETY: a plain C struct of integers; all-zero is a valid value.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let attr = InfoByFd {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: size_of::<aya_obj::generated::bpf_prog_info>() as u32,
+        info: (&raw mut info) as u64,
+    };
+    // SAFETY: attr and info outlive the call; the kernel writes at most info_len bytes.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &raw const attr, size_of::<InfoByFd>()) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(info.recursion_misses)
 }

@@ -5,6 +5,7 @@
 
 pub mod collect;
 pub mod graphs;
+pub mod kernel_btf;
 pub mod load;
 pub mod privileges;
 pub mod recorder;

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_common::{FileKey, TensorRecord, markers};
+use tracer_common::{BlockKind, FileKey, TensorRecord, markers};
 
 use super::graphs::{GraphAssembler, Ready};
 use crate::{
@@ -252,11 +252,28 @@ pub struct Recorder<W: Write> {
     pub writer: TraceWriter<W>,
     pub resolver: Resolver,
     pub graphs: GraphAssembler,
+    /// Model-file requests issued and not yet completed, by (dev, sector).
+    /// A set: a requeued request is issued twice and completed once.
+    in_flight: HashSet<(u32, u64)>,
 }
 
 impl<W: Write> Recorder<W> {
     pub fn new(writer: TraceWriter<W>, resolver: Resolver) -> Self {
-        Self { writer, resolver, graphs: GraphAssembler::default() }
+        Self { writer, resolver, graphs: GraphAssembler::default(), in_flight: HashSet::new() }
+    }
+
+    /// Model-file reads issued whose completion has not been recorded.
+    pub fn requests_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn track_request(&mut self, event: &tracer_common::BlockEvent) {
+        let key = (event.dev, event.sector);
+        if event.kind == BlockKind::Issue as u32 {
+            self.in_flight.insert(key);
+        } else {
+            self.in_flight.remove(&key);
+        }
     }
 
     pub fn record(&mut self, event: &Event) -> io::Result<()> {
@@ -301,6 +318,7 @@ impl<W: Write> Recorder<W> {
             Event::Routing(routing) => self.writer.routing(routing),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
+                    self.track_request(event);
                     self.writer.block(event)
                 } else {
                     self.resolver.blocks_elsewhere += 1;

@@ -9,8 +9,9 @@ use tokio::sync::oneshot;
 use tracer_common::{CallEvent, PageFaultEvent};
 
 use crate::{
+    cli::TracepointChoice,
     events::Event,
-    format::Lost,
+    format::{Lost, Tracepoints},
     live::collect::{EventStream, spawn_logger},
     live::load::{LoadError, LoadOptions, Tracer},
 };
@@ -34,6 +35,8 @@ pub struct RoundTrip {
     pub ring_bytes: u32,
     /// false: nobody reads until the work is done (forces overflow on small rings).
     pub read_concurrently: bool,
+    /// The page-fault tracepoint's flavour.
+    pub tracepoints: TracepointChoice,
 }
 
 /// Second argument of every call is `seq ^ TAG`, so arguments can be checked.
@@ -46,6 +49,8 @@ pub struct Observed {
     pub faults: Vec<PageFaultEvent>,
     pub lost: Lost,
     pub decode_errors: u64,
+    /// The flavour that was loaded.
+    pub tracepoints: Option<Tracepoints>,
     /// Addresses written, one per page, in order.
     pub touched: Vec<u64>,
 }
@@ -63,7 +68,7 @@ pub enum SelftestError {
 pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
     let exe = std::env::current_exe()?;
     let pid = std::process::id();
-    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
+    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes, tracepoints: Some(spec.tracepoints) })?;
     tracer.add_target(pid)?;
     tracer.attach_call_args(&exe, spec.symbol, Some(pid))?;
     // Only when pages are touched: the test harness runs other tests in this
@@ -106,6 +111,7 @@ pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
     observed.touched = touched;
     observed.decode_errors = stream.decode_errors;
     observed.lost = tracer.lost()?;
+    observed.tracepoints = tracer.tracepoints();
     Ok(observed)
 }
 

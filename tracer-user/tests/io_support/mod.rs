@@ -6,6 +6,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod blk;
+pub mod blkparse;
 
 use std::{
     fs::File,

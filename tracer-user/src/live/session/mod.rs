@@ -34,6 +34,7 @@ use self::{
     trace_file::TraceFile,
 };
 use crate::{
+    cli::TracepointChoice,
     events::Event,
     format::{Hooks, Lost, Mode, StopReason, Trailer, WriterStats},
     live::collect::{EventStream, spawn_logger},
@@ -67,6 +68,7 @@ pub struct SessionSpec {
     pub libs: Vec<PathBuf>,
     pub duration: Option<Duration>,
     pub ring_bytes: u32,
+    pub tracepoints: TracepointChoice,
     /// Owner of the trace file (the user behind sudo).
     pub owner: Option<UserSpec>,
 }
@@ -77,6 +79,9 @@ pub struct Outcome {
     pub stats: WriterStats,
     pub lost: Lost,
 }
+
+/// The longest wait at the end for model-file reads still in flight.
+const IO_SETTLE: Duration = Duration::from_millis(500);
 
 /// How often the ring is drained (a quarter-full ring wakes ttrace sooner)
 /// and the trace flushed (so a SIGKILLed tracer leaves a readable file).
@@ -129,7 +134,8 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
         Target::Attach { pid } => (*pid, Mode::Attach, proc_cmdline(*pid)),
     };
     let started = Instant::now();
-    let mut tracer = Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes })?;
+    let mut tracer =
+        Tracer::load(&LoadOptions { ring_bytes: spec.ring_bytes, tracepoints: spec.io.then_some(spec.tracepoints) })?;
     tracer.add_target(pid)?;
     // Drained every TICK; a quarter-full ring wakes us early.
     tracer.set_wakeup_bytes(spec.ring_bytes / 4)?;
@@ -299,6 +305,13 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     };
     // Everything submitted before the stop is still in the ring.
     stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+    // Reads the target issued (async readahead) may complete after it is
+    // gone: wait for them, briefly, so no read lacks its completion.
+    let settle = Instant::now();
+    while session.recorder.requests_in_flight() > 0 && settle.elapsed() < IO_SETTLE && write_error.is_none() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+    }
     if let Some(e) = write_error.take() {
         return Err(e).with_context(|| format!("writing {}", spec.output.display()));
     }
@@ -315,6 +328,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         );
     }
     let lost = tracer.lost()?;
+    let misses = tracer.recursion_misses()?;
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
@@ -329,6 +343,9 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         exit_signal: exit.and_then(|e| e.signal()),
         end_monotonic_ns: monotonic_ns(),
         decode_errors: stream.decode_errors,
+        tracepoints: tracer.tracepoints(),
+        recursion_misses: misses.per_program,
+        skipped: misses.per_kind,
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;

@@ -1,0 +1,190 @@
+//! The kernel struct layout the BTF-tracepoint programs read
+//! ([`tracer_common::kernel::KernelLayout`]), resolved from the running
+//! kernel's BTF: member offsets by name (through anonymous unions, as
+//! `folio.index` is) and enum values, so a kernel whose structs moved still
+//! gets the right fields, and one that lacks a field is refused by name.
+
+use std::path::{Path, PathBuf};
+
+use btfparse::{Integer32Value, Offset, Readable, TypeInformation, TypeVariant};
+use tracer_common::kernel::KernelLayout;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BtfError {
+    #[error(
+        "cannot read the kernel's BTF at {path}: {source} (kernels without CONFIG_DEBUG_INFO_BTF need --tracepoints perf)"
+    )]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot parse the kernel's BTF at {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("the kernel's BTF has no `{0}`: this kernel's layout is not one ttrace knows; use --tracepoints perf")]
+    Missing(String),
+}
+
+/// The BTF bytes, for [`btfparse`].
+struct Bytes(Vec<u8>);
+
+impl Readable for Bytes {
+    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        match self.0.get(start..start.saturating_add(buffer.len())) {
+            Some(bytes) => {
+                buffer.copy_from_slice(bytes);
+                Ok(())
+            }
+            None => Err(btfparse::Error::new(btfparse::ErrorKind::IOError, "read past the end of the BTF data")),
+        }
+    }
+}
+
+struct Types(TypeInformation);
+
+impl Types {
+    fn offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
+        let missing = || BtfError::Missing(format!("struct {ty}.{member}"));
+        let id = self.0.id_of(ty).ok_or_else(missing)?;
+        match self.0.offset_of(id, member).map_err(|_| missing())? {
+            (_, Offset::ByteOffset(bytes)) => Ok(bytes),
+            // Bitfields: none of the fields read here is one.
+            (_, Offset::BitOffsetAndSize(..)) => Err(missing()),
+        }
+    }
+
+    /// Value of enumerator `name` of `enum ty`.
+    fn enum_value(&self, ty: &str, name: &str) -> Result<u32, BtfError> {
+        let missing = || BtfError::Missing(format!("enum {ty}::{name}"));
+        let id = self.0.id_of(ty).ok_or_else(missing)?;
+        let Some(TypeVariant::Enum(e)) = self.0.from_id(id) else { return Err(missing()) };
+        let value = e.named_value_list().iter().find(|v| v.name == name).ok_or_else(missing)?;
+        Ok(match value.value {
+            Integer32Value::Unsigned(v) => v,
+            Integer32Value::Signed(v) => v as u32,
+        })
+    }
+}
+
+/// Resolve the layout from the BTF file at `path` (normally [`VMLINUX_BTF`]).
+pub fn resolve(path: &Path) -> Result<KernelLayout, BtfError> {
+    let bytes = std::fs::read(path).map_err(|source| BtfError::Read { path: path.into(), source })?;
+    let types = TypeInformation::new(&Bytes(bytes))
+        .map_err(|e| BtfError::Parse { path: path.into(), message: e.message().to_string() })?;
+    layout(&Types(types))
+}
+
+fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
+    let op = |name| t.enum_value("req_op", name);
+    let flag = |name| t.enum_value("req_flag_bits", name);
+    Ok(KernelLayout {
+        valid: 1,
+        request_q: t.offset("request", "q")?,
+        request_cmd_flags: t.offset("request", "cmd_flags")?,
+        request_data_len: t.offset("request", "__data_len")?,
+        request_sector: t.offset("request", "__sector")?,
+        queue_disk: t.offset("request_queue", "disk")?,
+        gendisk_major: t.offset("gendisk", "major")?,
+        gendisk_first_minor: t.offset("gendisk", "first_minor")?,
+        folio_flags: t.offset("folio", "flags")?,
+        folio_flags_1: t.offset("folio", "_flags_1")?,
+        folio_mapping: t.offset("folio", "mapping")?,
+        folio_index: t.offset("folio", "index")?,
+        pg_head: t.enum_value("pageflags", "PG_head")?,
+        mapping_host: t.offset("address_space", "host")?,
+        inode_ino: t.offset("inode", "i_ino")?,
+        inode_sb: t.offset("inode", "i_sb")?,
+        inode_rdev: t.offset("inode", "i_rdev")?,
+        sb_dev: t.offset("super_block", "s_dev")?,
+        regs_ip: t.offset("pt_regs", "ip")?,
+        // The first flag bit follows the op bits (`__REQ_FAILFAST_DEV =
+        // REQ_OP_BITS`); REQ_OP_BITS itself is a #define, not in BTF.
+        req_op_bits: flag("__REQ_FAILFAST_DEV")?,
+        op_read: op("REQ_OP_READ")?,
+        op_write: op("REQ_OP_WRITE")?,
+        op_flush: op("REQ_OP_FLUSH")?,
+        op_discard: op("REQ_OP_DISCARD")?,
+        op_secure_erase: op("REQ_OP_SECURE_ERASE")?,
+        op_drv_in: op("REQ_OP_DRV_IN")?,
+        op_drv_out: op("REQ_OP_DRV_OUT")?,
+        flag_preflush: flag("__REQ_PREFLUSH")?,
+        flag_fua: flag("__REQ_FUA")?,
+        flag_rahead: flag("__REQ_RAHEAD")?,
+        flag_sync: flag("__REQ_SYNC")?,
+        flag_meta: flag("__REQ_META")?,
+        flag_atomic: flag("__REQ_ATOMIC").unwrap_or(u32::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// `bpftool btf dump format raw` of the running kernel: per struct or
+    /// enum, its members' byte offsets or values (first definition wins).
+    fn bpftool_raw() -> HashMap<(String, String), u32> {
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX_BTF, "format", "raw"])
+            .output()
+            .expect("bpftool (installed by `cargo xtask setup`) runs");
+        assert!(out.status.success(), "bpftool failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mut members = HashMap::new();
+        let mut current = None;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if !line.starts_with('\t') {
+                // `[582] STRUCT 'gendisk' size=568 vlen=28`
+                current = line.split('\'').nth(1).map(str::to_string);
+                continue;
+            }
+            let (Some(ty), Some(name)) = (&current, line.split('\'').nth(1)) else { continue };
+            let field = |key: &str| line.split(key).nth(1)?.split_whitespace().next()?.parse::<u64>().ok();
+            let value = field("bits_offset=").map(|bits| bits / 8).or_else(|| field("val="));
+            if let Some(value) = value {
+                members.entry((ty.clone(), name.to_string())).or_insert(value as u32);
+            }
+        }
+        members
+    }
+
+    /// This machine's kernel against bpftool's reading of the same BTF.
+    #[test]
+    fn resolves_this_kernels_layout_as_bpftool_reads_it() {
+        let layout = resolve(Path::new(VMLINUX_BTF)).expect("the test machine's kernel has BTF");
+        let raw = bpftool_raw();
+        let want = |ty: &str, name: &str| raw.get(&(ty.to_string(), name.to_string())).copied();
+        for (got, ty, name) in [
+            (layout.request_q, "request", "q"),
+            (layout.request_cmd_flags, "request", "cmd_flags"),
+            (layout.request_data_len, "request", "__data_len"),
+            (layout.request_sector, "request", "__sector"),
+            (layout.queue_disk, "request_queue", "disk"),
+            (layout.gendisk_major, "gendisk", "major"),
+            (layout.gendisk_first_minor, "gendisk", "first_minor"),
+            (layout.mapping_host, "address_space", "host"),
+            (layout.inode_ino, "inode", "i_ino"),
+            (layout.inode_sb, "inode", "i_sb"),
+            (layout.inode_rdev, "inode", "i_rdev"),
+            (layout.sb_dev, "super_block", "s_dev"),
+            (layout.regs_ip, "pt_regs", "ip"),
+            (layout.pg_head, "pageflags", "PG_head"),
+            (layout.req_op_bits, "req_flag_bits", "__REQ_FAILFAST_DEV"),
+            (layout.flag_fua, "req_flag_bits", "__REQ_FUA"),
+            (layout.flag_rahead, "req_flag_bits", "__REQ_RAHEAD"),
+            (layout.op_drv_in, "req_op", "REQ_OP_DRV_IN"),
+            (layout.op_secure_erase, "req_op", "REQ_OP_SECURE_ERASE"),
+        ] {
+            assert_eq!(Some(got), want(ty, name), "{ty}.{name}");
+        }
+        assert_eq!(layout.valid, 1);
+        // Members inside anonymous unions resolve (folio.index sits in one).
+        assert!(layout.folio_index > layout.folio_flags);
+        assert!(layout.folio_flags_1 >= 64, "_flags_1 is in the folio's second page struct");
+    }
+
+    #[test]
+    fn a_missing_file_names_the_fix() {
+        let err = resolve(Path::new("/nonexistent/vmlinux")).unwrap_err().to_string();
+        assert!(err.contains("--tracepoints perf"), "{err}");
+    }
+}
