@@ -92,6 +92,11 @@ pub mod programs {
     pub const FILEMAP_FAULT_BTF: &str = "filemap_fault_btf";
     pub const BLOCK_RQ_ISSUE_BTF: &str = "block_rq_issue_btf";
     pub const BLOCK_RQ_COMPLETE_BTF: &str = "block_rq_complete_btf";
+    /// `ttrace check`'s forced recursion miss: a uprobe that prints through
+    /// `bpf_trace_printk`, and a BTF tracepoint on that print that prints
+    /// again (the nested run is skipped and counted).
+    pub const RECURSION_TRIGGER: &str = "recursion_trigger";
+    pub const RECURSION_SELFTEST: &str = "recursion_selftest";
 }
 
 /// Attach cookies of `call_args`/`call_return`: which function fired.

@@ -12,6 +12,7 @@ mod kernel;
 mod maps;
 mod pagecache;
 mod routing;
+mod selftest;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

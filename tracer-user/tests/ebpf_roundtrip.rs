@@ -50,10 +50,15 @@ async fn uprobe_and_page_faults_arrive_exactly(choice: TracepointChoice, want: T
         ring_bytes: 1 << 22,
         read_concurrently: true,
         tracepoints: choice,
+        recursion_misses: 5,
     })
     .await
     .expect("round trip");
     assert_eq!(observed.tracepoints, Some(want));
+    // A forced recursion (a BTF tracepoint program that fires its own
+    // tracepoint) is counted, once per nested run, where runs' misses are read.
+    let forced = (want == Tracepoints::Btf).then_some((5, 5));
+    assert_eq!(observed.recursion_misses, forced, "(forced, counted) recursion misses");
 
     let pid = std::process::id();
     assert_eq!(observed.calls.len() as u64, N, "exactly one uprobe event per call");
@@ -94,6 +99,7 @@ async fn full_ring_buffer_is_counted_as_lost() {
         ring_bytes: 4096,
         read_concurrently: false,
         tracepoints: TracepointChoice::Auto,
+        recursion_misses: 0,
     })
     .await
     .expect("round trip");

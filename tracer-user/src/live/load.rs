@@ -317,22 +317,7 @@ impl Tracer {
     fn attach_tracepoint(&mut self, tp: &IoTracepoint) -> Result<(), LoadError> {
         let IoTracepoint { perf, btf, group, event, btf_name, .. } = *tp;
         match &self.io {
-            Some(IoPrograms::Btf(types)) => {
-                let first_use = self.loaded.insert(btf);
-                let program = self.ebpf.program_mut(btf).ok_or(LoadError::Missing { what: "program", name: btf })?;
-                let program: &mut BtfTracePoint = program
-                    .try_into()
-                    .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })?;
-                if first_use {
-                    program
-                        .load(btf_name, types)
-                        .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })?;
-                }
-                program
-                    .attach()
-                    .map(drop)
-                    .map_err(|source| LoadError::Program { program: btf, error: Box::new(source) })
-            }
+            Some(IoPrograms::Btf(_)) => self.attach_btf(btf, btf_name),
             _ => {
                 let tp: &mut TracePoint = self.program(perf)?;
                 tp.attach(group, event)
@@ -340,6 +325,33 @@ impl Tracer {
                     .map_err(|source| LoadError::Program { program: perf, error: Box::new(source) })
             }
         }
+    }
+
+    /// Load (once) and attach BTF tracepoint program `program` to `tracepoint`.
+    fn attach_btf(&mut self, program: &'static str, tracepoint: &str) -> Result<(), LoadError> {
+        let err = |source| LoadError::Program { program, error: Box::new(source) };
+        let Some(IoPrograms::Btf(types)) = &self.io else {
+            return Err(LoadError::Btf(BtfError::Missing("the kernel's BTF (loaded with --tracepoints perf)".into())));
+        };
+        let first_use = self.loaded.insert(program);
+        let found = self.ebpf.program_mut(program).ok_or(LoadError::Missing { what: "program", name: program })?;
+        let found: &mut BtfTracePoint = found.try_into().map_err(err)?;
+        if first_use {
+            found.load(tracepoint, types).map_err(err)?;
+        }
+        found.attach().map(drop).map_err(err)
+    }
+
+    /// `ttrace check`'s forced recursion miss (see tracer-ebpf's `selftest`):
+    /// each call of `symbol` in `binary` by process `pid` is then one miss of
+    /// [`programs::RECURSION_SELFTEST`]. `false` without BTF tracepoints.
+    pub fn attach_recursion_selftest(&mut self, binary: &Path, symbol: &str, pid: u32) -> Result<bool, LoadError> {
+        if !matches!(self.io, Some(IoPrograms::Btf(_))) {
+            return Ok(false);
+        }
+        self.attach_btf(programs::RECURSION_SELFTEST, "bpf_trace_printk")?;
+        self.attach_uprobe(programs::RECURSION_TRIGGER, binary, symbol, Some(pid), 0)?;
+        Ok(true)
     }
 
     /// Per loaded program, the runs the kernel skipped because it (BTF

@@ -6,7 +6,7 @@
 use std::{fs::OpenOptions, io, os::fd::AsRawFd, path::PathBuf, ptr::NonNull};
 
 use tokio::sync::oneshot;
-use tracer_common::{CallEvent, PageFaultEvent};
+use tracer_common::{CallEvent, PageFaultEvent, programs};
 
 use crate::{
     cli::TracepointChoice,
@@ -23,6 +23,13 @@ pub extern "C" fn ttrace_selftest_probe(seq: u64, tag: u64) -> u64 {
     std::hint::black_box(seq ^ tag)
 }
 
+/// The function whose calls force a recursion miss (`ttrace check`).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn ttrace_selftest_recursion(seq: u64) -> u64 {
+    std::hint::black_box(seq)
+}
+
 /// What to exercise.
 pub struct RoundTrip {
     /// Symbol of `function` in this executable.
@@ -37,6 +44,8 @@ pub struct RoundTrip {
     pub read_concurrently: bool,
     /// The page-fault tracepoint's flavour.
     pub tracepoints: TracepointChoice,
+    /// Recursion misses to force (BTF tracepoints only).
+    pub recursion_misses: u64,
 }
 
 /// Second argument of every call is `seq ^ TAG`, so arguments can be checked.
@@ -51,6 +60,9 @@ pub struct Observed {
     pub decode_errors: u64,
     /// The flavour that was loaded.
     pub tracepoints: Option<Tracepoints>,
+    /// Recursion misses forced and as counted by the kernel (`None`:
+    /// not forced, no BTF tracepoints).
+    pub recursion_misses: Option<(u64, u64)>,
     /// Addresses written, one per page, in order.
     pub touched: Vec<u64>,
 }
@@ -76,6 +88,8 @@ pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
     if spec.pages > 0 {
         tracer.attach_page_faults()?;
     }
+    let forced_misses = spec.recursion_misses;
+    let forcing = forced_misses > 0 && tracer.attach_recursion_selftest(&exe, "ttrace_selftest_recursion", pid)?;
     let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
     let mut stream = EventStream::new(tracer.take_events()?)?;
 
@@ -112,6 +126,13 @@ pub async fn run(spec: RoundTrip) -> Result<Observed, SelftestError> {
     observed.decode_errors = stream.decode_errors;
     observed.lost = tracer.lost()?;
     observed.tracepoints = tracer.tracepoints();
+    if forcing {
+        for seq in 0..forced_misses {
+            ttrace_selftest_recursion(seq);
+        }
+        let counted = tracer.recursion_misses()?.per_program.get(programs::RECURSION_SELFTEST).copied().unwrap_or(0);
+        observed.recursion_misses = Some((forced_misses, counted));
+    }
     Ok(observed)
 }
 
