@@ -5,7 +5,7 @@
 //! token-embedding GET_ROWS, the graph's first op) and steps over the rest.
 //! The phase rules are `correlate`'s; a test holds the two to the same result.
 
-use std::io::Read;
+use std::{io::Read, path::Path};
 
 use super::{Analysis, Boundaries, assign_phases, correlate::take_token_input};
 use crate::format::{Record, TraceError, TraceReader};
@@ -14,7 +14,21 @@ use crate::format::{Record, TraceError, TraceReader};
 /// times, decode, token count and ids, phase), the op and fault counts, lost
 /// counters and trailer. Per-op accounting (op times and counts, weights,
 /// I/O, ubatch op counts) is left empty.
-pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
+pub fn scan<R: Read>(reader: TraceReader<R>) -> Result<Analysis, TraceError> {
+    scan_noting_routing(reader).map(|(a, _)| a)
+}
+
+/// The first pass of the row formats: [`scan`], unless the trace holds MoE
+/// routing, whose per-ubatch expert bytes (the `weight_bytes` of MUL_MAT_ID
+/// rows) only `correlate::analyze` accounts; then that, a second read.
+pub fn for_rows(trace: &Path) -> Result<Analysis, TraceError> {
+    let (a, routed) = scan_noting_routing(TraceReader::open(trace)?)?;
+    if routed { super::analyze(TraceReader::open(trace)?) } else { Ok(a) }
+}
+
+/// [`scan`], and whether a ROUTING record was seen.
+fn scan_noting_routing<R: Read>(mut reader: TraceReader<R>) -> Result<(Analysis, bool), TraceError> {
+    let mut routed = false;
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
     let mut bounds = Boundaries::default();
     let mut ops = 0u64;
@@ -32,7 +46,8 @@ pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError>
             Record::Fault(_) => a.faults += 1,
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
-            Record::PageCache(_) | Record::Block(_) | Record::Model(_) | Record::Routing(_) => {}
+            Record::Routing(_) => routed = true,
+            Record::PageCache(_) | Record::Block(_) | Record::Model(_) => {}
         }
         // Only ops of a ubatch whose token count is still open can change it.
         reader.skip_ops(bounds.current.is_none_or(|u| a.ubatches[u].n_tokens.is_some()));
@@ -42,5 +57,5 @@ pub fn scan<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError>
     a.truncated = reader.truncated;
     a.models = reader.models().to_vec();
     assign_phases(&mut a, bounds.decodes_before_reset);
-    Ok(a)
+    Ok((a, routed))
 }

@@ -5,13 +5,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::{cli::ExportArgs, export, format::TraceReader};
+use crate::{cli::ExportArgs, export};
 
 pub fn run(args: ExportArgs) -> Result<()> {
     let started = Instant::now();
-    let reader = TraceReader::open(&args.file)?;
     let analysis =
-        export::analyze_for(args.format, reader).with_context(|| format!("reading {}", args.file.display()))?;
+        export::analyze_for(args.format, &args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let options = export::Options { ubatch: args.ubatch };
     let written = export::export(&args.file, &analysis, args.format, &args.output, &options)
         .with_context(|| format!("exporting {} as {:?}", args.file.display(), args.format))?;

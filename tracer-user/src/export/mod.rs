@@ -31,7 +31,7 @@ pub mod tokens;
 pub mod ubatch_weights;
 
 use std::{
-    io::{self, Read},
+    io,
     path::Path,
 };
 
@@ -94,12 +94,13 @@ pub struct Options {
     pub ubatch: Option<u32>,
 }
 
-/// The first pass `format` needs: the row formats only read phases, which
-/// [`phases::scan`] finds at a fraction of `correlate::analyze`'s cost.
-pub fn analyze_for<R: Read>(format: Format, reader: TraceReader<R>) -> Result<Analysis, TraceError> {
+/// The first pass `format` needs: the row formats read phases, which
+/// [`phases::scan`] finds at a fraction of `correlate::analyze`'s cost, and
+/// MoE routing where there is some ([`phases::for_rows`]).
+pub fn analyze_for(format: Format, trace: &Path) -> Result<Analysis, TraceError> {
     match format {
-        Format::Jsonl | Format::Csv | Format::Parquet => crate::analyze::phases::scan(reader),
-        _ => crate::analyze::analyze(reader),
+        Format::Jsonl | Format::Csv | Format::Parquet => crate::analyze::phases::for_rows(trace),
+        _ => crate::analyze::analyze(TraceReader::open(trace)?),
     }
 }
 
