@@ -18,6 +18,7 @@ from pathlib import Path
 import gguf
 import pyarrow.parquet as pq
 import pytest
+import webui_schema
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -336,15 +337,21 @@ def test_chrome_json_matches_perfetto_and_report(ttrace, trace, tmp_path):
 
 
 def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
-    """The thesis web UI's layout, field by field: one file per generated
-    token whose entries are that ubatch's op records (as the JSONL rows have
-    them), every weight source read through the mapping at its GGUF table
-    offset (PyPI `gguf` reader), and memory-map.json equal to that table."""
+    """The thesis web UI's layout (every file against the schema written from
+    its data.ts, webui_schema.py), field by field: one trace file per
+    generated token whose entries are that ubatch's op records (as the JSONL
+    rows have them), every weight source read through the mapping at its
+    GGUF table offset (PyPI `gguf` reader), and memory-map.json equal to
+    that table."""
     path, a = trace
     out = export(ttrace, path, "tokens-json", tmp_path / "tokens")
+    webui_schema.check_export(out)
     stats = {u["index"]: u for u in a["stats"]["ubatches"]}
     generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
-    files = sorted(out.glob("token-*.json"))
+    files = sorted((out / "traces").glob("token-*.json"))
+    prompts = [u for u in a["ubatches"] if u["phase"] == "prompt"]
+    assert sorted(p.name for p in (out / "traces").glob("prompt-*.json")) == \
+        [f"prompt-{k:05d}.json" for k in range(len(prompts))]
     assert [f.name for f in files] == [f"token-{k:05d}.json" for k in range(a["generate_runs"])]
     assert len(files) == len(generate) == a["generate_runs"] > 0
     (model,) = a["models"]
@@ -361,11 +368,13 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
         s = stats[u["index"]]
         assert doc["token_id"] == u["token_ids"][-1] and len(u["token_ids"]) == 1
         meta = doc["metadata"]
-        assert set(meta) == {"total_entries", "duration_ms", "timestamp_start_ns", "format_version"}
         assert meta["total_entries"] == len(doc["entries"]) == u["ops"] == len(rows[u["index"]]) > 0
-        assert meta["timestamp_start_ns"] == u["start_ns"] == s["start_ns"]
+        assert set(meta) == {"total_entries", "duration_ms", "timestamp_start_ns", "format_version", "ubatch_start_ns"}
+        assert meta["ubatch_start_ns"] == u["start_ns"] == s["start_ns"]
+        assert meta["timestamp_start_ns"] == min(e["timestamp_ns"] for e in doc["entries"])
         assert meta["duration_ms"] == pytest.approx(s["duration_ns"] / 1e6, abs=1e-6) and meta["duration_ms"] > 0
-        assert meta["format_version"] == 1
+        assert meta["format_version"] == "ttrace-tokens-2"
+        assert (doc["ubatch"], doc["phase"], doc["token_ids"]) == (u["index"], "generate", u["token_ids"])
         end_ns = u["end_ns"]
         assert [e["entry_id"] for e in doc["entries"]] == list(range(len(doc["entries"])))
         got = collections.Counter()
@@ -373,7 +382,8 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
             assert {"entry_id", "timestamp_ns", "timestamp_relative_ms", "token_id", "layer_id", "thread_id",
                     "phase", "operation_type", "dst_name", "num_sources", "sources"} <= set(e)
             assert u["start_ns"] <= e["timestamp_ns"] <= end_ns
-            assert e["timestamp_relative_ms"] == pytest.approx((e["timestamp_ns"] - u["start_ns"]) / 1e6, abs=1e-6)
+            assert e["timestamp_relative_ms"] == pytest.approx((e["timestamp_ns"] - meta["timestamp_start_ns"]) / 1e6,
+                                                               abs=1e-6)
             assert e["token_id"] == doc["token_id"] and e["phase"] == "generate"
             assert e["num_sources"] == len(e["sources"])
             weight_layers = set()
@@ -383,7 +393,7 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
                 assert isinstance(src["size_bytes"], int) and src["size_bytes"] >= 0
                 assert src["memory_source"] in ("DISK", "BUFFER")
                 if src["memory_source"] == "DISK":
-                    assert "buffer_id" not in src
+                    assert src["memory_class"] == "model_file"
                     g = reference[src["model_tensor"]]
                     start, size = int(g.data_offset), int(g.n_bytes)
                     assert start <= src["disk_offset"] < start + size
@@ -396,8 +406,8 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
                         checked["disk"] += 1
                 else:
                     assert "disk_offset" not in src
-                    assert src["buffer_id"] in ("copy", "anon", "other_file", "unmapped")
-                    if src["buffer_id"] == "copy":
+                    assert src["memory_class"] in ("copy", "anon", "other_file", "unmapped")
+                    if src["memory_class"] == "copy":
                         # A repacked weight: found by name, its layer from the table.
                         assert src["model_tensor"] == src["name"] and src["name"] in reference
                         assert src["layer_id"] == gguf_layer(src["name"])
@@ -416,7 +426,7 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
             for x in e["sources"]:
                 if x["memory_source"] == "DISK":
                     reads[(x["model_tensor"], "file")] += 1
-                elif x["buffer_id"] == "copy":
+                elif x["memory_class"] == "copy":
                     reads[(x["model_tensor"], "copy")] += 1
         want_reads = collections.Counter()
         for w in u["weights"]:
@@ -426,19 +436,76 @@ def test_tokens_json_layout_and_offsets(ttrace, trace, tmp_path, models):
         assert reads == +want_reads, f"token file {f.name}: weight reads differ from the report"
     assert checked["disk"] > 0, "weights were read from the model file, at their GGUF offsets"
 
-    mm = json.loads((out / "memory-map.json").read_text())
-    assert len(mm["tensors"]) == len(reference) == mm["total_tensors"]
-    for t in mm["tensors"]:
-        assert {"offset_start", "offset_end", "size_bytes", "shape", "dtype", "layer_id", "category"} <= set(t)
-        g = reference[t["name"]]
-        assert (t["offset_start"], t["size_bytes"]) == (int(g.data_offset), int(g.n_bytes)), t["name"]
-        assert t["offset_end"] == t["offset_start"] + t["size_bytes"]
-        assert t["shape"] == [int(x) for x in g.shape], t["name"]
-        assert t["dtype"] == g.tensor_type.name, t["name"]
-        assert t["layer_id"] == gguf_layer(t["name"]), t["name"]
-        base = LAYER_NAME.sub("", t["name"]).removesuffix(".weight")
-        assert t["category"] == base, t["name"]
-    assert mm["total_size_bytes"] == sum(int(g.n_bytes) for g in reference.values())
+    check_memory_map(json.loads((out / "memory-map.json").read_text()), reader)
+
+
+def check_memory_map(mm: dict, reader: gguf.GGUFReader):
+    """memory-map.json against the GGUF table: each tensor at its offsets, an
+    expert tensor (experts on its last axis) as its experts' equal slices,
+    `NAME[E]` at offset + E * slice, as the thesis's tables listed them."""
+    reference = {t.name: t for t in reader.tensors}
+    by_name = {t["name"]: t for t in mm["tensors"]}
+    assert len(by_name) == len(mm["tensors"]) == mm["total_tensors"]
+    listed = 0
+    for g in reference.values():
+        start, size, shape = int(g.data_offset), int(g.n_bytes), [int(x) for x in g.shape]
+        if g.name.endswith("_exps.weight") and len(shape) >= 3:
+            n = shape[-1]
+            slices = [by_name[f"{g.name}[{e}]"] for e in range(n)]
+            assert [(t["offset_start"], t["size_bytes"]) for t in slices] == \
+                [(start + e * size // n, size // n) for e in range(n)], g.name
+            assert all(t["shape"] == shape[:-1] and (t["expert_id"], t["n_experts"], t["expert_of"]) == (e, n, g.name)
+                       for e, t in enumerate(slices)), g.name
+            assert g.name not in by_name, "the whole tensor would cover its slices in the heatmap"
+            entries = slices
+        else:
+            t = by_name[g.name]
+            assert (t["offset_start"], t["size_bytes"], t["shape"]) == (start, size, shape), g.name
+            assert "expert_id" not in t
+            entries = [t]
+        listed += len(entries)
+        base = LAYER_NAME.sub("", g.name).removesuffix(".weight").removesuffix(".bias")
+        for t in entries:
+            assert t["dtype"] == g.tensor_type.name.lower(), t["name"]
+            assert t["layer_id"] == gguf_layer(g.name), t["name"]
+            assert t["offset_end"] == t["offset_start"] + t["size_bytes"]
+            assert t["gguf_component"] in (base, "other"), t["name"]
+    assert listed == len(mm["tensors"]), "nothing listed that the GGUF table lacks"
+    assert mm["total_size_bytes"] == max(int(g.data_offset) + int(g.n_bytes) for g in reference.values())
+    embd = reference["token_embd.weight"]
+    layers = [gguf_layer(n) for n in reference if gguf_layer(n) is not None]
+    assert mm["metadata"] == {"n_layers": max(layers) + 1, "n_embd": int(embd.shape[0]), "n_vocab": int(embd.shape[1]),
+                              "n_tensors": len(mm["tensors"])}
+
+
+@pytest.mark.parametrize("name", ["gemma", "moe"])
+def test_tokens_json_for_the_thesis_ui(ttrace, tmp_path, llama_completion, models, flush_log_preload, name):
+    """A real model (Gemma 3 270M) and an MoE one: every file of the export
+    against the schema written from the thesis UI's data.ts, the memory map
+    against the GGUF table (the MoE's expert tensors as per-expert entries),
+    and each expert op's expert_ids the experts the report says its layer's
+    tokens were routed to."""
+    path = record(ttrace, tmp_path / "t.data", llama_completion, models[name], flush_log_preload)
+    a = json.loads(subprocess.run([ttrace, "report", path, "--json"], capture_output=True, text=True, check=True).stdout)
+    docs = webui_schema.check_export(export(ttrace, path, "tokens-json", tmp_path / "tokens"))
+    check_memory_map(docs["memory_map"], gguf.GGUFReader(models[name]))
+    assert len(docs["traces"]) == a["generate_runs"] + sum(u["phase"] == "prompt" for u in a["ubatches"])
+    routed = {u["index"]: {} for u in a["ubatches"]}
+    for u in a["ubatches"]:
+        for r in u["routing"]:
+            routed[u["index"]].setdefault(r["layer"], set()).update(r["selected"])
+    experts = 0
+    for doc in docs["traces"].values():
+        for e in doc["entries"]:
+            weight = e["sources"][0].get("model_tensor") or ""
+            if e["operation_type"] == "MUL_MAT_ID" and weight.endswith("_exps.weight"):
+                layer = gguf_layer(weight)
+                assert sorted(e["expert_ids"]) == sorted(routed[doc["ubatch"]][layer]), (doc["ubatch"], e["dst_name"])
+                experts += 1
+            else:
+                assert "expert_ids" not in e, (doc["ubatch"], e["dst_name"])
+    expert_entries = [t for t in docs["memory_map"]["tensors"] if "expert_id" in t]
+    assert bool(experts) == bool(expert_entries) == (name == "moe")
 
 
 def test_dot_graph_of_one_ubatch(ttrace, trace, tmp_path):

@@ -67,6 +67,7 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
     used = reader.fields.get(f"{arch}.expert_used_count")
     k = int(used.parts[-1][0]) if used else 0
     per_op: dict[int, dict[tuple[str, str], int]] = {}  # ubatch -> (op, weight) -> bytes read
+    routed_by_ubatch: dict[int, dict[int, set[int]]] = {}  # ubatch -> layer -> experts routed to
     for u, nodes in enumerate(oracle["ubatches"]):
         want = {}
         for n in nodes:
@@ -96,6 +97,7 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
         routed = {}
         for (layer, _), ranking in want.items():
             routed.setdefault(layer, set()).update(ranking[:k])
+        routed_by_ubatch[u] = routed
         expert_bytes = {}
         for tname, t in table.items():
             if tname.endswith("_exps.weight"):
@@ -111,13 +113,21 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
             want_bytes = per_op[u].get((r["name"], r["srcs"].split(";")[0]))
             if want_bytes is not None:
                 assert r["weight_bytes"] == want_bytes, (u, r["name"], r["srcs"])
+    # tokens-json: the same bytes read, and each expert op's expert_ids the
+    # experts its layer's tokens were routed to.
     tokens_dir = export(ttrace, trace, "tokens-json", tmp_path / "tokens")
-    checked = 0
-    for doc in map(json.loads, map(Path.read_text, [*tokens_dir.glob("token-*.json"), *tokens_dir.glob("prompt-*.json")])):
+    checked = experts_checked = 0
+    for doc in map(json.loads, map(Path.read_text, (tokens_dir / "traces").glob("*.json"))):
+        u = doc["ubatch"]
         for entry in doc["entries"]:
             src = entry["sources"][0]
-            want_bytes = per_op[doc["ubatch"]].get((entry["operation_type"], src["name"]))
+            want_bytes = per_op[u].get((entry["operation_type"], src["name"]))
             if want_bytes is not None:
-                assert src["bytes_read"] == want_bytes, (doc["ubatch"], entry["dst_name"])
+                assert src["bytes_read"] == want_bytes, (u, entry["dst_name"])
                 checked += 1
+            if entry["operation_type"] == "MUL_MAT_ID":
+                layer = int(src["name"].split(".")[1])
+                assert sorted(entry["expert_ids"]) == sorted(routed_by_ubatch[u][layer]), (u, entry["dst_name"])
+                experts_checked += 1
     assert checked >= len(oracle["ubatches"])
+    assert bool(experts_checked) == (k > 0)

@@ -81,8 +81,11 @@ ttrace export ttrace.data --format parquet -o events.parquet\n  \
 ttrace export ttrace.data --format tokens-json -o tokens/\n  \
 ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
 ";
-    let tokens = "tokens-json: token-NNNNN.json per generated token (generate-phase ubatch, in order), prompt-NNNNN.json \
-per prompt ubatch, memory-map.json with the model's tensor table; warm-up graphs are not written.";
+    let tokens = "tokens-json: the thesis web UI's data directory (copy it to the UI's public/data/): \
+traces/token-NNNNN.json (the ubatch's op records) and graphs/token-NNNNN.json (the graph it executed) per generated \
+token (generate-phase ubatch, in order), traces/ and graphs/prompt-NNNNN.json per prompt ubatch (the UI opens \
+token-* only), memory-map.json with the model's tensor table, MoE expert tensors as one entry per expert \
+(NAME[E]); warm-up graphs are not written, nor buffer-timeline.json (no buffer allocations are traced).";
     format!("{examples}{}\n{tokens}", crate::export::columns::help())
 }
 

@@ -166,17 +166,66 @@ fn every_format_from_one_synthetic_trace() {
     }
     assert_eq!(ubatch_begins, 4);
 
-    // tokens-json: two generated tokens, a prompt file, the memory map.
+    // tokens-json: the thesis UI's layout, two generated tokens and a prompt.
     let tokens = dir.join("tokens");
     export::export(&trace, &a, Format::TokensJson, &tokens, &opts).unwrap();
-    let mut names: Vec<String> =
-        fs::read_dir(&tokens).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    names.sort();
-    assert_eq!(names, ["memory-map.json", "prompt-00000.json", "token-00000.json", "token-00001.json"]);
-    let doc: serde_json::Value = serde_json::from_slice(&fs::read(tokens.join("token-00001.json")).unwrap()).unwrap();
+    let names = |sub: &str| {
+        let mut v: Vec<String> =
+            fs::read_dir(tokens.join(sub)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("."), ["graphs", "memory-map.json", "traces"]);
+    for sub in ["traces", "graphs"] {
+        assert_eq!(names(sub), ["prompt-00000.json", "token-00000.json", "token-00001.json"], "{sub}");
+    }
+    let read =
+        |rel: &str| -> serde_json::Value { serde_json::from_slice(&fs::read(tokens.join(rel)).unwrap()).unwrap() };
+    let doc = read("traces/token-00001.json");
     assert_eq!(doc["metadata"]["total_entries"], 3);
+    assert!(doc["metadata"]["format_version"].is_string());
     let src = &doc["entries"][1]["sources"][0];
     assert_eq!((src["memory_source"].as_str(), src["disk_offset"].as_u64()), (Some("DISK"), Some(0x5000)));
+    // The graph: three ops, each output fed by its weight (and the lookup by its ids).
+    let graph = read("graphs/token-00001.json");
+    let labels: Vec<&str> = graph["nodes"].as_array().unwrap().iter().map(|n| n["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "inp_embd",
+            "token_embd.weight",
+            "inp_tokens",
+            "Qcur-0",
+            "blk.0.attn_q.weight",
+            "Qcur-1",
+            "blk.1.attn_q.weight"
+        ]
+    );
+    let edges: Vec<String> = graph["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}->{} {}", e["source"].as_str().unwrap(), e["target"].as_str().unwrap(), e["label"]))
+        .collect();
+    assert_eq!(
+        edges,
+        [
+            "node_1->node_0 \"src 0\"",
+            "node_2->node_0 \"src 1\"",
+            "node_4->node_3 \"src 0\"",
+            "node_6->node_5 \"src 0\""
+        ]
+    );
+    let q1 = &graph["nodes"][5];
+    assert_eq!(
+        (q1["operation"].as_str(), q1["layer_id"].as_u64(), q1["category"].as_str()),
+        (Some("MUL_MAT"), Some(1), Some("attention"))
+    );
+    assert_eq!((q1["dtype"].as_str(), &q1["shape"]), (Some("f32"), &serde_json::json!([64, 64])));
+    assert_eq!(graph["nodes"][1]["category"], "input", "the embedding table feeds the input");
+    assert_eq!((graph["metadata"]["total_nodes"].as_u64(), graph["metadata"]["layers"].as_u64()), (Some(7), Some(2)));
+    let map = read("memory-map.json");
+    assert_eq!((map["model_name"].as_str(), map["metadata"]["n_layers"].as_u64()), (Some("model"), Some(2)));
 
     // The rest write without error; dot names the graph.
     for (format, name) in [(Format::ChromeJson, "t.json"), (Format::Jsonl, "e.jsonl"), (Format::Parquet, "e.parquet")] {

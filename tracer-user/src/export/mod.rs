@@ -10,7 +10,7 @@
 //! | `chrome-json` | [`chrome`]    | Trace Event Format JSON                       |
 //! | `jsonl`/`csv` | [`rows`]      | one row per event, schema in [`rows`]         |
 //! | `parquet`     | [`parquet`]   | the same rows as Parquet                      |
-//! | `tokens-json` | [`tokens`]    | a directory, one JSON file per generated token|
+//! | `tokens-json` | [`tokens`]    | the thesis web UI's directory, per token      |
 //! | `dot`         | [`dot`]       | one ubatch's executed graph (Graphviz)        |
 //! | html report   | [`html`]      | `ttrace report --html`: one self-contained page|
 //! | `blkparse`    | [`blkparse`]  | block requests as blkparse text, with tensors |
@@ -72,7 +72,8 @@ pub enum Format {
     Csv,
     /// The CSV/JSONL rows as Parquet (pandas, polars, DuckDB).
     Parquet,
-    /// A directory: `token-00000.json`, … per generated token and `memory-map.json`.
+    /// A directory the thesis web UI opens: `traces/` and `graphs/token-00000.json`, … per
+    /// generated token, `memory-map.json`.
     TokensJson,
     /// The executed graph of one ubatch (`--ubatch K`) as Graphviz.
     Dot,
