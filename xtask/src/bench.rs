@@ -75,7 +75,9 @@ pub fn run(rounds: usize, quick: bool) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let flushlog = build_flushlog(&paths.cache)?;
     let rounds = if quick { rounds.min(3) } else { rounds };
-    let tokens = if quick { 16 } else { 64 };
+    // 256 tokens: about 4 s of generation per run on 2 cores, long enough
+    // that a scheduling hiccup of the machine does not decide a round.
+    let tokens = if quick { 16 } else { 256 };
     let ctx = Ctx { paths, ttrace, out_dir, flushlog, rounds, tokens, quick };
     let model = ctx.paths.models.get("gemma").context("set-up fetched no `gemma` model")?.clone();
 
@@ -181,7 +183,7 @@ fn render(
     writeln!(
         md,
         "`llama-completion` on the real model (Gemma 3 270M Q4_K_M), prompt \"{}\", `-n {} -c 512 --ignore-eos`, warm \
-         page cache (one untraced warm-up run first), {} interleaved rounds A B C D per thread count. Figure: llama's \
+         page cache (one untraced warm-up run first), {} interleaved rounds per thread count (A B C D, then rotated: B C D A, …). Figure: llama's \
          own generation speed (`eval time … tokens per second`), log drained by an LD_PRELOAD flush at exit.\n",
         overhead::PROMPT,
         ctx.tokens,

@@ -1,8 +1,8 @@
 //! Inference overhead on the real model: llama-completion untraced (A),
 //! under `ttrace run` (B, graph capture), `ttrace run --op-timing` (C, the
 //! per-node probes) and bpftrace counting calls of the per-node hook (D),
-//! interleaved A B C D A B C D … at each thread count; llama's own
-//! generation tokens/s.
+//! interleaved A B C D, B C D A, … (each round rotated) at each thread
+//! count; llama's own generation tokens/s.
 
 use std::{
     path::{Path, PathBuf},
@@ -140,7 +140,11 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<Sample>> {
     let mut samples = Vec::new();
     for threads in THREADS {
         for round in 1..=ctx.rounds {
-            for (variant, _) in VARIANTS {
+            // Each round starts with a different variant, so a slow spell of
+            // the machine at a fixed point of the round favours none.
+            let mut order = VARIANTS;
+            order.rotate_left((round - 1) % VARIANTS.len());
+            for (variant, _) in order {
                 let s = run_one(ctx, variant, threads, round, model)?;
                 eprintln!(
                     "bench: overhead -t {threads} round {round}/{} {variant}: {:.2} tokens/s",
