@@ -30,10 +30,7 @@ mod text;
 pub mod tokens;
 pub mod ubatch_weights;
 
-use std::{
-    io,
-    path::Path,
-};
+use std::{io, path::Path};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 

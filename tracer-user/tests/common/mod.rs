@@ -161,9 +161,26 @@ fn bpftool_json(args: &[&str]) -> Vec<serde_json::Value> {
 /// Fails if anything of a finished ttrace is still in the kernel: one of
 /// the programs or links it held (aya attaches uprobes as perf-event links
 /// and keeps no perf fd: a link gone is its uprobe gone), or a ggml uprobe
-/// in uprobe_events.
+/// in uprobe_events. The kernel closes an exited process's files from a
+/// work queue (delayed fput), and a BTF tracepoint link's release waits for
+/// RCU grace periods, so they may outlive the reaped process briefly: wait
+/// up to 5 s for them to go.
 pub fn assert_nothing_left(progs: &[u64], links: &[u64]) {
-    let (progs_now, links_now) = (bpf_ids("prog"), bpf_ids("link"));
+    let remaining = || {
+        let (progs_now, links_now) = (bpf_ids("prog"), bpf_ids("link"));
+        let left = progs.iter().any(|id| progs_now.contains(id)) || links.iter().any(|id| links_now.contains(id));
+        (left, progs_now, links_now)
+    };
+    let started = std::time::Instant::now();
+    let mut waited = false;
+    while remaining().0 && started.elapsed() < std::time::Duration::from_secs(5) {
+        waited = true;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if waited {
+        println!("the kernel released ttrace's programs and links {:?} after it exited", started.elapsed());
+    }
+    let (_, progs_now, links_now) = remaining();
     assert!(progs.iter().all(|id| !progs_now.contains(id)), "programs {progs:?} still loaded: {progs_now:?}");
     assert!(links.iter().all(|id| !links_now.contains(id)), "links {links:?} still attached: {links_now:?}");
     let uprobe_events = std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
