@@ -228,7 +228,15 @@ impl Summary {
                      (use --tracepoints btf where the kernel has BTF), or the read was still in flight when \
                      tracing stopped"
                 }
-                _ => "the read was still in flight when tracing stopped, or its completion was skipped (see above)",
+                _ if self.skipped.block > 0 => {
+                    "the kernel skipped ttrace's completion program (see the skipped events above), or the read \
+                     was still in flight when tracing stopped"
+                }
+                _ => {
+                    "the read was still in flight when tracing stopped, or the kernel did not run ttrace's \
+                     completion program for it (seen on some machines for completions that interrupt certain \
+                     tasks, with no miss counted)"
+                }
             };
             rows.push((
                 "WARNING",
