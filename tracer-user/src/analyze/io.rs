@@ -82,9 +82,9 @@ pub struct DiskTotals {
     /// Bytes of those requests inside model files.
     pub bytes: u64,
     /// Of `requests`, those whose completion was never recorded: the kernel
-    /// does not run a tracepoint program while another BPF program runs on
-    /// the same CPU (`trace_call_bpf`; a completion interrupt arriving during
-    /// any probe, counted only in the program's `recursion_misses`), or the
+    /// did not run the completion program (perf-event flavour: while another
+    /// BPF program ran on that CPU, counted in `recursion_misses`; either
+    /// flavour: completions interrupting some tasks, uncounted), or the
     /// request was still in flight when tracing stopped.
     pub uncompleted: u64,
     /// Issue→complete latencies in microseconds: p50, p90, p99, max.

@@ -158,9 +158,8 @@ impl<W: Write> PerfettoSink<W> {
         self.end(end.max(r.issued), track)
     }
 
-    /// Requests whose completion was never traced (the kernel skips a
-    /// tracepoint program while another BPF program runs on that CPU) end at
-    /// the trace's end, so the fault chains waiting for them still arrive.
+    /// Requests whose completion was never traced (`io::DiskTotals::uncompleted`)
+    /// end at the trace's end, so the fault chains waiting for them still arrive.
     pub(super) fn close_requests(&mut self, end: u64) -> Result<(), ExportError> {
         let mut open: Vec<_> = self.requests.drain().collect();
         open.sort_by_key(|(key, r)| (r.issued, *key));
