@@ -82,8 +82,10 @@ fn five_cold_memory_limited_runs_of_the_real_model_match_the_blk_tracer() {
 /// Trace `argv` cold with the kernel's blk tracer alongside; ttrace's block
 /// events in the model's extents are the blk tracer's: every issue (D) one
 /// for one, every completion (C) it recorded, and no program run skipped by
-/// the kernel. (A completion is still occasionally absent without a counted
-/// miss, see issue 14; the report counts those reads as uncompleted.)
+/// the kernel. Completions may still be absent: this project's VM runs no
+/// BPF program while its agent (PID 1, `process_api`) is current, so a
+/// completion interrupting it reaches the blk tracer (ftrace) but no BPF
+/// program, uncounted. The report counts those reads as uncompleted.
 fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysis, usize) {
     let model = PathBuf::from(&argv[2]);
     let extents = FileExtents::read(&model).unwrap();

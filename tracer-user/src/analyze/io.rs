@@ -84,8 +84,9 @@ pub struct DiskTotals {
     /// Of `requests`, those whose completion was never recorded: the kernel
     /// did not run the completion program (perf-event flavour: while another
     /// BPF program ran on that CPU, counted in `recursion_misses`; either
-    /// flavour: completions interrupting some tasks, uncounted), or the
-    /// request was still in flight when tracing stopped.
+    /// flavour: on a VM that hides its agent process from BPF, completions
+    /// interrupting that process, uncounted), or the request was still in
+    /// flight when tracing stopped.
     pub uncompleted: u64,
     /// Issue→complete latencies in microseconds: p50, p90, p99, max.
     pub latency_us: [u64; 4],

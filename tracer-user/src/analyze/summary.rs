@@ -233,9 +233,9 @@ impl Summary {
                      was still in flight when tracing stopped"
                 }
                 _ => {
-                    "the read was still in flight when tracing stopped, or the kernel did not run ttrace's \
-                     completion program for it (seen on some machines for completions that interrupt certain \
-                     tasks, with no miss counted)"
+                    "the read was still in flight when tracing stopped, or the kernel ran no BPF program for its \
+                     completion (some VMs hide their own agent process from BPF, and completions that interrupt \
+                     it with it)"
                 }
             };
             rows.push((
