@@ -53,10 +53,21 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     )]
     Report(ReportArgs),
     /// Export a trace for other tools: Perfetto, Chrome JSON, JSONL/CSV/Parquet
-    /// rows, per-token JSON for the thesis web UI, one ubatch's graph, or
-    /// blkparse text annotated with tensors. Needs no root.
+    /// rows, per-token JSON for the thesis web UI, one ubatch's graph,
+    /// blkparse text annotated with tensors, or MoE routing for mbolt. Needs
+    /// no root.
     #[command(after_help = export_help())]
     Export(ExportArgs),
+    /// Compare two runs of the same weights (e.g. before and after a layout
+    /// rewrite): tokens, MoE routing (under an expert permutation), weight
+    /// and disk bytes and faults per token and per layer, tensors and experts
+    /// that moved between hot and cold. Exit status: 0 same tokens and
+    /// routing, 1 they differ, 2 error. Needs no root.
+    #[command(after_help = "Examples:\n  ttrace diff before.data after.data\n  \
+ttrace diff before.data after.data --perm perms.json          (mbolt-sim cluster's output)\n  \
+ttrace diff before.data after.data --json | jq .runs\n  \
+ttrace diff before.data after.data --html diff.html")]
+    Diff(DiffArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives
     /// with what was done.
@@ -79,7 +90,8 @@ fn export_help() -> String {
 ttrace export ttrace.data --format perfetto -o run.pftrace     (open in ui.perfetto.dev)\n  \
 ttrace export ttrace.data --format parquet -o events.parquet\n  \
 ttrace export ttrace.data --format tokens-json -o tokens/\n  \
-ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n\n\
+ttrace export ttrace.data --format dot --ubatch 3 -o graph.dot && dot -Tsvg graph.dot > graph.svg\n  \
+ttrace export moe.data --format mbolt -o routing.mblt && mbolt-sim cluster routing.mblt -o perms.json --min-tokens 1\n\n\
 ";
     let tokens = "tokens-json: the thesis web UI's data directory (copy it to the UI's public/data/): \
 traces/token-NNNNN.json (the ubatch's op records) and graphs/token-NNNNN.json (the graph it executed) per generated \
@@ -250,6 +262,29 @@ pub struct ReportArgs {
     pub json: bool,
     /// Also write a self-contained HTML page (heatmap of the model file per
     /// token, per-layer bytes, the summary).
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The first run's trace (the reference).
+    pub a: std::path::PathBuf,
+    /// The second run's trace.
+    pub b: std::path::PathBuf,
+    /// Expert permutation per MoE layer: mbolt's perms.json, where
+    /// `perm[p]` is the original expert stored at position p (B's expert p
+    /// is A's expert perm[p]), or a JSON list of per-layer lists.
+    #[arg(long, value_name = "perms.json")]
+    pub perm: Option<std::path::PathBuf>,
+    /// Which permutation of perms.json: chain_perm (mbolt --layout chain),
+    /// clique_perm or heat_perm.
+    #[arg(long, default_value = "chain_perm", requires = "perm")]
+    pub perm_key: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a self-contained HTML page.
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<std::path::PathBuf>,
 }

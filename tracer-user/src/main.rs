@@ -12,14 +12,16 @@ use ttrace::{
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    // `diff`'s status says same (0) or different (1), so its errors are 2.
+    let failure = if matches!(cli.command, Command::Diff(_)) { ExitCode::from(2) } else { ExitCode::FAILURE };
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         // The reader went away (`ttrace report T | head`): not an error, as
         // for any Unix filter. Every stdout write returns its io::Error here.
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("ttrace: error: {err:#}");
-            ExitCode::FAILURE
+            failure
         }
     }
 }
@@ -38,7 +40,14 @@ fn init_logging(verbose: u8) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default)).format_timestamp(None).init();
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<ExitCode> {
+    if let Command::Diff(args) = cli.command {
+        return cmd::diff::run(args);
+    }
+    run_command(cli).map(|()| ExitCode::SUCCESS)
+}
+
+fn run_command(cli: Cli) -> Result<()> {
     match cli.command {
         #[cfg(feature = "live")]
         Command::Check(args) => runtime()?.block_on(cmd::check::run(args)),
@@ -50,6 +59,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Attach(args) => runtime()?.block_on(cmd::attach::run(args)),
         Command::Report(args) => cmd::report::run(args),
         Command::Export(args) => cmd::export::run(args),
+        Command::Diff(args) => cmd::diff::run(args).map(drop),
     }
 }
 

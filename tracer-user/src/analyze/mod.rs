@@ -5,12 +5,15 @@
 //! here writes a file other tools open: that is `export`'s job.
 
 pub mod correlate;
+pub mod diff;
 pub mod io;
+pub mod moe;
 pub mod op_time;
 pub mod phases;
 pub mod stats;
 pub mod summary;
 pub mod tensor;
+pub mod usage;
 pub mod walk;
 
 pub use correlate::{Analysis, Decode, Phase, Ubatch, WeightUse, analyze, op_name, when};

@@ -18,8 +18,9 @@ use tracer_common::markers;
 
 use super::io::When;
 use super::{
-    Analysis, Phase,
+    Analysis, Phase, moe,
     tensor::{is_expert_tensor, model_tensor, op_weight_bytes, weight_of},
+    usage,
     walk::{self, Event, Sink, Tables},
 };
 use crate::format::TraceError;
@@ -110,6 +111,10 @@ pub struct Stats {
     pub components: Vec<GroupStats>,
     pub tensors: Vec<TensorStats>,
     pub faults_outside_ubatches: u64,
+    /// Loaded vs used, per tensor, expert, layer and in total.
+    pub loaded_vs_used: Option<usage::Usage>,
+    /// `None` for a model without MoE routing.
+    pub moe: Option<moe::MoeStats>,
     pub notes: Vec<String>,
 }
 
@@ -119,11 +124,12 @@ struct Collector {
     /// The ubatch being summed: (model, tensor) → largest access bytes.
     open: BTreeMap<u32, BTreeMap<(u32, u32), u64>>,
     tensor_index: BTreeMap<(u32, u32), usize>,
+    usage: Option<usage::Collector>,
 }
 
 pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Stats, TraceError> {
     let token_of = walk::token_indices(a);
-    let mut c = Collector::default();
+    let mut c = Collector { usage: Some(usage::Collector::new(a)), ..Default::default() };
     c.stats.ubatches = a
         .ubatches
         .iter()
@@ -157,6 +163,9 @@ pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Sta
     walk::walk(trace, a, progress, &mut c)?;
     let mut stats = c.stats;
     finish(&mut stats, a);
+    let usage = c.usage.map(|u| u.finish(a));
+    stats.moe = usage.as_ref().and_then(|u| moe::collect(a, u));
+    stats.loaded_vs_used = usage;
     Ok(stats)
 }
 
@@ -164,6 +173,9 @@ impl Sink for Collector {
     type Error = TraceError;
 
     fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), TraceError> {
+        if let Some(u) = &mut self.usage {
+            u.event(event, tables);
+        }
         match event {
             Event::Op(e) => {
                 let Some(u) = e.ctx.ubatch else { return Ok(()) };

@@ -3,6 +3,7 @@
 pub mod attach;
 #[cfg(feature = "live")]
 pub mod check;
+pub mod diff;
 pub mod export;
 pub mod gguf;
 pub mod report;

@@ -14,15 +14,19 @@
 //! | `dot`         | [`dot`]       | one ubatch's executed graph (Graphviz)        |
 //! | html report   | [`html`]      | `ttrace report --html`: one self-contained page|
 //! | `blkparse`    | [`blkparse`]  | block requests as blkparse text, with tensors |
+//! | `mbolt`       | [`mbolt`]     | MoE routing as mbolt's MBLT v1 routing log    |
 
 pub mod blkparse;
 pub mod buckets;
 pub mod chrome;
 pub mod columns;
+pub mod diff;
 pub mod dot;
 pub mod html;
+pub mod mbolt;
 pub mod parquet;
 pub mod perfetto;
+mod research;
 pub mod rows;
 pub mod shape;
 pub mod summary;
@@ -77,6 +81,8 @@ pub enum Format {
     /// Block requests on the model files as blkparse text, each line followed
     /// by ` tensor=… file_off=… ubatch=… layer=…`.
     Blkparse,
+    /// MoE routing as mbolt's MBLT v1 routing log (`mbolt-sim cluster trace.mblt -o perms.json`).
+    Mbolt,
 }
 
 /// What an export wrote, for the command's message.
@@ -119,6 +125,7 @@ pub fn export(
         Format::TokensJson => tokens::write(trace, analysis, out, &progress),
         Format::Dot => dot::write(trace, analysis, out, options.ubatch, &progress),
         Format::Blkparse => blkparse::write(trace, out),
+        Format::Mbolt => mbolt::write(analysis, out),
     };
     progress.finish_and_clear();
     written

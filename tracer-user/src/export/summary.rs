@@ -109,6 +109,12 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
         let _ =
             writeln!(out, "  {:<36} {:>5} {:>10} {:>8}", t.name, t.tokens_touched, human_bytes(t.size_bytes), t.faults);
     }
+    if let Some(m) = &s.moe {
+        out.push_str(&super::research::render_moe(m));
+    }
+    if let Some(u) = &s.loaded_vs_used {
+        out.push_str(&super::research::render_usage(u));
+    }
     for note in &s.notes {
         let _ = writeln!(out, "\nnote: {note}{}", if note.starts_with("MoE") { " (marked *)" } else { "" });
     }

@@ -85,6 +85,9 @@ impl Resolver {
     /// Start from a model known before the target maps it (`ttrace run`
     /// finds it on the command line), so its load-time reads are watched.
     pub fn add_model(&mut self, path: &Path) -> Result<(), crate::model::GgufError> {
+        // The maps name it by its absolute path: a relative `-m model.gguf`
+        // must be the same model, not a second copy of its table.
+        let path = &path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
         if !self.covers(path) {
             let model = ModelMap::open(path)?;
             self.push_model(model);
