@@ -69,10 +69,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--oracle", help="write the eval callback's nodes here (JSON)")
+    ap.add_argument("--no-mmap", action="store_true", help="read the model into buffers instead of mapping it")
     args = ap.parse_args()
 
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
+    mparams.use_mmap = not args.no_mmap
     model = L.llama_model_load_from_file(args.model.encode(), mparams)
     if not model:
         sys.exit(f"graph_oracle: llama.cpp could not load {args.model}")

@@ -1,0 +1,204 @@
+"""Access-pattern research on exact data: the MoE section of `ttrace report`,
+`ttrace export --format mbolt` read by mbolt's own parser (PyPI `mbolt`,
+pinned), loaded vs used against the token ids llama.cpp itself embedded and
+the GGUF table (gguf-py), and `ttrace diff` across mbolt's layout rewrite.
+Needs root: the traces are recorded here."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from mbolt.trace import read_trace
+
+ORACLE = Path(__file__).with_name("graph_oracle.py")
+VENV_BIN = Path(sys.executable).parent
+PROMPT = "hello world, the quick brown fox"
+
+
+def report(ttrace, trace: Path) -> dict:
+    out = subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def arch_field(reader: gguf.GGUFReader, key: str) -> int | None:
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    f = reader.fields.get(f"{arch}.{key}")
+    return int(f.parts[-1][0]) if f else None
+
+
+def completion(ttrace, out: Path, llama_completion, model: Path, preload: Path, n: int, extra=()) -> str:
+    """Trace llama-completion greedily; its stdout (the text)."""
+    argv = [ttrace, "run", "--drop-caches", *extra, "-o", out, "--", llama_completion, "-m", model, "-p", PROMPT,
+            "-n", str(n), "-no-cnv", "--ignore-eos", "-t", "2", "--seed", "1", "-c", "256"]
+    env = dict(os.environ, LD_PRELOAD=str(preload))
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
+    assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name,load", [("tiny", "mmap"), ("tiny", "no-mmap"), ("gemma", "mmap")])
+def test_loaded_but_never_used_embedding_rows(ttrace, tmp_path, models, name, load):
+    """With a cold cache, the whole embedding table is loaded (MAP_POPULATE, or
+    read into a buffer), and the bytes never used are the table minus the rows
+    of the token ids llama.cpp embedded, as the untouched run itself prints
+    them, from gguf-py's table. Gemma's output projection reads the whole
+    table, so nothing of it is unused."""
+    out = tmp_path / "t.data"
+    script = [sys.executable, ORACLE, models[name], "-n", "6", "--threads", "2"]
+    script += ["--no-mmap"] if load == "no-mmap" else []
+    # --model: not on a llama.cpp command line, so named to be watched from the start.
+    proc = subprocess.run([ttrace, "run", "--drop-caches", "--model", models[name], "-o", out, "--", *script],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    used_ids = set(printed["prompt_tokens"]) | set(printed["generated"])
+
+    table = {t.name: t for t in gguf.GGUFReader(models[name]).tensors}
+    embd = table["token_embd.weight"]
+    row = int(embd.n_bytes) // int(embd.shape[1])  # gguf-py: shape in ggml order (ne0, ne1)
+    u = report(ttrace, out)["stats"]["loaded_vs_used"]
+    assert u["caches_dropped"] and u["load_mode"] == ("no_mmap" if load == "no-mmap" else "default")
+    t = next(t for t in u["tensors"] if t["name"] == "token_embd.weight")
+    assert t["size_bytes"] == embd.n_bytes
+    assert t["loaded"] == embd.n_bytes, "a cold start loads the whole table"
+    if "output.weight" in table:
+        want = int(embd.n_bytes) - len(used_ids) * row
+        assert abs(t["loaded_unused"] - want) <= len(used_ids) * 4096, (t, want)
+        assert t["used"] == len(used_ids) * row and t["loaded_unused"] == want
+    else:
+        assert t["loaded_unused"] == 0 and t["used"] == embd.n_bytes
+    # The totals are the sums of the parts, and nothing is used that was not loaded.
+    for key in ["size_bytes", "loaded", "used", "loaded_unused"]:
+        assert u["total"][key] == sum(x[key] for x in u["tensors"]) == sum(x[key] for x in u["layers"])
+    assert all(x["loaded_unused"] <= x["loaded"] and x["used"] <= x["size_bytes"] for x in u["tensors"])
+
+
+def decode_from_report(a: dict) -> list[list[list[int]]]:
+    generate = [u for u in a["ubatches"] if u["phase"] == "generate"]
+    return [[r["selected"] for r in sorted(u["routing"], key=lambda r: r["layer"])] for u in generate]
+
+
+def stickiness(decode: np.ndarray, layer: int) -> float:
+    kept = sum(len(set(decode[t, layer]) & set(decode[t + 1, layer])) for t in range(len(decode) - 1))
+    return kept / sum(len(decode[t, layer]) for t in range(len(decode) - 1))
+
+
+@pytest.mark.parametrize("name", ["moe", "qwen3moe"])
+def test_mbolt_reads_the_routing_export(ttrace, tmp_path, llama_completion, models, flush_log_preload, name):
+    """mbolt's own parser reads the MBLT export; its decode array is the routing
+    of the generated tokens (which test_graph_capture holds equal to the eval
+    callback's), its prefill the prompt's; `mbolt-sim cluster` turns it into
+    per-layer permutations. The report's MoE section agrees with figures
+    computed here from mbolt's array."""
+    trace = tmp_path / "t.data"
+    completion(ttrace, trace, llama_completion, models[name], flush_log_preload, 16)
+    a = report(ttrace, trace)
+    mblt = tmp_path / "routing.mblt"
+    subprocess.run([ttrace, "export", trace, "--format", "mbolt", "-o", mblt], check=True, capture_output=True)
+    t = read_trace(str(mblt))
+    reader = gguf.GGUFReader(models[name])
+    n_layer, k = arch_field(reader, "block_count"), arch_field(reader, "expert_used_count")
+    assert (t.n_expert, t.k, t.n_layers) == (arch_field(reader, "expert_count"), k, n_layer)
+    assert t.decode.tolist() == decode_from_report(a)
+    assert len(t.decode) == sum(u["phase"] == "generate" for u in a["ubatches"]) == 15
+    prompt = [u for u in a["ubatches"] if u["phase"] == "prompt"]
+    assert t.prefill_per_layer[0].shape == (sum(u["n_tokens"] for u in prompt), k)
+
+    perms = tmp_path / "perms.json"
+    proc = subprocess.run([VENV_BIN / "mbolt-sim", "cluster", mblt, "-o", perms, "--min-tokens", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layers = json.loads(perms.read_text())["layers"]
+    assert len(layers) == n_layer
+    assert all(sorted(l["chain_perm"]) == list(range(t.n_expert)) for l in layers)
+
+    moe = a["stats"]["moe"]
+    assert [l["layer"] for l in moe["layers"]] == list(range(n_layer))
+    for l in moe["layers"]:
+        gen = next(p for p in l["phases"] if p["phase"] == "generate")
+        want = np.bincount(t.decode[:, l["layer"]].ravel(), minlength=t.n_expert).tolist()
+        assert gen["activations"] == want and gen["tokens"] == len(t.decode)
+        assert gen["stickiness"] == pytest.approx(stickiness(t.decode, l["layer"]))
+        pairs = {}
+        for ids in t.decode[:, l["layer"]]:
+            for i, x in enumerate(ids):
+                for y in ids[i + 1:]:
+                    key = (int(min(x, y)), int(max(x, y)))
+                    pairs[key] = pairs.get(key, 0) + 1
+        assert {(p[0], p[1]): p[2] for p in gen["pairs"]} == pairs
+        assert len(l["experts"]) == t.n_expert and all(e["size_bytes"] > 0 for e in l["experts"])
+    text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
+    assert "MoE routing" in text and "stickiness" in text and "loaded vs used" in text
+
+
+def test_no_moe_section_and_no_mbolt_export_without_routing(ttrace, tmp_path, llama_completion, models,
+                                                            flush_log_preload):
+    trace = tmp_path / "t.data"
+    completion(ttrace, trace, llama_completion, models["tiny"], flush_log_preload, 4)
+    assert report(ttrace, trace)["stats"]["moe"] is None
+    text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
+    assert "MoE routing" not in text and "loaded vs used" in text
+    out = tmp_path / "x.mblt"
+    proc = subprocess.run([ttrace, "export", trace, "--format", "mbolt", "-o", out], capture_output=True, text=True)
+    assert proc.returncode != 0 and "no MoE routing" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_layout_rewrite_end_to_end(ttrace, tmp_path, llama_completion, models, flush_log_preload):
+    """Trace a memory-limited run, export its routing, cluster it and rewrite
+    the GGUF with mbolt's chain layout (a pure permutation); trace the rewrite
+    with the same prompt, seed and limit; `ttrace diff` finds the same tokens
+    and, under mbolt's permutation, the same routing, as mbolt's own parser
+    does on both exports."""
+    limit = ["--mem-limit", "32M"]
+    a_trace, b_trace = tmp_path / "a.data", tmp_path / "b.data"
+    text_a = completion(ttrace, a_trace, llama_completion, models["moe"], flush_log_preload, 24, limit)
+    mblt_a = tmp_path / "a.mblt"
+    subprocess.run([ttrace, "export", a_trace, "--format", "mbolt", "-o", mblt_a], check=True, capture_output=True)
+    perms = tmp_path / "perms.json"
+    subprocess.run([VENV_BIN / "mbolt-sim", "cluster", mblt_a, "-o", perms, "--min-tokens", "1"], check=True,
+                   capture_output=True, timeout=300)
+    rewritten = tmp_path / "moe.chain.gguf"
+    proc = subprocess.run([VENV_BIN / "mbolt", models["moe"], perms, "-o", rewritten, "--layout", "chain"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text_b = completion(ttrace, b_trace, llama_completion, rewritten, flush_log_preload, 24, limit)
+    assert text_a == text_b and len(text_a) > len(PROMPT)
+
+    # mbolt's parser on both runs: B's expert p is A's perm[p].
+    mblt_b = tmp_path / "b.mblt"
+    subprocess.run([ttrace, "export", b_trace, "--format", "mbolt", "-o", mblt_b], check=True, capture_output=True)
+    da, db = read_trace(str(mblt_a)).decode, read_trace(str(mblt_b)).decode
+    perm = np.array([l["chain_perm"] for l in json.loads(perms.read_text())["layers"]])
+    mapped = np.stack([perm[layer][db[:, layer]] for layer in range(db.shape[1])], axis=1)
+    assert da.shape == db.shape and (mapped == da).all()
+
+    html = tmp_path / "diff.html"
+    d = subprocess.run([ttrace, "diff", a_trace, b_trace, "--perm", perms, "--json", "--html", html],
+                       capture_output=True, text=True, timeout=300)
+    assert d.returncode == 0, d.stdout[-2000:] + d.stderr[-2000:]
+    diff = json.loads(d.stdout)
+    assert diff["same"] and diff["tokens_equal"]
+    assert diff["routing"]["equal"] == diff["routing"]["compared"] > 0 and diff["routing"]["permuted"]
+    assert len(diff["per_token"]) == len(da)
+    # Disk bytes per token are reported for both runs (under the limit, every token reads).
+    disk = [r["disk_bytes_per_token"] for r in diff["runs"]]
+    assert all(x and x > 0 for x in disk), disk
+    print(f"\ndisk bytes per generated token: original {disk[0]:.0f}, chain layout {disk[1]:.0f}")
+    assert 'data-same="true"' in html.read_text()
+    text = subprocess.run([ttrace, "diff", a_trace, b_trace, "--perm", perms], capture_output=True, text=True)
+    assert text.returncode == 0 and "same tokens and routing" in text.stdout and "disk bytes" in text.stdout
+
+    # Without the permutation the routing differs (unless mbolt kept every order).
+    plain = subprocess.run([ttrace, "diff", a_trace, b_trace, "--json"], capture_output=True, text=True)
+    identity = (perm == np.arange(perm.shape[1])).all()
+    assert plain.returncode == (0 if identity else 1), plain.stderr
+    missing = subprocess.run([ttrace, "diff", a_trace, tmp_path / "missing.data"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "missing.data" in missing.stderr
