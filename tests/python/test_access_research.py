@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import gguf
 import numpy as np
 import pytest
 from mbolt.trace import read_trace
+
+from test_exports import CHROMIUM_FLAGS
 
 ORACLE = Path(__file__).with_name("graph_oracle.py")
 VENV_BIN = Path(sys.executable).parent
@@ -136,6 +139,22 @@ def test_mbolt_reads_the_routing_export(ttrace, tmp_path, llama_completion, mode
         assert len(l["experts"]) == t.n_expert and all(e["size_bytes"] > 0 for e in l["experts"])
     text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
     assert "MoE routing" in text and "stickiness" in text and "loaded vs used" in text
+    # The HTML page draws one activation / co-activation grid per layer and phase.
+    dom = rendered_html(ttrace, trace, tmp_path)
+    assert f'data-moe-grids="{2 * n_layer}"' in dom and 'data-usage-rows="' in dom
+
+
+def rendered_html(ttrace, trace: Path, tmp_path: Path) -> str:
+    html = tmp_path / "report.html"
+    subprocess.run([ttrace, "report", trace, "--html", html], capture_output=True, check=True)
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.fail("chromium is not installed: `apt-get install chromium` (cargo xtask setup does)", pytrace=False)
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert 'data-rendered="ok"' in dom.stdout
+    assert "CONSOLE" not in dom.stderr, [l for l in dom.stderr.splitlines() if "CONSOLE" in l]
+    return dom.stdout
 
 
 def test_no_moe_section_and_no_mbolt_export_without_routing(ttrace, tmp_path, llama_completion, models,
@@ -145,6 +164,7 @@ def test_no_moe_section_and_no_mbolt_export_without_routing(ttrace, tmp_path, ll
     assert report(ttrace, trace)["stats"]["moe"] is None
     text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
     assert "MoE routing" not in text and "loaded vs used" in text
+    assert "data-moe-grids" not in rendered_html(ttrace, trace, tmp_path)
     out = tmp_path / "x.mblt"
     proc = subprocess.run([ttrace, "export", trace, "--format", "mbolt", "-o", out], capture_output=True, text=True)
     assert proc.returncode != 0 and "no MoE routing" in proc.stderr, proc.stderr

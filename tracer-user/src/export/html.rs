@@ -82,6 +82,10 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
         "models": models,
         "layers": layers,
         "notes": stats.notes,
+        "moe": stats.moe,
+        "usage": stats.loaded_vs_used.as_ref().map(|u| json!({
+            "load_mode": u.load_mode, "caches_dropped": u.caches_dropped, "total": u.total, "layers": u.layers,
+        })),
         "non_layer": layer_key(None),
     });
     // `</` inside the JSON would end the script element early.
