@@ -47,9 +47,14 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     #[cfg(feature = "live")]
     Attach(AttachArgs),
     /// Summarise a trace: run metadata, ubatches per phase, ops, weights
-    /// touched, lost events. Needs no root.
+    /// touched, lost events; MoE routing (activations, co-activation,
+    /// stickiness, per-expert disk reads) and loaded vs used (bytes brought
+    /// into the page cache, read from disk and read by some op, per tensor,
+    /// expert, layer and phase). Needs no root.
     #[command(
-        after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'"
+        after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'\n  \
+ttrace report moe.data --json | jq '.stats.moe.layers[0].phases'\n  \
+ttrace report ttrace.data --json | jq '.stats.loaded_vs_used.total'\n  ttrace report ttrace.data --html report.html"
     )]
     Report(ReportArgs),
     /// Export a trace for other tools: Perfetto, Chrome JSON, JSONL/CSV/Parquet
