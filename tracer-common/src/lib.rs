@@ -74,6 +74,9 @@ pub mod programs {
     /// sorted, that is the experts ranked for each of them.
     pub const ARGSORT_ENTRY: &str = "argsort_entry";
     pub const ARGSORT_RETURN: &str = "argsort_return";
+    /// `llama_context::process_ubatch(this, ubatch, …)`: the ubatch's
+    /// tokens, positions, sequence ids and output flags ([`super::batch`]).
+    pub const UBATCH: &str = "ubatch";
     /// `exceptions:page_fault_user` tracepoint.
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
     /// `filemap:mm_filemap_add_to_page_cache`: a page of a model file filled.
@@ -129,6 +132,8 @@ pub enum EventKind {
     Node = 7,
     Input = 8,
     Routing = 9,
+    /// One array of a ubatch ([`batch`]), an [`InputEvent`].
+    Batch = 10,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
@@ -403,6 +408,44 @@ pub struct InputEvent {
 
 pub const INPUT_EVENT_FIXED: usize = core::mem::offset_of!(InputEvent, data);
 
+/// A ubatch as llama.cpp is about to compute it, sent as
+/// [`EventKind::Batch`] [`InputEvent`]s: one per array, `uid` = its
+/// `n_tokens`, `tensor` = which array, `data` = its first
+/// [`MAX_BATCH_TOKENS`](batch::MAX_BATCH_TOKENS) entries as i32 (output
+/// flags widened).
+pub mod batch {
+    pub const TOKEN: u64 = 0;
+    pub const POS: u64 = 1;
+    /// Each token's first sequence id (`seq_id[i][0]`).
+    pub const SEQ: u64 = 2;
+    /// `logits[i]`: whether the token's output is kept.
+    pub const OUTPUT: u64 = 3;
+    pub const MAX_BATCH_TOKENS: u32 = (super::MAX_INPUT_BYTES / 4) as u32;
+}
+
+/// The head of llama.cpp's `struct llama_ubatch` (src/llama-batch.h), up to
+/// its `output` pointer. Versions without `n_pos` pad `n_seqs_unq` to the
+/// same 24 bytes, so the pointers sit at the same offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LlamaUbatch {
+    pub b_equal_seqs: u32,
+    pub n_tokens: u32,
+    pub n_seq_tokens: u32,
+    pub n_seqs: u32,
+    pub n_seqs_unq: u32,
+    pub n_pos: u32,
+    pub token: u64,
+    pub embd: u64,
+    /// `[n_tokens * n_pos]`: the first `n_tokens` are the text positions.
+    pub pos: u64,
+    pub n_seq_id: u64,
+    pub seq_id: u64,
+    pub seq_id_unq: u64,
+    pub seq_idx: u64,
+    pub output: u64,
+}
+
 /// Experts per routing row a record holds.
 pub const MAX_EXPERTS: usize = 256;
 /// Rows one argsort return reads at most (tokens per ubatch per thread).
@@ -459,6 +502,11 @@ const _: () = {
     assert!(size_of::<GraphEvent>() == 48);
     assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
     assert!(INPUT_EVENT_FIXED == 48);
+    assert!(offset_of!(LlamaUbatch, token) == 24);
+    assert!(offset_of!(LlamaUbatch, pos) == 40);
+    assert!(offset_of!(LlamaUbatch, seq_id) == 56);
+    assert!(offset_of!(LlamaUbatch, output) == 80);
+    assert!((EventKind::Batch as u32) < EVENT_KIND_SLOTS);
 };
 
 #[cfg(feature = "user")]

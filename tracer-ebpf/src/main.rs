@@ -3,6 +3,7 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod batch;
 mod block;
 mod calls;
 mod faults;

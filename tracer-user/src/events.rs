@@ -20,6 +20,9 @@ pub enum Event {
     Node(Box<NodeEvent>),
     Input(InputRecord),
     Routing(RoutingRecord),
+    /// An array of a `llama_decode` batch (`uid`: its token count, `tensor`:
+    /// which array).
+    Batch(InputRecord),
 }
 
 /// One token's expert ranking from an `ffn_moe_argsort-L` node (best first).
@@ -66,6 +69,7 @@ impl Event {
             Event::Node(e) => &e.header,
             Event::Input(e) => &e.header,
             Event::Routing(e) => &e.header,
+            Event::Batch(e) => &e.header,
         }
     }
 }
@@ -101,6 +105,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Node => read::<NodeEvent>(kind, bytes).map(|n| Event::Node(Box::new(n))),
         EventKind::Input => decode_input(bytes).map(Event::Input),
         EventKind::Routing => decode_routing(bytes).map(Event::Routing),
+        EventKind::Batch => decode_input(bytes).map(Event::Batch),
     }
 }
 

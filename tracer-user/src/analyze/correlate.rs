@@ -10,7 +10,7 @@
 //! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     io::Read,
 };
 
@@ -23,10 +23,12 @@ use tracer_common::{
 use super::{
     io,
     op_time::OpClock,
+    sequences,
     tensor::{model_tensor, name_layer, op_weight_bytes},
 };
 use crate::format::{
-    Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer, reader::Marker,
+    Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer,
+    reader::{Batch, Marker},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -84,6 +86,11 @@ pub struct Ubatch {
     /// `MUL_MAT_ID` reads).
     #[serde(skip)]
     pub experts_used: BTreeMap<u32, u32>,
+    /// Per token: sequence, position, prompt or generated (traces that
+    /// recorded the ubatch's arrays; see [`sequences`]).
+    pub tokens: Vec<sequences::TokenInfo>,
+    #[serde(skip)]
+    pub arrays: Option<sequences::UbatchArrays>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -101,6 +108,7 @@ pub struct RoutedToken {
 pub struct Decode {
     pub index: u32,
     pub ts_ns: u64,
+
     /// `llama_decode` or `llama_process`.
     pub function: &'static str,
     pub ubatches: Vec<u32>,
@@ -130,6 +138,10 @@ pub struct Analysis {
     pub prompt_tokens: u64,
     pub generate_runs: u64,
     pub warmup_decodes: u64,
+    /// Prompt and generated tokens per sequence and request, warm-up apart
+    /// (`None`: the trace has no decode batches).
+    pub tokens: Option<sequences::TokenCounts>,
+    pub requests: Vec<sequences::Request>,
     /// Page faults, page-cache fills and disk reads of the model files.
     pub io: io::IoAnalysis,
 }
@@ -210,6 +222,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             Record::Block(event) => {
                 io.on_block(&event, when(bounds.current, &a.ubatches));
             }
+            Record::Batch(b) => bounds.on_batch(b),
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
             Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
@@ -228,7 +241,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     for u in &mut a.ubatches {
         select_experts(u, &a.models);
     }
-    assign_phases(&mut a, bounds.decodes_before_reset);
+    assign_phases(&mut a, bounds);
     Ok(a)
 }
 
@@ -239,6 +252,8 @@ pub(crate) struct Boundaries {
     /// The ubatch graph running now.
     pub current: Option<usize>,
     pub decodes_before_reset: usize,
+    /// Per thread: the arrays of the ubatch it is about to compute.
+    pending: HashMap<u32, sequences::UbatchArrays>,
 }
 
 impl Boundaries {
@@ -266,6 +281,8 @@ impl Boundaries {
                     weights: BTreeMap::new(),
                     routing: Vec::new(),
                     experts_used: BTreeMap::new(),
+                    tokens: Vec::new(),
+                    arrays: self.pending.remove(&m.tid),
                 });
                 self.current = Some(index as usize);
             }
@@ -281,6 +298,7 @@ impl Boundaries {
                 a.decodes.push(Decode {
                     index,
                     ts_ns: m.ts_ns,
+
                     function,
                     ubatches: Vec::new(),
                     n_tokens: 0,
@@ -290,6 +308,12 @@ impl Boundaries {
             markers::LLAMA_PERF_RESET => self.decodes_before_reset = a.decodes.len(),
             _ => {}
         }
+    }
+
+    /// A ubatch's array, recorded as llama.cpp starts it: it belongs to the
+    /// next graph its thread computes.
+    pub(crate) fn on_batch(&mut self, b: Batch) {
+        self.pending.entry(b.tid).or_default().set(b);
     }
 }
 
@@ -386,7 +410,8 @@ pub(crate) fn take_token_input<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &T
 
 /// Decodes before llama's perf reset are warm-up; the rest are prompt or
 /// generate by their token count, and ubatches take their decode's phase.
-pub(crate) fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
+pub(crate) fn assign_phases(a: &mut Analysis, bounds: Boundaries) {
+    let decodes_before_reset = bounds.decodes_before_reset;
     for decode in &mut a.decodes {
         decode.n_tokens = decode.ubatches.iter().filter_map(|&u| a.ubatches[u as usize].n_tokens).sum();
         decode.phase = if (decode.index as usize) < decodes_before_reset {
@@ -405,6 +430,7 @@ pub(crate) fn assign_phases(a: &mut Analysis, decodes_before_reset: usize) {
             Phase::Aux => {}
         }
     }
+    sequences::classify(a);
     for ubatch in &mut a.ubatches {
         ubatch.phase = match (ubatch.n_tokens, ubatch.decode) {
             (None, _) => Phase::Aux,

@@ -47,6 +47,7 @@ fn scan_noting_routing<R: Read>(mut reader: TraceReader<R>) -> Result<(Analysis,
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
             Record::Routing(_) => routed = true,
+            Record::Batch(b) => bounds.on_batch(b),
             Record::PageCache(_) | Record::Block(_) | Record::Model(_) => {}
         }
         // Only ops of a ubatch whose token count is still open can change it.
@@ -56,6 +57,6 @@ fn scan_noting_routing<R: Read>(mut reader: TraceReader<R>) -> Result<(Analysis,
     a.header = reader.header().clone();
     a.truncated = reader.truncated;
     a.models = reader.models().to_vec();
-    assign_phases(&mut a, bounds.decodes_before_reset);
+    assign_phases(&mut a, bounds);
     Ok((a, routed))
 }

@@ -26,6 +26,9 @@ pub struct Summary {
     pub generate_ubatches: usize,
     pub warmup_ubatches: usize,
     pub other_graphs: usize,
+    /// Prompt and generated tokens per sequence, warm-up apart (traces
+    /// with the ubatches' sequence ids).
+    pub tokens: Option<super::sequences::TokenCounts>,
     pub ops: u64,
     pub ops_outside_graphs: u64,
     pub distinct_weights: usize,
@@ -96,10 +99,11 @@ impl Summary {
                 exit_signal: t.exit_signal,
             }),
             prompt_ubatches: count(Phase::Prompt),
-            prompt_tokens: a.prompt_tokens,
+            prompt_tokens: a.tokens.as_ref().map_or(a.prompt_tokens, |t| t.prompt),
             generate_ubatches: count(Phase::Generate),
             warmup_ubatches: count(Phase::Warmup),
             other_graphs: count(Phase::Aux),
+            tokens: a.tokens.clone(),
             ops: a.ops,
             ops_outside_graphs: a.ops_outside_ubatches,
             distinct_weights: distinct.len(),
@@ -159,6 +163,20 @@ impl Summary {
                 self.other_graphs
             ),
         ));
+        if let Some(t) = &self.tokens {
+            let warmup = if t.warmup_tokens > 0 {
+                format!(" ({} warm-up tokens apart)", t.warmup_tokens)
+            } else {
+                String::new()
+            };
+            rows.push((
+                "tokens",
+                format!(
+                    "{} prompt, {} generated, {} sequences, {} requests{warmup}",
+                    t.prompt, t.generated, t.sequences, t.requests
+                ),
+            ));
+        }
         rows.push(("ops", format!("{} recorded ({} outside any graph)", self.ops, self.ops_outside_graphs)));
         let accesses = self.file_backed_accesses + self.copy_accesses;
         let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };

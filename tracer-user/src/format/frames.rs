@@ -64,6 +64,10 @@ pub enum FrameKind {
     /// thread, the node's tensor address, its row (the token in the ubatch)
     /// and the expert ids, best first.
     Routing = 16,
+    /// One array of a `llama_decode` batch: time, thread, which array
+    /// (`tracer_common::batch`), the batch's token count, then the values
+    /// (at most `MAX_BATCH_TOKENS`).
+    Batch = 17,
 }
 
 /// Late-found hooks (see `FrameKind::Hooks`).
@@ -258,7 +262,7 @@ impl std::ops::Index<EventKind> for Lost {
 
     fn index(&self, kind: EventKind) -> &u64 {
         match kind {
-            EventKind::Call => &self.call,
+            EventKind::Call | EventKind::Batch => &self.call,
             EventKind::PageFault => &self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &self.op,
             EventKind::PageCache => &self.page_cache,
@@ -270,7 +274,7 @@ impl std::ops::Index<EventKind> for Lost {
 impl std::ops::IndexMut<EventKind> for Lost {
     fn index_mut(&mut self, kind: EventKind) -> &mut u64 {
         match kind {
-            EventKind::Call => &mut self.call,
+            EventKind::Call | EventKind::Batch => &mut self.call,
             EventKind::PageFault => &mut self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,

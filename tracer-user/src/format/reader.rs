@@ -11,7 +11,7 @@ use std::{
 
 use tracer_common::{BlockKind, PageCacheKind};
 
-pub use super::records::{Block, Fault, Marker, Op, PageCache, Record, Routing};
+pub use super::records::{Batch, BatchArray, Block, Fault, Marker, Op, PageCache, Record, Routing};
 
 use super::{
     codec::{CodecError, Cursor},
@@ -372,6 +372,24 @@ impl<R: Read> TraceReader<R> {
                 }
                 let experts = (0..n).map(|_| c.i64().map(|v| v as i32)).collect::<Result<_, _>>().map_err(e)?;
                 Ok(Some(Record::Routing(Routing { ts_ns, tid, node, row, experts })))
+            }
+            FrameKind::Batch => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let array = match c.u64().map_err(e)? {
+                    tracer_common::batch::TOKEN => BatchArray::Token,
+                    tracer_common::batch::POS => BatchArray::Pos,
+                    tracer_common::batch::SEQ => BatchArray::Seq,
+                    tracer_common::batch::OUTPUT => BatchArray::Output,
+                    other => return Err(format!("unknown batch array {other}")),
+                };
+                let n_tokens = c.u32().map_err(e)?;
+                let n = c.u32().map_err(e)?;
+                if n > tracer_common::batch::MAX_BATCH_TOKENS {
+                    return Err(format!("{n} values in a batch array"));
+                }
+                let values = (0..n).map(|_| c.i64().map(|v| v as i32)).collect::<Result<_, _>>().map_err(e)?;
+                Ok(Some(Record::Batch(Batch { ts_ns, tid, array, n_tokens, values })))
             }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;

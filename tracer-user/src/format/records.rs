@@ -88,9 +88,32 @@ pub struct Routing {
     pub experts: Vec<i32>,
 }
 
+/// Which array of a `llama_decode` batch (see `FrameKind::Batch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchArray {
+    Token,
+    Pos,
+    /// Each token's first sequence id.
+    Seq,
+    /// Whether each token's output is kept (1) or not (0).
+    Output,
+}
+
+/// One array of a decode call's batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub array: BatchArray,
+    /// The batch's tokens; `values` holds at most `MAX_BATCH_TOKENS` of them.
+    pub n_tokens: u32,
+    pub values: Vec<i32>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Op(Op),
+    Batch(Batch),
     Routing(Routing),
     Marker(Marker),
     Fault(Fault),

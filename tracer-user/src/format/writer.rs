@@ -12,7 +12,7 @@ use super::{
     codec::{put_bytes, put_i64, put_u64},
     frames::{Descriptor, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
 };
-use crate::events::{OpRecord, RoutingRecord};
+use crate::events::{InputRecord, OpRecord, RoutingRecord};
 
 /// Bytes and frames written, for the end-of-run summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -246,6 +246,21 @@ impl<W: Write> TraceWriter<W> {
         r.experts.iter().for_each(|&e| put_i64(f, i64::from(e)));
         self.stats.routing += 1;
         self.emit(FrameKind::Routing).map(drop)
+    }
+
+    /// One array of a decode call's batch (see `FrameKind::Batch`): the
+    /// record's bytes are little-endian i32s.
+    pub fn batch(&mut self, b: &InputRecord) -> io::Result<()> {
+        let thread = self.thread(b.header.tid)?;
+        self.timestamp(b.header.ts_ns);
+        let f = &mut self.frame;
+        let values = b.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        for v in [u64::from(thread), b.tensor, b.uid, (b.data.len() / 4) as u64] {
+            put_u64(f, v);
+        }
+        values.for_each(|v| put_i64(f, i64::from(v)));
+        self.stats.markers += 1;
+        self.emit(FrameKind::Batch).map(drop)
     }
 
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {

@@ -143,6 +143,7 @@ fn kind_of(program: &str) -> EventKind {
     match IO_TRACEPOINTS.iter().find(|t| t.perf == program || t.btf == program) {
         Some(t) => t.kind,
         None if program == programs::CALL_ARGS || program == programs::CALL_RETURN => EventKind::Call,
+        None if program == programs::UBATCH => EventKind::Batch,
         None => EventKind::Op,
     }
 }

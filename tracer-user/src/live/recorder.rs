@@ -319,6 +319,7 @@ impl<W: Write> Recorder<W> {
             }
             Event::PageCache(event) => self.writer.page_cache(event),
             Event::Routing(routing) => self.writer.routing(routing),
+            Event::Batch(batch) => self.writer.batch(batch),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.track_request(event);

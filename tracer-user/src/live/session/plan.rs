@@ -23,7 +23,7 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 12] = [
+pub(super) const HOOKS: [(&str, &str, u64); 13] = [
     ("ggml_graph_compute", programs::GRAPH_COMPUTE, 0),
     ("ggml_graph_compute", programs::CALL_RETURN, markers::GRAPH_COMPUTE_RETURN),
     // MoE routing: a trap per MoE layer and thread, in both modes.
@@ -31,6 +31,8 @@ pub(super) const HOOKS: [(&str, &str, u64); 12] = [
     ("ggml_compute_forward_argsort", programs::ARGSORT_RETURN, 0),
     ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
+    // Each ubatch: its tokens' sequence ids, positions and output flags.
+    (target::PROCESS_UBATCH, programs::UBATCH, 0),
     ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),

@@ -17,7 +17,13 @@ pub const CPU_HOOKS: [&str; 4] = [
 ];
 pub const BASE_HOOKS: [&str; 4] =
     ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
-pub const LLAMA_HOOKS: [&str; 3] = ["llama_decode", "llama_process", "llama_perf_context_reset"];
+pub const LLAMA_HOOKS: [&str; 4] = ["llama_decode", "llama_process", "llama_perf_context_reset", PROCESS_UBATCH];
+/// `llama_context::process_ubatch(const llama_ubatch &, llm_graph_type,
+/// llama_memory_context_i *, ggml_status &)`, exported from libllama: each
+/// ubatch's sequence ids and positions (`tracer-ebpf/src/batch.rs`). Another
+/// signature is another symbol; then tokens are counted without them.
+pub const PROCESS_UBATCH: &str =
+    "_ZN13llama_context14process_ubatchERK12llama_ubatch14llm_graph_typeP22llama_memory_context_iR11ggml_status";
 /// Without these ttrace records nothing useful.
 pub const REQUIRED_HOOKS: [&str; 3] =
     ["ggml_cpu_extra_compute_forward", "ggml_backend_sched_graph_compute_async", "ggml_op_name"];

@@ -1,0 +1,125 @@
+//! `llama_context::process_ubatch(this, const llama_ubatch &, …)` entry: the
+//! ubatch's arrays, so every token of the graph that follows gets its
+//! sequence id, position and output flag as llama.cpp itself holds them.
+//! The graph's own inputs hold positions but no sequence ids (those only
+//! shape the KQ mask), and the public batch (`llama_batch_ext`) is an opaque
+//! C++ object; the ubatch is plain pointers, after llama.cpp has filled in
+//! whatever the caller left out. One trap per ubatch.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    helpers::generated::{bpf_loop, bpf_probe_read_user},
+    macros::{map, uprobe},
+    maps::PerCpuArray,
+    programs::ProbeContext,
+};
+use tracer_common::{EventKind, INPUT_EVENT_FIXED, InputEvent, LlamaUbatch, MAX_INPUT_BYTES, batch};
+
+use crate::maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task};
+
+#[map]
+static BATCH_SCRATCH: PerCpuArray<InputEvent> = PerCpuArray::with_max_entries(1, 0);
+
+#[uprobe]
+pub fn ubatch(ctx: ProbeContext) -> u32 {
+    let Some(task) = traced_task() else { return 0 };
+    let Some(address) = ctx.arg::<u64>(1) else { return 0 };
+    let mut b = LlamaUbatch::default();
+    if read_user(&mut b, address).is_err() || b.n_tokens == 0 {
+        return 0;
+    }
+    let n = b.n_tokens.min(batch::MAX_BATCH_TOKENS);
+    let Some(event) = BATCH_SCRATCH.get_ptr_mut(0) else { return 0 };
+    // SAFETY: per-CPU scratch.
+    let event = unsafe { &mut *event };
+    event.header = header(EventKind::Batch, task);
+    event.uid = u64::from(b.n_tokens);
+    for (array, address) in [(batch::TOKEN, b.token), (batch::POS, b.pos)] {
+        if address != 0 && read_array(event, address, n * 4).is_ok() {
+            send(event, array, n * 4);
+        }
+    }
+    if b.seq_id != 0 {
+        let mut walk = SeqWalk { seq_id: b.seq_id, event: event as *mut InputEvent, ok: 1 };
+        // SAFETY: the callback gets `walk` back and writes within `event.data`.
+        unsafe { bpf_loop(n, read_seq as *mut c_void, (&raw mut walk).cast::<c_void>(), 0) };
+        if walk.ok == 1 {
+            send(event, batch::SEQ, n * 4);
+        }
+    }
+    if b.output != 0 && read_outputs(event, b.output, n).is_ok() {
+        send(event, batch::OUTPUT, n * 4);
+    }
+    0
+}
+
+fn read_array(event: &mut InputEvent, address: u64, len: u32) -> Result<(), ()> {
+    let len = len.min(MAX_INPUT_BYTES as u32);
+    // SAFETY: len is at most the size of `data`.
+    let ret = unsafe { bpf_probe_read_user(event.data.as_mut_ptr().cast::<c_void>(), len, address as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
+}
+
+/// `output` is an i8 per token: read 64 at a time, widened to i32s.
+fn read_outputs(event: &mut InputEvent, address: u64, n: u32) -> Result<(), ()> {
+    let n = n.min(batch::MAX_BATCH_TOKENS);
+    let mut flags = [0u8; 64];
+    let mut done = 0u32;
+    // Chunks of 64 flags through the stack, written out as i32s.
+    for _ in 0..(batch::MAX_BATCH_TOKENS / 64) {
+        if done >= n {
+            break;
+        }
+        read_user(&mut flags, address + u64::from(done))?;
+        for (j, &f) in flags.iter().enumerate() {
+            let at = ((done as usize + j) & (batch::MAX_BATCH_TOKENS as usize - 1)) * 4;
+            if let Some(slot) = event.data.get_mut(at..at + 4) {
+                slot.copy_from_slice(&i32::from(f != 0).to_le_bytes());
+            }
+        }
+        done += 64;
+    }
+    Ok(())
+}
+
+struct SeqWalk {
+    seq_id: u64,
+    event: *mut InputEvent,
+    ok: u64,
+}
+
+#[inline(never)]
+extern "C" fn read_seq(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `SeqWalk` given to it.
+    let walk = unsafe { &mut *(ctx as *mut SeqWalk) };
+    let mut ids = 0u64;
+    let mut seq = 0i32;
+    if read_user(&mut ids, walk.seq_id + index * 8).is_err() || read_user(&mut seq, ids).is_err() {
+        walk.ok = 0;
+        return 1;
+    }
+    let at = (index as usize & (batch::MAX_BATCH_TOKENS as usize - 1)) * 4;
+    // SAFETY: the scratch event outlives the loop.
+    let event = unsafe { &mut *walk.event };
+    if let Some(slot) = event.data.get_mut(at..at + 4) {
+        slot.copy_from_slice(&seq.to_le_bytes());
+    }
+    0
+}
+
+fn send(event: &mut InputEvent, array: u64, len: u32) {
+    let len = (len as usize).min(MAX_INPUT_BYTES);
+    event.tensor = array;
+    event.len = len as u32;
+    event._pad = 0;
+    let total = INPUT_EVENT_FIXED + len;
+    if total > size_of::<InputEvent>() {
+        return;
+    }
+    // SAFETY: total is within the scratch slot, checked above.
+    let bytes = unsafe { core::slice::from_raw_parts((event as *const InputEvent).cast::<u8>(), total) };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        count_lost(EventKind::Batch);
+    }
+}
