@@ -9,13 +9,18 @@
 //! continue, an output for the last token).
 //!
 //! A token is **generated** when it is its sequence's only token in the
-//! batch, asks for an output, and continues that sequence's positions after
-//! a prompt: one decode step. Everything else is **prompt**. A **request** is
+//! ubatch, asks for an output, and continues that sequence's positions right
+//! after a token whose output was asked for (the token sampled from it is
+//! this one): one decode step. Everything else is **prompt**, including the
+//! last token of a prompt fed in chunks. A **request** is
 //! a sequence's prompt and its generation: a new one starts when a sequence
 //! gets prompt tokens after generating, or its positions start over (a slot
 //! reused). Requests that never ask for an output compute nothing anyone
 //! reads (llama-batched-bench's warm-up batch) and, like decodes before
-//! llama.cpp's perf reset, are warm-up: counted apart.
+//! llama.cpp's perf reset, are warm-up: counted apart. Requests that never
+//! generate are counted apart too, as prompt-only: llama-server's start-up
+//! probe of its KV cache is one; so is a request for a single token, whose
+//! one output is sampled but never decoded.
 
 use std::collections::HashMap;
 
@@ -78,6 +83,8 @@ pub struct Request {
     /// own count of predicted tokens is this.
     pub outputs: u32,
     pub warmup: bool,
+    /// Not warm-up, and generated nothing (see the module comment).
+    pub prompt_only: bool,
     pub first_decode: u32,
     pub last_decode: u32,
     /// `(ubatch, tokens of this request in it)`.
@@ -93,6 +100,8 @@ pub struct TokenCounts {
     pub sequences: u64,
     pub requests: u64,
     pub warmup_tokens: u64,
+    pub prompt_only_requests: u64,
+    pub prompt_only_tokens: u64,
     /// Ubatches longer than ttrace records (`MAX_BATCH_TOKENS`): their tail
     /// tokens are not counted.
     pub truncated_batches: u64,
@@ -101,6 +110,8 @@ pub struct TokenCounts {
 #[derive(Default)]
 struct SeqState {
     last_pos: Option<i32>,
+    /// Whether its last token asked for an output.
+    last_output: bool,
     request: Option<usize>,
 }
 
@@ -139,6 +150,7 @@ pub fn classify(a: &mut Analysis) {
                 && per_seq[&seq] == 1
                 && output
                 && continues
+                && st.last_output
                 && open.is_some_and(|r| requests[r].prompt_tokens > 0);
             let r = match open {
                 Some(r) if generated || requests[r].generated_tokens == 0 => r,
@@ -150,6 +162,7 @@ pub fn classify(a: &mut Analysis) {
                 }
             };
             st.request = Some(r);
+            st.last_output = output;
             st.last_pos = pos.or(st.last_pos.map(|l| l + 1)).or(Some(0));
             let req = &mut requests[r];
             req.last_decode = decode.unwrap_or(req.last_decode);
@@ -167,6 +180,7 @@ pub fn classify(a: &mut Analysis) {
     // Never asked for an output: nothing was read from it.
     for r in &mut requests {
         r.warmup |= r.outputs == 0;
+        r.prompt_only = !r.warmup && r.generated_tokens == 0;
     }
     for u in &mut a.ubatches {
         let mut per_request: HashMap<u32, u32> = HashMap::new();
@@ -194,7 +208,8 @@ pub fn classify(a: &mut Analysis) {
             d.phase = if all_generated { Phase::Generate } else { Phase::Prompt };
         }
     }
-    let counted: Vec<&Request> = requests.iter().filter(|r| !r.warmup).collect();
+    let counted: Vec<&Request> = requests.iter().filter(|r| !r.warmup && !r.prompt_only).collect();
+    let prompt_only: Vec<&Request> = requests.iter().filter(|r| r.prompt_only).collect();
     let mut ids: Vec<i32> = counted.iter().map(|r| r.seq).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -208,6 +223,8 @@ pub fn classify(a: &mut Analysis) {
             .filter(|r| r.warmup)
             .map(|r| u64::from(r.prompt_tokens + r.generated_tokens))
             .sum(),
+        prompt_only_requests: prompt_only.len() as u64,
+        prompt_only_tokens: prompt_only.iter().map(|r| u64::from(r.prompt_tokens)).sum(),
         truncated_batches: truncated,
     });
     a.requests = requests;

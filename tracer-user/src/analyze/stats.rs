@@ -115,7 +115,28 @@ pub struct Stats {
     pub loaded_vs_used: Option<usage::Usage>,
     /// `None` for a model without MoE routing.
     pub moe: Option<moe::MoeStats>,
+    /// Per request (a sequence's prompt and generation; see `sequences`).
+    pub requests: Vec<RequestStats>,
     pub notes: Vec<String>,
+}
+
+/// A request's share of the ubatches it had tokens in: a ubatch that mixes
+/// several requests splits its weight bytes, disk bytes and faults between
+/// them by their token counts.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RequestStats {
+    pub index: u32,
+    pub seq: i32,
+    pub prompt_tokens: u32,
+    pub generated_tokens: u32,
+    pub outputs: u32,
+    pub warmup: bool,
+    pub prompt_only: bool,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub weight_bytes_per_token: f64,
+    pub disk_bytes: Option<f64>,
+    pub faults: f64,
 }
 
 #[derive(Default)]
@@ -366,6 +387,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
         }
         s.phases.push(p);
     }
+    s.requests = a.requests.iter().map(|r| request_stats(r, s, a)).collect();
     if s.tensors.iter().any(|t| t.upper_bound && t.tokens_touched > 0) {
         s.notes.push(
             "some MoE expert tensors are counted whole: their routing was not recorded (no \
@@ -376,6 +398,35 @@ fn finish(s: &mut Stats, a: &Analysis) {
     if !has_io {
         s.notes.push("this trace has no I/O records: disk bytes and major/minor faults are unknown".into());
     }
+}
+
+fn request_stats(r: &super::sequences::Request, s: &Stats, a: &Analysis) -> RequestStats {
+    let mut out = RequestStats {
+        index: r.index,
+        seq: r.seq,
+        prompt_tokens: r.prompt_tokens,
+        generated_tokens: r.generated_tokens,
+        outputs: r.outputs,
+        warmup: r.warmup,
+        prompt_only: r.prompt_only,
+        start_ns: u64::MAX,
+        ..Default::default()
+    };
+    let mut weight = 0.0;
+    for &(u, n) in &r.ubatches {
+        let (Some(us), Some(au)) = (s.ubatches.get(u as usize), a.ubatches.get(u as usize)) else { continue };
+        let share = f64::from(n) / au.tokens.len().max(1) as f64;
+        weight += us.weight_bytes as f64 * share;
+        out.faults += us.faults as f64 * share;
+        if let Some(d) = us.disk_bytes {
+            *out.disk_bytes.get_or_insert(0.0) += d as f64 * share;
+        }
+        out.start_ns = out.start_ns.min(us.start_ns);
+        out.end_ns = out.end_ns.max(us.start_ns + us.duration_ns);
+    }
+    out.start_ns = out.start_ns.min(out.end_ns);
+    out.weight_bytes_per_token = weight / f64::from((r.prompt_tokens + r.generated_tokens).max(1));
+    out
 }
 
 pub fn layer_key(layer: Option<u32>) -> String {

@@ -164,11 +164,15 @@ impl Summary {
             ),
         ));
         if let Some(t) = &self.tokens {
-            let warmup = if t.warmup_tokens > 0 {
-                format!(" ({} warm-up tokens apart)", t.warmup_tokens)
-            } else {
-                String::new()
-            };
+            let mut apart = Vec::new();
+            if t.warmup_tokens > 0 {
+                apart.push(format!("{} warm-up tokens", t.warmup_tokens));
+            }
+            if t.prompt_only_requests > 0 {
+                apart
+                    .push(format!("{} prompt-only requests ({} tokens)", t.prompt_only_requests, t.prompt_only_tokens));
+            }
+            let warmup = if apart.is_empty() { String::new() } else { format!(" ({} apart)", apart.join(", ")) };
             rows.push((
                 "tokens",
                 format!(

@@ -17,6 +17,42 @@ pub fn render(summary: &Summary) -> String {
     out
 }
 
+/// One line per request: a sequence's prompt and generation.
+fn render_requests(out: &mut String, s: &Stats) {
+    if s.requests.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nper request  seq  prompt  generated  outputs   weight bytes/token     disk read    faults  note"
+    );
+    const SHOWN: usize = 40;
+    for r in s.requests.iter().take(SHOWN) {
+        let note = if r.warmup {
+            "warm-up"
+        } else if r.prompt_only {
+            "prompt only"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {:<10} {:>4} {:>7} {:>10} {:>8} {:>20} {:>13} {:>9.1}  {note}",
+            r.index,
+            r.seq,
+            r.prompt_tokens,
+            r.generated_tokens,
+            r.outputs,
+            human_bytes(r.weight_bytes_per_token as u64),
+            r.disk_bytes.map_or_else(|| "n/a".to_string(), |d| human_bytes(d as u64)),
+            r.faults
+        );
+    }
+    if s.requests.len() > SHOWN {
+        let _ = writeln!(out, "  … {} more requests (`--json` has all)", s.requests.len() - SHOWN);
+    }
+}
+
 /// `ttrace report`'s sections after the summary: phases, per generated
 /// token, per layer and component, hot and cold weights.
 pub fn render_details(a: &Analysis, s: &Stats) -> String {
@@ -70,6 +106,7 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
             let _ = writeln!(out, "  … {} more tokens (`--json` has all)", generate.len() - SHOWN);
         }
     }
+    render_requests(&mut out, s);
     let _ = writeln!(out, "\nper layer       tensors        size   bytes/token");
     for l in &s.layers {
         let key = if l.key == "-" { "non-layer".to_string() } else { format!("layer {}", l.key) };
