@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 COLUMNS = [
     "seq", "kind", "ts_ns", "rel_ns", "dur_ns", "tid", "ubatch", "phase", "token_index", "name", "layer", "dst",
     "dst_memory", "srcs", "n_srcs", "weights_file", "weights_copy", "weight_bytes", "ith", "nth", "address", "ip",
-    "error_code", "fault_tensor", "file_offset", "op_seq", "dev", "sector", "io_bytes", "rwbs",
+    "error_code", "fault_tensor", "file_offset", "op_seq", "dev", "sector", "io_bytes", "rwbs", "seq_ids", "positions",
 ]
 UNSIGNED = {"seq": "uint64", "ts_ns": "uint64", "tid": "uint32", "weight_bytes": "uint64", "ubatch": "uint32"}
 CHROMIUM_FLAGS = [

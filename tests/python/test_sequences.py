@@ -14,7 +14,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+
+from test_exports import Pftrace, export, jsonl_rows
 
 # (prompt, n_predict): different prompt and output lengths.
 PROMPTS = [
@@ -69,6 +72,42 @@ def test_batched_bench_counts_equal_its_table(ttrace, tmp_path, paths, models):
     text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
     assert "tokens       80 prompt, 40 generated, 4 sequences" in text
     assert "per request" in text
+    check_exports(ttrace, trace, a, tmp_path)
+
+
+def expected_columns(tokens: list[dict]) -> tuple[str, str] | tuple[None, None]:
+    """`seq_ids` and `positions` of a ubatch, from the report's tokens."""
+    order: dict[int, list[int]] = {}
+    for t in tokens:
+        order.setdefault(t["seq"], []).append(t["pos"])
+    if not order:
+        return None, None
+    ranges = [str(min(p)) if min(p) == max(p) else f"{min(p)}-{max(p)}" for p in order.values()]
+    return ";".join(map(str, order)), ";".join(ranges)
+
+
+def check_exports(ttrace, trace: Path, a: dict, tmp_path: Path):
+    """Rows carry each ubatch's sequences and positions (JSONL and Parquet
+    alike); Perfetto has a track per sequence with a slice per ubatch."""
+    rows = jsonl_rows(ttrace, trace, tmp_path / "rows.jsonl")
+    want = {u["index"]: expected_columns(u["tokens"]) for u in a["ubatches"]}
+    ops = [r for r in rows if r["kind"] == "op"]
+    assert ops and all((r["seq_ids"], r["positions"]) == want[r["ubatch"]] for r in ops)
+    # The bench's generate steps: one token of each of the 4 sequences, at PP + i.
+    steps = [want[u["index"]] for u in a["ubatches"] if u["phase"] == "generate" and len(u["tokens"]) == 4]
+    assert steps == [("0;1;2;3", ";".join([str(16 + i)] * 4)) for i in range(8)]
+    table = pq.read_table(export(ttrace, trace, "parquet", tmp_path / "rows.parquet"))
+    assert table.column("seq_ids").to_pylist() == [r["seq_ids"] for r in rows]
+    assert table.column("positions").to_pylist() == [r["positions"] for r in rows]
+
+    pf = Pftrace(export(ttrace, trace, "perfetto", tmp_path / "t.pftrace").read_bytes())
+    for seq in range(4):
+        uuid = pf.by_name[f"sequence {seq}"]
+        names = pf.slice_names[uuid]
+        per_seq = [u for u in a["ubatches"] if any(t["seq"] == seq for t in u["tokens"])]
+        assert len(names) == len(per_seq) == pf.ends[uuid]
+        # Sequence 0 runs in both phases of the bench.
+        assert sum(n.endswith(f"generate {16 + i}") for n in names for i in range(8)) == (16 if seq == 0 else 8)
 
 
 def free_port() -> int:

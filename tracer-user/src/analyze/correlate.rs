@@ -91,6 +91,9 @@ pub struct Ubatch {
     pub tokens: Vec<sequences::TokenInfo>,
     #[serde(skip)]
     pub arrays: Option<sequences::UbatchArrays>,
+    /// The rows' `seq_ids` and `positions` columns (see [`sequences`]).
+    #[serde(skip)]
+    pub sequences: Option<(String, String)>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -283,6 +286,7 @@ impl Boundaries {
                     experts_used: BTreeMap::new(),
                     tokens: Vec::new(),
                     arrays: self.pending.remove(&m.tid),
+                    sequences: None,
                 });
                 self.current = Some(index as usize);
             }

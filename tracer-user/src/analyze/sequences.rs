@@ -183,6 +183,7 @@ pub fn classify(a: &mut Analysis) {
         r.prompt_only = !r.warmup && r.generated_tokens == 0;
     }
     for u in &mut a.ubatches {
+        u.sequences = columns(&u.tokens);
         let mut per_request: HashMap<u32, u32> = HashMap::new();
         for t in &mut u.tokens {
             if requests[t.request as usize].warmup {
@@ -228,4 +229,33 @@ pub fn classify(a: &mut Analysis) {
         truncated_batches: truncated,
     });
     a.requests = requests;
+}
+
+/// `seq_ids` and `positions` of a ubatch: its sequences in token order, and
+/// each one's positions as `first-last` (`first` alone for one token; `?`
+/// where positions were not recorded).
+fn columns(tokens: &[TokenInfo]) -> Option<(String, String)> {
+    let mut order: Vec<(i32, Option<i32>, Option<i32>)> = Vec::new();
+    for t in tokens {
+        match order.iter_mut().find(|(s, _, _)| *s == t.seq) {
+            Some((_, first, last)) => {
+                *first = first.zip(t.pos).map(|(f, p)| f.min(p));
+                *last = last.zip(t.pos).map(|(l, p)| l.max(p));
+            }
+            None => order.push((t.seq, t.pos, t.pos)),
+        }
+    }
+    if order.is_empty() {
+        return None;
+    }
+    let ids: Vec<String> = order.iter().map(|(s, _, _)| s.to_string()).collect();
+    let positions: Vec<String> = order
+        .iter()
+        .map(|(_, first, last)| match (first, last) {
+            (Some(f), Some(l)) if f == l => f.to_string(),
+            (Some(f), Some(l)) => format!("{f}-{l}"),
+            _ => "?".to_string(),
+        })
+        .collect();
+    Some((ids.join(";"), positions.join(";")))
 }

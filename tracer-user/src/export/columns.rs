@@ -27,7 +27,7 @@ const fn col(name: &'static str, ty: ColumnType, optional: bool, meaning: &'stat
 use ColumnType::{Text, U32, U64};
 
 /// Every row has every column, in this order.
-pub const COLUMNS: [Column; 30] = [
+pub const COLUMNS: [Column; 32] = [
     col("seq", U64, false, "order in the trace file (ops by start)"),
     col("kind", Text, false, "`op`, `marker`, `fault`, `page_cache`, `block`"),
     col("ts_ns", U64, false, "CLOCK_MONOTONIC"),
@@ -63,6 +63,8 @@ pub const COLUMNS: [Column; 30] = [
     col("sector", U64, true, "block: first 512-byte sector"),
     col("io_bytes", U64, true, "block: request bytes; page_cache: folio bytes"),
     col("rwbs", Text, true, "block: blktrace's R/W/S/M flags"),
+    col("seq_ids", Text, true, "the ubatch's sequence ids, in token order, joined by `;`"),
+    col("positions", Text, true, "per sequence of `seq_ids`: its tokens' positions (`first-last`), joined by `;`"),
 ];
 
 /// The JSONL keys and the CSV header, in order.

@@ -217,6 +217,8 @@ impl ParquetSink {
         c[27].u64(r.sector);
         c[28].u64(r.io_bytes);
         c[29].str(r.rwbs.map(|s| strings.id(s.as_bytes())));
+        c[30].str(r.seq_ids.map(|s| strings.id(s.as_bytes())));
+        c[31].str(r.positions.map(|s| strings.id(s.as_bytes())));
     }
 
     fn shape_ids(&mut self, r: &Cells) -> ShapeIds {

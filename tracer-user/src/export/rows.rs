@@ -55,6 +55,8 @@ pub struct Row {
     pub sector: Option<u64>,
     pub io_bytes: Option<u64>,
     pub rwbs: Option<String>,
+    pub seq_ids: Option<String>,
+    pub positions: Option<String>,
 }
 
 /// One row borrowed from its event and the tables, the same fields as [`Row`]:
@@ -92,6 +94,8 @@ pub struct Cells<'a> {
     pub sector: Option<u64>,
     pub io_bytes: Option<u64>,
     pub rwbs: Option<&'a str>,
+    pub seq_ids: Option<&'a str>,
+    pub positions: Option<&'a str>,
 }
 
 /// An op's source names; the `srcs` column joins them with `;`.
@@ -159,6 +163,8 @@ pub fn cells<'a>(event: &'a Event, t: &Tables<'a>) -> Option<Cells<'a>> {
         ubatch,
         phase: t.phase(ubatch).map(phase_name),
         token_index: t.token_index(ubatch),
+        seq_ids: sequences(t, ubatch).map(|s| s.0.as_str()),
+        positions: sequences(t, ubatch).map(|s| s.1.as_str()),
         ..Default::default()
     };
     match event {
@@ -232,8 +238,15 @@ pub fn op_context<'a>(e: &OpEvent, t: &Tables<'a>) -> Cells<'a> {
         token_index: t.token_index(e.ctx.ubatch),
         ith: Some(e.op.ith),
         nth: Some(e.op.nth),
+        seq_ids: sequences(t, e.ctx.ubatch).map(|s| s.0.as_str()),
+        positions: sequences(t, e.ctx.ubatch).map(|s| s.1.as_str()),
         ..Default::default()
     }
+}
+
+/// A ubatch's `seq_ids` and `positions` columns.
+fn sequences<'a>(t: &Tables<'a>, ubatch: Option<u32>) -> Option<&'a (String, String)> {
+    t.analysis.ubatches.get(ubatch? as usize)?.sequences.as_ref()
 }
 
 /// Whether an op's [`op_shape`] columns may be kept per op shape.
@@ -331,6 +344,8 @@ impl Cells<'_> {
             sector: self.sector,
             io_bytes: self.io_bytes,
             rwbs: self.rwbs.map(String::from),
+            seq_ids: self.seq_ids.map(String::from),
+            positions: self.positions.map(String::from),
         }
     }
 }

@@ -289,16 +289,17 @@ fn json_rest(c: &Cells, out: &mut Vec<u8>) {
     n(out, c.ith);
     out.extend_from_slice(b",\"nth\":");
     n(out, c.nth);
-    // An op's row ends in nulls only: one copy.
+    // An op's I/O columns are nulls only: one copy.
     if c.io_columns_empty() {
         out.extend_from_slice(
             b",\"address\":null,\"ip\":null,\"error_code\":null,\"fault_tensor\":null,\"file_offset\":null,\
-              \"op_seq\":null,\"dev\":null,\"sector\":null,\"io_bytes\":null,\"rwbs\":null}\n",
+              \"op_seq\":null,\"dev\":null,\"sector\":null,\"io_bytes\":null,\"rwbs\":null",
         );
-        return;
+    } else {
+        json_fields!(out, c; n address, n ip, n error_code, s fault_tensor, n file_offset, n op_seq, n dev, n sector,
+            n io_bytes, s rwbs);
     }
-    json_fields!(out, c; n address, n ip, n error_code, s fault_tensor, n file_offset, n op_seq, n dev, n sector,
-        n io_bytes, s rwbs);
+    json_fields!(out, c; s seq_ids, s positions);
     out.extend_from_slice(b"}\n");
 }
 
@@ -392,19 +393,21 @@ fn csv_rest(c: &Cells, out: &mut Vec<u8>) {
     cn(out, c.ith);
     cn(out, c.nth);
     if c.io_columns_empty() {
-        out.extend_from_slice(b",,,,,,,,,\n");
-        return;
+        out.extend_from_slice(b",,,,,,,,,,");
+    } else {
+        cn(out, c.address);
+        cn(out, c.ip);
+        cn(out, c.error_code);
+        cs(out, c.fault_tensor);
+        cn(out, c.file_offset);
+        cn(out, c.op_seq);
+        cn(out, c.dev);
+        cn(out, c.sector);
+        cn(out, c.io_bytes);
+        cs(out, c.rwbs);
     }
-    cn(out, c.address);
-    cn(out, c.ip);
-    cn(out, c.error_code);
-    cs(out, c.fault_tensor);
-    cn(out, c.file_offset);
-    cn(out, c.op_seq);
-    cn(out, c.dev);
-    cn(out, c.sector);
-    cn(out, c.io_bytes);
-    csv_field(out, c.rwbs.unwrap_or(""));
+    cs(out, c.seq_ids);
+    csv_field(out, c.positions.unwrap_or(""));
     out.push(b'\n');
 }
 

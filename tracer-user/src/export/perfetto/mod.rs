@@ -14,6 +14,9 @@
 //!   never overlap; with graph capture, which does not time ops, one per
 //!   weight a ubatch read, spanning the ubatch);
 //! - a counter `page faults per 10 ms` (uuid 3);
+//! - per sequence id a track `sequence S` (uuid `0x4_0000_0000 + S`): a
+//!   slice per ubatch it had tokens in, `request R: prompt N` or
+//!   `request R: generate POS` ([`sequences`]);
 //! - with I/O records: a `disk` group (uuid 4) with `disk requests N` lanes
 //!   (uuid 0x3_0000_0000 + N): a slice per block request from issue to
 //!   completion (overlapping requests on separate lanes), a counter
@@ -43,6 +46,7 @@
 
 mod disk;
 pub mod proto;
+mod sequences;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -132,6 +136,8 @@ struct PerfettoSink<W: Write> {
     /// Read requests counted in the cumulative counter and not completed.
     reads: HashSet<(u32, u64)>,
     read_bytes: u64,
+    /// Sequence tracks with a slice open for the current ubatch.
+    open_sequences: Vec<u64>,
 }
 
 struct PendingFault {
@@ -209,6 +215,7 @@ impl<W: Write> PerfettoSink<W> {
             next_op_flows: HashMap::new(),
             reads: HashSet::new(),
             read_bytes: 0,
+            open_sequences: Vec::new(),
         }
     }
 
@@ -259,6 +266,7 @@ impl<W: Write> PerfettoSink<W> {
             sibling_order_rank: Some(-1),
             ..track(FAULT_COUNTER_UUID, "page faults per 10 ms", Some(PROCESS_UUID))
         })?;
+        self.sequence_tracks(a)?;
         for (m, model) in a.models.iter().enumerate() {
             let m = m as u32;
             let file = model.files.first().map(|f| f.rsplit('/').next().unwrap_or(f)).unwrap_or("model");
@@ -407,8 +415,11 @@ impl<W: Write> Sink for PerfettoSink<W> {
                     };
                     self.event(m.ts_ns, e, InternedData::default())?;
                     self.ubatch_start = m.ts_ns;
+                    let tokens = t.analysis.ubatches.get(u as usize).map_or(&[][..], |x| &x.tokens[..]);
+                    self.sequence_slices_begin(m.ts_ns, tokens)?;
                 } else if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
                     self.ubatch_weight_slices(m.ts_ns, t)?;
+                    self.sequence_slices_end(m.ts_ns)?;
                     self.end(m.ts_ns, UBATCH_UUID)?;
                 }
             }

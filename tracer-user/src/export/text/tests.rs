@@ -51,6 +51,10 @@ fn reference_csv(r: &Row) -> String {
     let _ =
         write!(line, ",{},{},{},{},{},", opt(r.file_offset), opt(r.op_seq), o32(r.dev), opt(r.sector), opt(r.io_bytes));
     push_field(&mut line, r.rwbs.as_deref().unwrap_or(""));
+    line.push(',');
+    push_field(&mut line, r.seq_ids.as_deref().unwrap_or(""));
+    line.push(',');
+    push_field(&mut line, r.positions.as_deref().unwrap_or(""));
     line.push('\n');
     line
 }
@@ -99,6 +103,8 @@ fn full<'a>(name: &'a str, srcs: &[&'a str]) -> Cells<'a> {
         sector: Some(99),
         io_bytes: Some(512),
         rwbs: Some(name),
+        seq_ids: Some("0;3"),
+        positions: Some("0-15;16"),
     }
 }
 
