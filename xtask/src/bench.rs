@@ -4,6 +4,7 @@
 
 mod overhead;
 mod parts;
+mod server;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command};
 
@@ -64,7 +65,7 @@ fn met(ok: bool) -> &'static str {
     if ok { "**met**" } else { "**not met**" }
 }
 
-pub fn run(rounds: usize, quick: bool) -> Result<()> {
+pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
     if !shell::is_root() {
         bail!("`cargo xtask bench` loads eBPF programs and needs root: run it with sudo");
     }
@@ -80,8 +81,13 @@ pub fn run(rounds: usize, quick: bool) -> Result<()> {
     let tokens = if quick { 16 } else { 256 };
     let ctx = Ctx { paths, ttrace, out_dir, flushlog, rounds, tokens, quick };
     let model = ctx.paths.models.get("gemma").context("set-up fetched no `gemma` model")?.clone();
+    if server_only {
+        return server_part_only(&ctx, &model, &root);
+    }
 
     let samples = overhead::run(&ctx, &model)?;
+    eprintln!("bench: llama-server under {} concurrent clients", server::CLIENTS);
+    let served = server::run(&ctx, &model)?;
     eprintln!("bench: profile of one traced run");
     let profile = parts::profile(&ctx, &model)?;
     eprintln!("bench: ingest throughput");
@@ -95,6 +101,9 @@ pub fn run(rounds: usize, quick: bool) -> Result<()> {
     let mut csv = String::from("part,key,round,value\n");
     for s in &samples {
         writeln!(csv, "overhead_tokens_per_s,{}-t{},{},{}", s.variant, s.threads, s.round, s.tokens_per_s)?;
+    }
+    for s in &served {
+        writeln!(csv, "server_requests_per_s,{},{},{}", s.variant, s.round, s.requests_per_s)?;
     }
     for s in &ingest.steps {
         let key = if s.traced { format!("traced_{}x{}", s.threads, s.offered) } else { "untraced".into() };
@@ -130,9 +139,63 @@ pub fn run(rounds: usize, quick: bool) -> Result<()> {
     std::fs::create_dir_all(root.join("docs"))?;
     std::fs::write(root.join("docs/benchmarks.csv"), csv)?;
 
-    let md = render(&ctx, &samples, &profile, &ingest, size.as_ref(), *export_trace_bytes, exports)?;
+    let mut md = render(&ctx, &samples, &profile, &ingest, size.as_ref(), *export_trace_bytes, exports)?;
+    server_section(&mut md, &ctx, &served)?;
     std::fs::write(root.join("docs/BENCHMARKS.md"), md)?;
     println!("bench: wrote docs/BENCHMARKS.md and docs/benchmarks.csv");
+    Ok(())
+}
+
+/// `--server-only`: measure the server part and put its section in place
+/// of the old one (or at the end) of docs/BENCHMARKS.md.
+fn server_part_only(ctx: &Ctx, model: &std::path::Path, root: &std::path::Path) -> Result<()> {
+    let served = server::run(ctx, model)?;
+    let mut section = String::new();
+    server_section(&mut section, ctx, &served)?;
+    let path = root.join("docs/BENCHMARKS.md");
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let heading = "\n## llama-server under";
+    let new = match old.find(heading) {
+        Some(start) => {
+            let rest = &old[start + heading.len()..];
+            let end = rest.find("\n## ").map_or(old.len(), |e| start + heading.len() + e);
+            format!("{}{}{}", &old[..start], section, &old[end..])
+        }
+        None => format!("{old}{section}"),
+    };
+    std::fs::write(&path, new)?;
+    println!("bench: wrote the llama-server section of docs/BENCHMARKS.md");
+    Ok(())
+}
+
+fn server_section(md: &mut String, ctx: &Ctx, served: &[server::ServerSample]) -> Result<()> {
+    writeln!(md, "\n## llama-server under {} concurrent clients\n", server::CLIENTS)?;
+    writeln!(
+        md,
+        "`llama-server -np {clients} -c 4096 -t 2` on the real model, loopback; per round, after one warm-up wave, {waves} waves \
+         of {clients} concurrent `/completion` requests (curl; `n_predict` {n}, `ignore_eos`, `cache_prompt` false) are \
+         timed. {} interleaved rounds (A B, then B A, …). Figure: requests per second of wall time.\n",
+        ctx.rounds,
+        clients = server::CLIENTS,
+        waves = server::WAVES,
+        n = server::N_PREDICT,
+    )?;
+    let by = |v: &str| served.iter().filter(|s| s.variant == v).map(|s| s.requests_per_s).collect::<Vec<_>>();
+    let get = |r: usize, v: &str| served.iter().find(|s| s.round == r && s.variant == v).map(|s| s.requests_per_s);
+    let ratios: Vec<f64> = (1..=ctx.rounds).filter_map(|r| Some(get(r, "B")? / get(r, "A")?)).collect();
+    writeln!(md, "| run | setup | median requests/s | min–max |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    for (v, what) in [("A", "untraced"), ("B", "ttrace run (graph capture, sequences)")] {
+        let xs = by(v);
+        let (lo, hi) = min_max(&xs);
+        writeln!(md, "| {v} | {what} | {:.3} | {lo:.3}–{hi:.3} |", median(&xs))?;
+    }
+    let (lo, hi) = min_max(&ratios);
+    writeln!(
+        md,
+        "\n- Traced/untraced request throughput, median of per-round ratios: {:.3} ({lo:.3}–{hi:.3})\n",
+        median(&ratios)
+    )?;
     Ok(())
 }
 
@@ -293,7 +356,7 @@ fn render(
         let per_token: u64 = profile
             .programs
             .iter()
-            .filter(|p| ["graph_compute", "argsort", "call_"].iter().any(|k| p.0.starts_with(k)))
+            .filter(|p| ["graph_compute", "argsort", "call_", "ubatch"].iter().any(|k| p.0.starts_with(k)))
             .map(|p| p.2)
             .sum();
         if let Some(&(_, graphs, graph_ns)) = profile.programs.iter().find(|p| p.0 == "graph_compute") {

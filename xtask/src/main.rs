@@ -39,6 +39,9 @@ enum Task {
         /// Smoke run: at most 3 rounds, 16 tokens, a small export trace.
         #[arg(long)]
         quick: bool,
+        /// Only the llama-server part: rewrites that section of docs/BENCHMARKS.md.
+        #[arg(long)]
+        server_only: bool,
     },
     /// rustfmt and clippy (-D warnings) on the host crates, and clippy on the eBPF crate for its bpf target.
     Lint,
@@ -52,7 +55,7 @@ fn main() {
         Task::Setup => setup::run().map(drop),
         Task::Demo => demo::run(),
         Task::Test { cargo_args } => test::run(&cargo_args),
-        Task::Bench { rounds, quick } => bench::run(rounds, quick),
+        Task::Bench { rounds, quick, server_only } => bench::run(rounds, quick, server_only),
         Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
     };
