@@ -261,7 +261,9 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let tokens_per_s = overhead::eval_tokens_per_s(&text);
     programs.retain(|p| {
-        ["graph_compute", "argsort", "call_", "ggml", "page", "filemap", "block"].iter().any(|k| p.0.starts_with(k))
+        ["graph_compute", "argsort", "call_", "ubatch", "ggml", "page", "filemap", "block"]
+            .iter()
+            .any(|k| p.0.starts_with(k))
     });
     Ok(Profile { tokens_per_s, programs, perf_stat: perf_stat.filter(|s| !s.is_empty()) })
 }
