@@ -120,18 +120,12 @@ pub struct Stats {
     pub notes: Vec<String>,
 }
 
-/// A request's share of the ubatches it had tokens in: a ubatch that mixes
-/// several requests splits its weight bytes, disk bytes and faults between
-/// them by their token counts.
+/// What request `index` (of `Analysis::requests`) cost, as its share of the
+/// ubatches it had tokens in: a ubatch that mixes several requests splits its
+/// weight bytes, disk bytes and faults between them by their token counts.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RequestStats {
     pub index: u32,
-    pub seq: i32,
-    pub prompt_tokens: u32,
-    pub generated_tokens: u32,
-    pub outputs: u32,
-    pub warmup: bool,
-    pub prompt_only: bool,
     pub start_ns: u64,
     pub end_ns: u64,
     pub weight_bytes_per_token: f64,
@@ -401,17 +395,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
 }
 
 fn request_stats(r: &super::sequences::Request, s: &Stats, a: &Analysis) -> RequestStats {
-    let mut out = RequestStats {
-        index: r.index,
-        seq: r.seq,
-        prompt_tokens: r.prompt_tokens,
-        generated_tokens: r.generated_tokens,
-        outputs: r.outputs,
-        warmup: r.warmup,
-        prompt_only: r.prompt_only,
-        start_ns: u64::MAX,
-        ..Default::default()
-    };
+    let mut out = RequestStats { index: r.index, start_ns: u64::MAX, ..Default::default() };
     let mut weight = 0.0;
     for &(u, n) in &r.ubatches {
         let (Some(us), Some(au)) = (s.ubatches.get(u as usize), a.ubatches.get(u as usize)) else { continue };

@@ -18,8 +18,8 @@ pub fn render(summary: &Summary) -> String {
 }
 
 /// One line per request: a sequence's prompt and generation.
-fn render_requests(out: &mut String, s: &Stats) {
-    if s.requests.is_empty() {
+fn render_requests(out: &mut String, a: &Analysis, s: &Stats) {
+    if a.requests.is_empty() {
         return;
     }
     let _ = writeln!(
@@ -27,7 +27,7 @@ fn render_requests(out: &mut String, s: &Stats) {
         "\nper request  seq  prompt  generated  outputs   weight bytes/token     disk read    faults  note"
     );
     const SHOWN: usize = 40;
-    for r in s.requests.iter().take(SHOWN) {
+    for (r, cost) in a.requests.iter().zip(&s.requests).take(SHOWN) {
         let note = if r.warmup {
             "warm-up"
         } else if r.prompt_only {
@@ -43,9 +43,9 @@ fn render_requests(out: &mut String, s: &Stats) {
             r.prompt_tokens,
             r.generated_tokens,
             r.outputs,
-            human_bytes(r.weight_bytes_per_token as u64),
-            r.disk_bytes.map_or_else(|| "n/a".to_string(), |d| human_bytes(d as u64)),
-            r.faults
+            human_bytes(cost.weight_bytes_per_token as u64),
+            cost.disk_bytes.map_or_else(|| "n/a".to_string(), |d| human_bytes(d as u64)),
+            cost.faults
         );
     }
     if s.requests.len() > SHOWN {
@@ -106,7 +106,7 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
             let _ = writeln!(out, "  … {} more tokens (`--json` has all)", generate.len() - SHOWN);
         }
     }
-    render_requests(&mut out, s);
+    render_requests(&mut out, a, s);
     let _ = writeln!(out, "\nper layer       tensors        size   bytes/token");
     for l in &s.layers {
         let key = if l.key == "-" { "non-layer".to_string() } else { format!("layer {}", l.key) };
@@ -155,6 +155,5 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
     for note in &s.notes {
         let _ = writeln!(out, "\nnote: {note}{}", if note.starts_with("MoE") { " (marked *)" } else { "" });
     }
-    let _ = a;
     out
 }
