@@ -2,6 +2,7 @@
 //! export speed and a profile of a traced run, written to
 //! `docs/BENCHMARKS.md` with the raw numbers in `docs/benchmarks.csv`.
 
+mod attach;
 mod overhead;
 mod parts;
 mod server;
@@ -53,7 +54,7 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-fn min_max(v: &[f64]) -> (f64, f64) {
+pub fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
 
@@ -61,7 +62,7 @@ fn cmd_line(cmd: &mut Command) -> String {
     shell::output(cmd).map(|s| s.lines().next().unwrap_or("").trim().to_string()).unwrap_or_else(|e| format!("? ({e})"))
 }
 
-fn met(ok: bool) -> &'static str {
+pub fn met(ok: bool) -> &'static str {
     if ok { "**met**" } else { "**not met**" }
 }
 
@@ -97,6 +98,9 @@ pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
     let size = summary.as_deref().map(|s| parts::size(&ctx, s, &ctx.out_dir.join("overhead-B.data"))).transpose()?;
     eprintln!("bench: export speed");
     let export = parts::export(&ctx)?;
+    eprintln!("bench: attach latency");
+    let tiny = ctx.paths.models.get("tiny").context("set-up generated no `tiny` model")?.clone();
+    let attached = attach::run(&ctx, &tiny)?;
 
     let mut csv = String::from("part,key,round,value\n");
     for s in &samples {
@@ -132,6 +136,12 @@ pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
         }
         writeln!(csv, "export_events,{},,{}", e.format, e.events)?;
     }
+    for a in &attached {
+        writeln!(csv, "attach_first_op_secs,tiny,{},{}", a.round, a.first_op_secs)?;
+    }
+    for a in &attached {
+        writeln!(csv, "attach_first_op_secs,tiny,{},{}", a.round, a.first_op_secs)?;
+    }
     for (name, cnt, ns) in &profile.programs {
         writeln!(csv, "profile_bpf_run_cnt,{name},,{cnt}")?;
         writeln!(csv, "profile_bpf_run_time_ns,{name},,{ns}")?;
@@ -140,6 +150,7 @@ pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
     std::fs::write(root.join("docs/benchmarks.csv"), csv)?;
 
     let mut md = render(&ctx, &samples, &profile, &ingest, size.as_ref(), *export_trace_bytes, exports)?;
+    attach::section(&mut md, &attached)?;
     server_section(&mut md, &ctx, &served)?;
     std::fs::write(root.join("docs/BENCHMARKS.md"), md)?;
     println!("bench: wrote docs/BENCHMARKS.md and docs/benchmarks.csv");

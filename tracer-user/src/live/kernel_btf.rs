@@ -6,8 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use btfparse::{Integer32Value, Offset, Readable, TypeInformation, TypeVariant};
 use tracer_common::kernel::KernelLayout;
+
+use crate::live::btf_index::BtfIndex;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -17,60 +18,30 @@ pub enum BtfError {
         "cannot read the kernel's BTF at {path}: {source} (kernels without CONFIG_DEBUG_INFO_BTF need --tracepoints perf)"
     )]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("cannot parse the kernel's BTF at {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    #[error("cannot parse the kernel's BTF at {path}: {source}")]
+    Parse { path: PathBuf, source: crate::live::btf_index::FormatError },
     #[error("the kernel's BTF has no `{0}`: this kernel's layout is not one ttrace knows; use --tracepoints perf")]
     Missing(String),
 }
 
-/// The BTF bytes, for [`btfparse`].
-struct Bytes(Vec<u8>);
+struct Types<'a>(BtfIndex<'a>);
 
-impl Readable for Bytes {
-    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        match self.0.get(start..start.saturating_add(buffer.len())) {
-            Some(bytes) => {
-                buffer.copy_from_slice(bytes);
-                Ok(())
-            }
-            None => Err(btfparse::Error::new(btfparse::ErrorKind::IOError, "read past the end of the BTF data")),
-        }
-    }
-}
-
-struct Types(TypeInformation);
-
-impl Types {
+impl Types<'_> {
     fn offset(&self, ty: &str, member: &str) -> Result<u32, BtfError> {
-        let missing = || BtfError::Missing(format!("struct {ty}.{member}"));
-        let id = self.0.id_of(ty).ok_or_else(missing)?;
-        match self.0.offset_of(id, member).map_err(|_| missing())? {
-            (_, Offset::ByteOffset(bytes)) => Ok(bytes),
-            // Bitfields: none of the fields read here is one.
-            (_, Offset::BitOffsetAndSize(..)) => Err(missing()),
-        }
+        self.0.member_offset(ty, member).ok_or_else(|| BtfError::Missing(format!("struct {ty}.{member}")))
     }
 
     /// Value of enumerator `name` of `enum ty`.
     fn enum_value(&self, ty: &str, name: &str) -> Result<u32, BtfError> {
-        let missing = || BtfError::Missing(format!("enum {ty}::{name}"));
-        let id = self.0.id_of(ty).ok_or_else(missing)?;
-        let Some(TypeVariant::Enum(e)) = self.0.from_id(id) else { return Err(missing()) };
-        let value = e.named_value_list().iter().find(|v| v.name == name).ok_or_else(missing)?;
-        Ok(match value.value {
-            Integer32Value::Unsigned(v) => v,
-            Integer32Value::Signed(v) => v as u32,
-        })
+        self.0.enum_value(ty, name).ok_or_else(|| BtfError::Missing(format!("enum {ty}::{name}")))
     }
 }
 
 /// Resolve the layout from the BTF file at `path` (normally [`VMLINUX_BTF`]).
 pub fn resolve(path: &Path) -> Result<KernelLayout, BtfError> {
     let bytes = std::fs::read(path).map_err(|source| BtfError::Read { path: path.into(), source })?;
-    let types = TypeInformation::new(&Bytes(bytes))
-        .map_err(|e| BtfError::Parse { path: path.into(), message: e.message().to_string() })?;
-    layout(&Types(types))
+    let index = BtfIndex::new(&bytes).map_err(|source| BtfError::Parse { path: path.into(), source })?;
+    layout(&Types(index))
 }
 
 fn layout(t: &Types) -> Result<KernelLayout, BtfError> {

@@ -5,6 +5,7 @@
 
 pub mod collect;
 pub mod graphs;
+pub mod btf_index;
 pub mod kernel_btf;
 pub mod load;
 pub mod privileges;

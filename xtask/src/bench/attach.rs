@@ -1,0 +1,125 @@
+//! Attach latency: how long after `ttrace attach` starts the kernel records
+//! its first op, on a llama-completion that is already generating. Measured
+//! from just before the spawn (CLOCK_MONOTONIC) to the first op's kernel
+//! timestamp (the same clock), read back through `ttrace export --format
+//! jsonl`, so it covers process start, loading and verifying the programs,
+//! attaching them and the wait for the target's next graph.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::Ctx;
+
+/// The goal of issue 24: the first op within half a second.
+pub const GOAL_SECS: f64 = 0.5;
+
+pub struct AttachSample {
+    pub round: usize,
+    pub first_op_secs: f64,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: writes into the timespec passed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A generation long enough to outlast the round.
+fn start_target(ctx: &Ctx, model: &Path) -> Result<Child> {
+    let mut cmd = Command::new(&ctx.paths.llama.completion);
+    cmd.arg("-m").arg(model);
+    cmd.args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "--context-shift", "-t", "2"]);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = cmd.spawn().context("starting llama-completion")?;
+    // Generating: its CPU library mapped, then a second of steady state.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap_or_default();
+        if maps.contains("libggml-cpu") {
+            break;
+        }
+        if Instant::now() > deadline || child.try_wait()?.is_some() {
+            let _ = child.kill();
+            bail!("llama-completion did not load libggml-cpu within 60 s");
+        }
+        sleep(Duration::from_millis(20));
+    }
+    sleep(Duration::from_secs(1));
+    Ok(child)
+}
+
+/// Kernel timestamp of the first op in a trace, from its jsonl export.
+fn first_op_ns(ctx: &Ctx, trace: &Path) -> Result<u64> {
+    let jsonl = trace.with_extension("jsonl");
+    crate::shell::run(Command::new(&ctx.ttrace).arg("export").arg(trace).args(["--format", "jsonl", "-o"]).arg(&jsonl))?;
+    let text = std::fs::read_to_string(&jsonl)?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|row| row["kind"] == "op")
+        .and_then(|row| row["ts_ns"].as_u64())
+        .with_context(|| format!("no op in {}", trace.display()))
+}
+
+fn one_round(ctx: &Ctx, model: &Path, round: usize) -> Result<AttachSample> {
+    let mut target = start_target(ctx, model)?;
+    let trace = ctx.out_dir.join("attach.data");
+    let spawned = monotonic_ns();
+    let tracer = Command::new(&ctx.ttrace)
+        .args(["attach", "--pid", &target.id().to_string(), "-o"])
+        .arg(&trace)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let result = tracer.context("starting ttrace attach").and_then(|mut tracer| {
+        // Generous: the figure comes from the trace, not from this wait.
+        sleep(Duration::from_secs(5));
+        // SAFETY: plain kill(2) on a child we own.
+        unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+        let status = tracer.wait()?;
+        if !status.success() {
+            bail!("ttrace attach exited with {status}");
+        }
+        first_op_ns(ctx, &trace)
+    });
+    let _ = target.kill();
+    let _ = target.wait();
+    let first = result?;
+    Ok(AttachSample { round, first_op_secs: first.saturating_sub(spawned) as f64 / 1e9 })
+}
+
+pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<AttachSample>> {
+    (1..=ctx.rounds.max(3))
+        .map(|round| {
+            let s = one_round(ctx, model, round)?;
+            eprintln!("bench: attach round {round}: first op {:.3} s after start", s.first_op_secs);
+            Ok(s)
+        })
+        .collect()
+}
+
+/// The section of docs/BENCHMARKS.md.
+pub fn section(md: &mut String, samples: &[AttachSample]) -> Result<()> {
+    use std::fmt::Write as _;
+    let secs: Vec<f64> = samples.iter().map(|s| s.first_op_secs).collect();
+    let median = super::median(&secs);
+    let (lo, hi) = super::min_max(&secs);
+    writeln!(md, "\n## Attach latency\n")?;
+    writeln!(
+        md,
+        "`ttrace attach --pid N` on a llama-completion already generating on the `tiny` model (`-t 2`): time from \
+         just before ttrace is spawned to the kernel timestamp of the first op it records (read back from the \
+         trace's jsonl export), over {} rounds, each with a new target. It covers process start, reading the \
+         kernel's BTF, loading and verifying the programs, attaching them and the wait for the target's next graph.\n",
+        secs.len()
+    )?;
+    writeln!(md, "| median | min–max |\n|---|---|\n| {median:.3} s | {lo:.3}–{hi:.3} s |\n")?;
+    writeln!(md, "- Goal ≤ {GOAL_SECS} s: {} ({median:.3} s)", super::met(median <= GOAL_SECS))?;
+    Ok(())
+}
