@@ -138,7 +138,8 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
     }
     let n_gen = generate.len() as u64;
     let mut hot: Vec<_> = s.tensors.iter().collect();
-    hot.sort_by_key(|t| (std::cmp::Reverse(t.tokens_touched), std::cmp::Reverse(t.size_bytes)));
+    // Most tokens first, then most bytes read.
+    hot.sort_by_key(|t| std::cmp::Reverse((t.tokens_touched, t.generate_weight_bytes, t.size_bytes)));
     let tensor_line = |out: &mut String, t: &TensorStats| {
         let _ = writeln!(
             out,
