@@ -3,7 +3,9 @@ per ubatch, the nodes ttrace records (op, name) are the nodes the scheduler
 computed, in order, and the GET_ROWS indices ttrace records are the token
 ids llama.cpp embedded. The oracle (graph_oracle.py with --oracle) and the
 traced run (the same script, untouched) decode greedily on the same build and
-thread count, so both compute the same tokens. Needs root."""
+thread count, so both compute the same tokens. The same run checks the
+weight bytes charged per op, ubatch, tensor, layer and component against the
+oracle's GET_ROWS rows and MoE routing. Needs root."""
 from __future__ import annotations
 
 import json
@@ -131,3 +133,26 @@ def test_graph_nodes_and_token_ids_match_the_eval_callback(ttrace, tmp_path, mod
                 experts_checked += 1
     assert checked >= len(oracle["ubatches"])
     assert bool(experts_checked) == (k > 0)
+
+    # The report's per-tensor, layer and component tables charge what the
+    # ubatches charge: over the generate ubatches they sum to their
+    # weight_bytes to the byte, the embedding is the rows looked up and an
+    # expert tensor the routed experts' slices, as the oracle says.
+    stats = report["stats"]
+    generate = [u["index"] for u in stats["ubatches"] if u["phase"] == "generate"]
+    assert generate == list(range(1, len(oracle["ubatches"])))
+    total = sum(stats["ubatches"][u]["weight_bytes"] for u in generate)
+    for key in ("tensors", "layers", "components"):
+        assert sum(g["generate_weight_bytes"] for g in stats[key]) == total, key
+        for g in stats[key]:
+            assert g["bytes_per_token"] == pytest.approx(g["generate_weight_bytes"] / len(generate)), g
+    charged = {t["name"]: t for t in stats["tensors"]}
+    if "output.weight" in table:
+        rows = sum(per_op[u][("GET_ROWS", "token_embd.weight")] for u in generate)
+        (embd_component,) = [g for g in stats["components"] if g["key"] == "token_embd"]
+        assert charged["token_embd.weight"]["generate_weight_bytes"] == embd_component["generate_weight_bytes"] == rows
+    for tname in (t for t in table if t.endswith("_exps.weight")):
+        routed_slices = sum(per_op[u][("MUL_MAT_ID", tname)] for u in generate)
+        assert charged[tname]["generate_weight_bytes"] == routed_slices, tname
+        assert not charged[tname]["upper_bound"], tname
+    assert not any(g["upper_bound"] for g in stats["components"] + stats["layers"])

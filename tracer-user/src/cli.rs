@@ -51,6 +51,14 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     /// stickiness, per-expert disk reads) and loaded vs used (bytes brought
     /// into the page cache, read from disk and read by some op, per tensor,
     /// expert, layer and phase). Needs no root.
+    ///
+    /// Weight bytes per token (per generated token, and per tensor, layer and
+    /// component: `stats.*.bytes_per_token` in --json, the mean of
+    /// `generate_weight_bytes`) charge each tensor once per ubatch with the
+    /// most one of its ops read: the rows a GET_ROWS looked up, the routed
+    /// experts' slices of an MoE expert tensor, else the view read. The tables
+    /// sum to the generate ubatches' `weight_bytes`. `*` (`upper_bound`) marks
+    /// figures that count an expert tensor whole: its routing was not recorded.
     #[command(
         after_help = "Examples:\n  ttrace report ttrace.data\n  ttrace report ttrace.data --json | jq '.ubatches[0]'\n  \
 ttrace report moe.data --json | jq '.stats.moe.layers[0].phases'\n  \

@@ -3,9 +3,13 @@
 //! per weight tensor.
 //!
 //! Weight bytes of a ubatch are summed over the distinct weight tensors it
-//! read, each counted with the largest view read (the whole tensor for a
-//! plain matrix). MoE expert tensors count the routed experts' slices when
-//! their layer's routing was recorded, else whole, and any figure that then
+//! read, each charged by [`Tables::weight_read`] with the largest read in
+//! the ubatch: the rows a GET_ROWS looked up, the routed experts' slices of
+//! an MoE expert tensor, else the view an op read (the whole tensor for a
+//! plain matrix). Per tensor, layer and component, bytes per token are those
+//! same charges summed over the generate ubatches, so they add up to the
+//! ubatches' `weight_bytes` to the byte. Expert tensors whose layer's
+//! routing was not recorded are charged whole, and any figure that then
 //! includes them is an upper bound (`upper_bound`). Disk bytes and
 //! major/minor faults come from `correlate::io` (block requests mapped to
 //! model-file bytes); they are `null` for traces without I/O records.
@@ -18,12 +22,10 @@ use tracer_common::markers;
 
 use super::io::When;
 use super::{
-    Analysis, Phase, moe,
-    tensor::{is_expert_tensor, model_tensor, op_weight_bytes, weight_of},
-    usage,
-    walk::{self, Event, Sink, Tables},
+    Analysis, Phase, moe, usage,
+    walk::{self, Event, Sink, Tables, WeightRead},
 };
-use crate::format::TraceError;
+use crate::format::{Descriptor, TraceError};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct UbatchStats {
@@ -50,9 +52,6 @@ pub struct UbatchStats {
     pub faults_minor: Option<u64>,
     /// Model tensors with bytes read from disk during the graph.
     pub disk_tensors: Option<u64>,
-    /// Weight bytes per layer (`None` = not in a layer).
-    #[serde(skip)]
-    pub layer_bytes: BTreeMap<Option<u32>, u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -74,8 +73,14 @@ pub struct GroupStats {
     pub key: String,
     pub tensors: u64,
     pub size_bytes: u64,
-    /// Mean weight bytes per generated token.
+    /// Weight bytes its tensors were charged over all generate ubatches
+    /// (see the module comment); summed over the groups, the generate
+    /// ubatches' `weight_bytes`.
+    pub generate_weight_bytes: u64,
+    /// Mean weight bytes per generated token: `generate_weight_bytes` over
+    /// the generate ubatches.
     pub bytes_per_token: f64,
+    /// Includes an MoE expert tensor charged whole (routing not recorded).
     pub upper_bound: bool,
 }
 
@@ -90,12 +95,18 @@ pub struct TensorStats {
     pub component: String,
     /// Generated tokens whose ubatch read it.
     pub tokens_touched: u64,
+    /// Weight bytes it was charged over all generate ubatches (see the
+    /// module comment), and their mean per generated token.
+    pub generate_weight_bytes: u64,
+    pub bytes_per_token: f64,
     pub ubatches_touched: u64,
     pub file_backed_accesses: u64,
     pub copy_accesses: u64,
     pub faults: u64,
     /// Bytes of it read from disk over the whole run (`null`: no I/O records).
     pub disk_bytes: Option<u64>,
+    /// A generate ubatch charged it whole: an MoE expert tensor whose
+    /// routing was not recorded.
     pub upper_bound: bool,
     /// Per ubatch: 0 untouched, 1 read via the file, 2 read as a copy, +4
     /// faulted, +8 bytes of it read from disk (`correlate::io`).
@@ -136,8 +147,8 @@ pub struct RequestStats {
 #[derive(Default)]
 struct Collector {
     stats: Stats,
-    /// The ubatch being summed: (model, tensor) → largest access bytes.
-    open: BTreeMap<u32, BTreeMap<(u32, u32), u64>>,
+    /// The ubatch being summed: (model, tensor) → its charge so far.
+    open: BTreeMap<u32, BTreeMap<(u32, u32), Charge>>,
     tensor_index: BTreeMap<(u32, u32), usize>,
     usage: Option<usage::Collector>,
 }
@@ -169,7 +180,6 @@ pub fn collect(trace: &Path, a: &Analysis, progress: &ProgressBar) -> Result<Sta
                 size_bytes: x.size_bytes,
                 layer: x.layer,
                 component: x.component.clone(),
-                upper_bound: is_expert_tensor(x),
                 cells: vec![0; a.ubatches.len()],
                 ..Default::default()
             });
@@ -197,14 +207,13 @@ impl Sink for Collector {
                 let Some(us) = self.stats.ubatches.get_mut(u as usize) else { return Ok(()) };
                 us.ops += 1;
                 let open = self.open.entry(u).or_default();
-                let name = tables.op_name(&e.op);
-                let slotted: Vec<(u32, &_)> = e.op.srcs.iter().map(|&(s, id)| (s, tables.descriptor(id))).collect();
-                for &(slot, d) in &slotted {
-                    let Some(w) = weight_of(d) else { continue };
-                    let Some(t) = model_tensor(tables.models, w.model, w.tensor) else { continue };
-                    let bytes = op_weight_bytes(&name, slot, d, t, &slotted);
-                    let slot = open.entry((w.model, w.tensor)).or_default();
-                    *slot = (*slot).max(bytes);
+                let name = tables.op_name_ref(&e.op);
+                let slotted: Vec<(u32, &Descriptor)> =
+                    e.op.srcs.iter().map(|&(s, id)| (s, tables.descriptor(id))).collect();
+                for &source in &slotted {
+                    let Some(read) = tables.weight_read(&name, Some(u), source, &slotted) else { continue };
+                    let w = read.weight;
+                    open.entry((w.model, w.tensor)).or_default().add(&read);
                     if w.copy {
                         us.copy_accesses += 1;
                     } else {
@@ -224,27 +233,19 @@ impl Sink for Collector {
             }
             Event::Marker(ctx, m) if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN => {
                 let Some(u) = ctx.ubatch else { return Ok(()) };
-                let weights = self.open.remove(&u).unwrap_or_default();
+                let charges = self.open.remove(&u).unwrap_or_default();
                 let Some(us) = self.stats.ubatches.get_mut(u as usize) else { return Ok(()) };
-                let correlated = tables.analysis.ubatches.get(u as usize);
-                for (&(m, t), &bytes) in &weights {
-                    // Expert tensors whose routing was recorded: the routed slices.
-                    let routed = correlated
-                        .and_then(|c| c.weights.get(&(m, t)))
-                        .filter(|w| w.routed_experts.is_some())
-                        .map(|w| w.bytes);
-                    let bytes = routed.unwrap_or(bytes);
+                let generate = us.phase == Some(Phase::Generate);
+                for (key, c) in &charges {
                     us.weight_tensors += 1;
-                    us.weight_bytes += bytes;
-                    let tensor = model_tensor(tables.models, m, t);
-                    let whole_experts = tensor.is_some_and(is_expert_tensor) && routed.is_none();
-                    us.upper_bound |= whole_experts;
-                    if routed.is_some()
-                        && let Some(&i) = self.tensor_index.get(&(m, t))
-                    {
-                        self.stats.tensors[i].upper_bound = false;
+                    us.weight_bytes += c.bytes;
+                    us.upper_bound |= c.upper_bound;
+                    // Per tensor, the same charges: the tables then sum to the ubatches.
+                    if generate && let Some(&i) = self.tensor_index.get(key) {
+                        let ts = &mut self.stats.tensors[i];
+                        ts.generate_weight_bytes += c.bytes;
+                        ts.upper_bound |= c.upper_bound;
                     }
-                    *us.layer_bytes.entry(tensor.and_then(|t| t.layer)).or_default() += bytes;
                 }
             }
             Event::Fault(f) => {
@@ -308,8 +309,7 @@ fn finish(s: &mut Stats, a: &Analysis) {
             t.disk_bytes = Some(read.get(&(t.model, t.tensor)).copied().unwrap_or(0));
         }
     }
-    let generate: Vec<&UbatchStats> = s.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).collect();
-    let n_gen = generate.len().max(1) as f64;
+    let n_gen = s.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).count().max(1) as f64;
     for t in &mut s.tensors {
         for (u, &cell) in s.ubatches.iter().zip(&t.cells) {
             if cell & 3 != 0 {
@@ -317,38 +317,9 @@ fn finish(s: &mut Stats, a: &Analysis) {
                 t.tokens_touched += u64::from(u.phase == Some(Phase::Generate));
             }
         }
+        t.bytes_per_token = t.generate_weight_bytes as f64 / n_gen;
     }
-    // Per layer and component: mean bytes per generated token.
-    let mut layers: BTreeMap<Option<u32>, GroupStats> = BTreeMap::new();
-    let mut components: BTreeMap<String, GroupStats> = BTreeMap::new();
-    for t in &s.tensors {
-        for g in [
-            layers.entry(t.layer).or_insert_with(|| GroupStats { key: layer_key(t.layer), ..Default::default() }),
-            components
-                .entry(t.component.clone())
-                .or_insert_with(|| GroupStats { key: t.component.clone(), ..Default::default() }),
-        ] {
-            g.tensors += 1;
-            g.size_bytes += t.size_bytes;
-            g.upper_bound |= t.upper_bound && t.tokens_touched > 0;
-        }
-    }
-    for u in &generate {
-        for (layer, &bytes) in &u.layer_bytes {
-            if let Some(g) = layers.get_mut(layer) {
-                g.bytes_per_token += bytes as f64 / n_gen;
-            }
-        }
-    }
-    // Component bytes: the tensors' own largest reads are not kept per ubatch,
-    // so use whole-tensor sizes times the share of tokens that touched them.
-    for t in &s.tensors {
-        if let Some(g) = components.get_mut(&t.component) {
-            g.bytes_per_token += t.size_bytes as f64 * t.tokens_touched as f64 / n_gen;
-        }
-    }
-    s.layers = layers.into_values().collect();
-    s.components = components.into_values().filter(|g| g.bytes_per_token > 0.0 || g.tensors > 0).collect();
+    (s.layers, s.components) = groups(&s.tensors, n_gen);
 
     let first_graph = a.ubatches.first().map(|u| u.start_ns);
     let load_end = first_graph.or(a.last_ts_ns).unwrap_or(0);
@@ -382,10 +353,11 @@ fn finish(s: &mut Stats, a: &Analysis) {
         s.phases.push(p);
     }
     s.requests = a.requests.iter().map(|r| request_stats(r, s, a)).collect();
-    if s.tensors.iter().any(|t| t.upper_bound && t.tokens_touched > 0) {
+    if s.ubatches.iter().any(|u| u.upper_bound) {
         s.notes.push(
             "some MoE expert tensors are counted whole: their routing was not recorded (no \
-             ffn_moe_argsort node, or its records were lost), so weight bytes are an upper bound"
+             ffn_moe_argsort node, or its records were lost), so weight bytes that include them are an \
+             upper bound (marked *)"
                 .into(),
         );
     }
@@ -413,6 +385,47 @@ fn request_stats(r: &super::sequences::Request, s: &Stats, a: &Analysis) -> Requ
     out
 }
 
+/// What one ubatch was charged for one weight tensor: its largest read.
+#[derive(Clone, Copy, Debug, Default)]
+struct Charge {
+    bytes: u64,
+    upper_bound: bool,
+}
+
+impl Charge {
+    fn add(&mut self, read: &WeightRead) {
+        self.bytes = self.bytes.max(read.bytes);
+        self.upper_bound |= read.upper_bound;
+    }
+}
+
+/// Per layer and per component: their tensors' figures summed.
+fn groups(tensors: &[TensorStats], n_gen: f64) -> (Vec<GroupStats>, Vec<GroupStats>) {
+    let mut layers: BTreeMap<Option<u32>, GroupStats> = BTreeMap::new();
+    let mut components: BTreeMap<&str, GroupStats> = BTreeMap::new();
+    for t in tensors {
+        for g in [
+            layers.entry(t.layer).or_insert_with(|| GroupStats { key: layer_key(t.layer), ..Default::default() }),
+            components
+                .entry(&t.component)
+                .or_insert_with(|| GroupStats { key: t.component.clone(), ..Default::default() }),
+        ] {
+            g.tensors += 1;
+            g.size_bytes += t.size_bytes;
+            g.generate_weight_bytes += t.generate_weight_bytes;
+            g.upper_bound |= t.upper_bound;
+        }
+    }
+    let mean = |mut g: GroupStats| {
+        g.bytes_per_token = g.generate_weight_bytes as f64 / n_gen;
+        g
+    };
+    (layers.into_values().map(mean).collect(), components.into_values().map(mean).collect())
+}
+
 pub fn layer_key(layer: Option<u32>) -> String {
     layer.map_or_else(|| "-".to_string(), |l| l.to_string())
 }
+
+#[cfg(test)]
+mod tests;

@@ -94,7 +94,8 @@ impl<'a> Tables<'a> {
     /// What op `op_name` of `ubatch` reads from its weight source `slot`
     /// (`None` if that source is no model tensor): the routed experts'
     /// slices of an MoE expert tensor when the ubatch's routing was recorded,
-    /// else [`op_weight_bytes`].
+    /// else [`op_weight_bytes`]. Every per-token weight figure (per ubatch,
+    /// tensor, layer, component, op row) is charged by this one rule.
     pub fn weight_read(
         &self,
         op_name: &str,
@@ -109,8 +110,13 @@ impl<'a> Tables<'a> {
             .and_then(|u| u.weights.get(&(weight.model, weight.tensor)))
             .filter(|w| w.routed_experts.is_some() && is_expert_tensor(t));
         Some(match routed {
-            Some(w) => WeightRead { weight, bytes: w.bytes, routed: true },
-            None => WeightRead { weight, bytes: op_weight_bytes(op_name, slot, d, t, slotted), routed: false },
+            Some(w) => WeightRead { weight, bytes: w.bytes, routed: true, upper_bound: false },
+            None => WeightRead {
+                weight,
+                bytes: op_weight_bytes(op_name, slot, d, t, slotted),
+                routed: false,
+                upper_bound: is_expert_tensor(t),
+            },
         })
     }
 
@@ -318,6 +324,9 @@ pub struct WeightRead {
     /// `bytes` are the ubatch's routed expert slices, so they differ
     /// between runs of the same op.
     pub routed: bool,
+    /// An MoE expert tensor whose routing was not recorded, so `bytes` are
+    /// its view, not the slices read: an upper bound.
+    pub upper_bound: bool,
 }
 
 /// Descriptors of an op's sources, in slot order.

@@ -5,7 +5,8 @@
 //! read from disk during that ubatch — `correlate::io`'s per-(ubatch, tensor)
 //! disk bytes; the page counts such cells of generate rows in
 //! `body[data-disk-generate-cells]`), the same layout for
-//! copies of model tensors, per-layer bytes per generated token, and the
+//! copies of model tensors, per-layer bytes per generated token (per
+//! tensor in the tooltips; `analyze::stats`' exact charges), and the
 //! summary table. Tensors narrower than 2 px are widened to 2 px and every
 //! cell has a tooltip. Runs of more than 200 ubatches are shown in bins of
 //! consecutive ubatches (a cell shows what any ubatch of its bin did), so the
@@ -64,7 +65,8 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
                         .map(|g| char::from(b'0' + g.iter().fold(0, |x, &c| x | c).min(15)))
                         .collect();
                     json!({"name": t.name, "offset": t.file_offset, "size": t.size_bytes, "layer": t.layer,
-                           "component": t.component, "tokens": t.tokens_touched, "faults": t.faults, "cells": cells})
+                           "component": t.component, "tokens": t.tokens_touched, "faults": t.faults, "cells": cells,
+                           "bytes_per_token": t.bytes_per_token, "upper_bound": t.upper_bound})
                 })
                 .collect();
             json!({"file": model.files.first(), "tensors": rows})

@@ -4,7 +4,11 @@
 use std::fmt::Write as _;
 
 use crate::{
-    analyze::{Analysis, Phase, stats::Stats, summary::Summary},
+    analyze::{
+        Analysis, Phase,
+        stats::{Stats, TensorStats},
+        summary::Summary,
+    },
     units::human_bytes,
 };
 
@@ -54,7 +58,8 @@ fn render_requests(out: &mut String, a: &Analysis, s: &Stats) {
 }
 
 /// `ttrace report`'s sections after the summary: phases, per generated
-/// token, per layer and component, hot and cold weights.
+/// token, per layer and component, hot and cold weights. Bytes per token are
+/// `analyze::stats`' exact charges, `*` where one is an upper bound.
 pub fn render_details(a: &Analysis, s: &Stats) -> String {
     let mut out = String::new();
     let ms = |ns: u64| ns as f64 / 1e6;
@@ -133,18 +138,29 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
     }
     let n_gen = generate.len() as u64;
     let mut hot: Vec<_> = s.tensors.iter().collect();
-    hot.sort_by_key(|t| (std::cmp::Reverse(t.tokens_touched), std::cmp::Reverse(t.size_bytes)));
-    let _ = writeln!(out, "\nhot weights (tokens of {n_gen} that read them)    size   faults");
+    // Most tokens first, then most bytes read.
+    hot.sort_by_key(|t| std::cmp::Reverse((t.tokens_touched, t.generate_weight_bytes, t.size_bytes)));
+    let tensor_line = |out: &mut String, t: &TensorStats| {
+        let _ = writeln!(
+            out,
+            "  {:<36} {:>5} {:>10} {:>12}{:1} {:>8}",
+            t.name,
+            t.tokens_touched,
+            human_bytes(t.size_bytes),
+            human_bytes(t.bytes_per_token as u64),
+            if t.upper_bound { "*" } else { "" },
+            t.faults
+        );
+    };
+    let _ = writeln!(out, "\nhot weights (tokens of {n_gen} that read them)    size   bytes/token   faults");
     for t in hot.iter().take(10) {
-        let _ =
-            writeln!(out, "  {:<36} {:>5} {:>10} {:>8}", t.name, t.tokens_touched, human_bytes(t.size_bytes), t.faults);
+        tensor_line(&mut out, t);
     }
     let cold: Vec<_> = hot.iter().rev().filter(|t| t.tokens_touched < n_gen).take(10).collect();
     let never = s.tensors.iter().filter(|t| t.ubatches_touched == 0).count();
     let _ = writeln!(out, "\ncold weights ({never} never read by any graph)");
     for t in cold {
-        let _ =
-            writeln!(out, "  {:<36} {:>5} {:>10} {:>8}", t.name, t.tokens_touched, human_bytes(t.size_bytes), t.faults);
+        tensor_line(&mut out, t);
     }
     if let Some(m) = &s.moe {
         out.push_str(&super::research::render_moe(m));
@@ -153,7 +169,7 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
         out.push_str(&super::research::render_usage(u));
     }
     for note in &s.notes {
-        let _ = writeln!(out, "\nnote: {note}{}", if note.starts_with("MoE") { " (marked *)" } else { "" });
+        let _ = writeln!(out, "\nnote: {note}");
     }
     out
 }
