@@ -3,9 +3,9 @@
 //! them into a trace file, resolving while recording ([`recorder`]). Needs
 //! root and the embedded eBPF object (feature `live`).
 
+pub mod btf_index;
 pub mod collect;
 pub mod graphs;
-pub mod btf_index;
 pub mod kernel_btf;
 pub mod load;
 pub mod privileges;

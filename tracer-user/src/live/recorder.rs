@@ -317,12 +317,20 @@ impl<W: Write> Recorder<W> {
                 self.flush_models()?;
                 self.writer.fault(fault, memory, file)
             }
-            Event::PageCache(event) => self.writer.page_cache(event),
+            // Page-cache fills and block reads are mapped to the model by
+            // its table, so the table goes first: a cold load's first records
+            // are often reads (MAP_POPULATE faults in no user page), and the
+            // report skipped reads written before their model's table.
+            Event::PageCache(event) => {
+                self.flush_models()?;
+                self.writer.page_cache(event)
+            }
             Event::Routing(routing) => self.writer.routing(routing),
             Event::Batch(batch) => self.writer.batch(batch),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.track_request(event);
+                    self.flush_models()?;
                     self.writer.block(event)
                 } else {
                     self.resolver.blocks_elsewhere += 1;
@@ -429,4 +437,65 @@ pub fn model_table(model: &ModelMap) -> (ModelTable, Vec<WatchedFile>) {
             .collect(),
     };
     (table, watched)
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{BlockEvent, BlockKind, EventHeader, EventKind};
+
+    use super::*;
+    use crate::{
+        format::{Header, Record, TraceReader, Trailer},
+        model::{GgmlType, gguf_write::GgufWriter},
+    };
+
+    /// A cold load's first record can be a read of the model (no op or
+    /// fault before it): the model's table must precede it, or the report's
+    /// disk figures leave the read out.
+    #[test]
+    fn a_read_before_any_op_or_fault_follows_its_models_table() {
+        // On the repo's disk: the file needs extents (tmpfs has none).
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/recorder-test");
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("one.gguf");
+        let bytes = GgufWriter::new().tensor("w", GgmlType::from_name("f32").unwrap(), &[1024, 16]).to_bytes().unwrap();
+        std::fs::write(&model, bytes).unwrap();
+        nix::unistd::fsync(&std::fs::File::open(&model).unwrap()).unwrap();
+
+        let mut resolver = Resolver::new(std::process::id());
+        resolver.add_model(&model).unwrap();
+        let watched = resolver.watched[0].clone();
+        let (Some(dev), Some(&(start, _))) = (watched.disk_dev, watched.disk_ranges.first()) else {
+            panic!("{} has no extents on a block device", model.display())
+        };
+        let header = Header { format_version: crate::format::frames::FORMAT_VERSION, ..Default::default() };
+        let writer = TraceWriter::create(Vec::new(), &header).unwrap();
+        let mut recorder = Recorder::new(writer, resolver);
+        let mut rwbs = [0u8; 16];
+        rwbs[0] = b'R';
+        let read = BlockEvent {
+            header: EventHeader { kind: EventKind::Block as u32, ts_ns: 1, tgid: 1, tid: 1, cpu: 0 },
+            dev,
+            nr_sector: 8,
+            sector: start / 512,
+            kind: BlockKind::Issue as u32,
+            rwbs,
+            ..Default::default()
+        };
+        recorder.record(&Event::Block(read)).unwrap();
+        let trace = recorder.writer.finish(&Trailer::default()).unwrap();
+
+        let mut reader = TraceReader::new(trace.as_slice()).unwrap();
+        let mut kinds = Vec::new();
+        while let Some(record) = reader.next_record().unwrap() {
+            kinds.push(match record {
+                Record::Model(_) => "model",
+                Record::Block(_) => "block",
+                _ => continue,
+            });
+        }
+        assert_eq!(kinds, ["model", "block"]);
+        let a = crate::analyze::correlate::analyze(TraceReader::new(trace.as_slice()).unwrap()).unwrap();
+        assert_eq!(a.io.disk.bytes, 4096, "the read is counted");
+    }
 }
