@@ -3,6 +3,8 @@
 //! of values, where per-field serializer calls and `Value` trees would cost
 //! more than the output itself.
 
+use std::io::Write as _;
+
 use serde_json::ser::{CompactFormatter, Formatter};
 
 pub fn num(out: &mut Vec<u8>, v: impl itoa::Integer) {
@@ -34,6 +36,24 @@ pub fn s(out: &mut Vec<u8>, v: Option<&str>) {
         Some(v) => string(out, v),
         None => out.extend_from_slice(b"null"),
     }
+}
+
+/// An array of integers.
+pub fn ints<T: itoa::Integer + Copy>(out: &mut Vec<u8>, v: &[T]) {
+    out.push(b'[');
+    for (i, &x) in v.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        num(out, x);
+    }
+    out.push(b']');
+}
+
+/// `"0x…"`, as `format!("{:#x}")` writes it.
+pub fn hex(out: &mut Vec<u8>, v: u64) {
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "\"{v:#x}\"");
 }
 
 /// A quoted, escaped string.

@@ -8,14 +8,14 @@
 //! that repeats them; an op that reads routed MoE experts is encoded per run,
 //! as its bytes read depend on the ubatch's routing.
 
-use std::{collections::BTreeMap, io::Write as _, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
 use crate::{
     analyze::{
         tensor::{is_expert_tensor, memory_class, model_tensor, op_layer, view_bytes, weight_of},
         walk::{OpEvent, Tables, WeightRead},
     },
-    export::json_bytes::{float, n, num, s, string},
+    export::json_bytes::{float, hex, ints, n, num, s, string},
     format::Descriptor,
 };
 
@@ -149,23 +149,6 @@ fn source(out: &mut Vec<u8>, d: &Descriptor, read: Option<&WeightRead>, op_layer
     out.extend_from_slice(b",\"tensor_ptr\":");
     hex(out, d.data);
     out.push(b'}');
-}
-
-/// `"0x…"`, as `format!("{:#x}")` writes it.
-pub fn hex(out: &mut Vec<u8>, v: u64) {
-    // Writing into a Vec cannot fail.
-    let _ = write!(out, "\"{v:#x}\"");
-}
-
-pub fn ints(out: &mut Vec<u8>, v: &[i32]) {
-    out.push(b'[');
-    for (i, &x) in v.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        num(out, x);
-    }
-    out.push(b']');
 }
 
 impl Entry {

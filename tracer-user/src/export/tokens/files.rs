@@ -16,12 +16,12 @@ use std::{
 
 use super::{
     FORMAT_VERSION, Stem,
-    entry::{Entry, UbatchFields, ints},
+    entry::{Entry, UbatchFields},
     ms,
 };
 use crate::export::{
     ExportError,
-    json_bytes::{float, n, num, string},
+    json_bytes::{float, ints, n, num, string},
 };
 
 /// A ubatch's fields both of its files end with.

@@ -16,14 +16,14 @@ use std::{
     sync::Arc,
 };
 
-use super::{category::Category, entry::hex};
+use super::category::Category;
 use crate::{
     analyze::{
         tensor::{memory_class, model_tensor, name_layer, weight_of},
         walk::Tables,
     },
     export::{
-        json_bytes::{n, num, string},
+        json_bytes::{hex, ints, n, num, string},
         shape::{FxMap, FxSet},
     },
     format::{Descriptor, Op},
@@ -200,14 +200,9 @@ impl GraphNode {
         }
         out.extend_from_slice(b",\"operation\":");
         string(out, &self.operation);
-        out.extend_from_slice(b",\"shape\":[");
-        for (k, &x) in self.shape.iter().enumerate() {
-            if k > 0 {
-                out.push(b',');
-            }
-            num(out, x);
-        }
-        out.extend_from_slice(b"]}");
+        out.extend_from_slice(b",\"shape\":");
+        ints(out, &self.shape);
+        out.push(b'}');
     }
 }
 
