@@ -129,6 +129,41 @@ def jsonl_rows(ttrace, path: Path, out: Path) -> list[dict]:
     return [json.loads(line) for line in export(ttrace, path, "jsonl", out).read_text().splitlines()]
 
 
+TRACE_CLOCK = pb.BuiltinClock.BUILTIN_CLOCK_BOOTTIME
+
+
+def packet_times(t) -> list:
+    """Each packet's time on the trace clock (None when it has none), as
+    trace_packet.proto and clock_snapshot.proto define `timestamp`: on the
+    packet's `timestamp_clock_id`, else its sequence's TracePacketDefaults
+    clock, else the trace clock; on a clock a ClockSnapshot marks
+    `is_incremental`, a delta from the sequence's previous timestamp on that
+    clock (the first one from the snapshot's), which the snapshot ties to the
+    trace clock."""
+    defaults, last, offset, times = {}, {}, {}, []
+    for p in t.packet:
+        seq = p.trusted_packet_sequence_id
+        ts = None
+        if p.HasField("timestamp"):
+            clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else defaults.get(seq, TRACE_CLOCK)
+            if (seq, clock) in last:
+                last[seq, clock] += p.timestamp
+                ts = last[seq, clock] + offset[seq, clock]
+            else:
+                assert clock == TRACE_CLOCK, f"clock {clock} is not defined on sequence {seq}"
+                ts = p.timestamp
+        times.append(ts)
+        if p.HasField("trace_packet_defaults"):
+            defaults[seq] = p.trace_packet_defaults.timestamp_clock_id
+        if p.HasField("clock_snapshot"):
+            clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
+            for c in clocks.values():
+                if c.is_incremental:
+                    last[seq, c.clock_id] = c.timestamp
+                    offset[seq, c.clock_id] = clocks[TRACE_CLOCK].timestamp - c.timestamp
+    return times
+
+
 class Pftrace:
     """A .pftrace decoded with the official bindings: tracks, slices (with
     their decoded debug annotations) and counter values."""
@@ -144,7 +179,7 @@ class Pftrace:
         self.slices = collections.defaultdict(list)
         self.counters = collections.defaultdict(list)
         self.counter_points = collections.defaultdict(list)
-        for p in t.packet:
+        for p, ts in zip(t.packet, packet_times(t)):
             assert p.trusted_packet_sequence_id == 1
             for n in p.interned_data.event_names:
                 assert names.setdefault(n.iid, n.name) == n.name, "an interned id is redefined"
@@ -174,12 +209,12 @@ class Pftrace:
                             args[key] = d.string_value
                         else:
                             args[key] = d.int_value
-                    self.slices[e.track_uuid].append((p.timestamp, name, args))
+                    self.slices[e.track_uuid].append((ts, name, args))
                 elif e.type == pb.TrackEvent.TYPE_SLICE_END:
                     self.ends[e.track_uuid] += 1
                 elif e.type == pb.TrackEvent.TYPE_COUNTER:
                     self.counters[e.track_uuid].append(e.counter_value)
-                    self.counter_points[e.track_uuid].append((p.timestamp, e.counter_value))
+                    self.counter_points[e.track_uuid].append((ts, e.counter_value))
         self.by_name = {v: k for k, v in self.tracks.items()}
 
     def threads(self) -> dict[int, int]:

@@ -16,7 +16,7 @@ import gguf
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from test_exports import CHROMIUM_FLAGS, export, gguf_layer, record, screenshot_path
+from test_exports import CHROMIUM_FLAGS, export, gguf_layer, packet_times, record, screenshot_path
 
 
 def drop_from_page_cache(path: Path):
@@ -58,7 +58,7 @@ def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_comple
     t.ParseFromString(export(ttrace, path, "perfetto", tmp_path / "io.pftrace").read_bytes())
     tracks, parents, open_at = {}, {}, {}
     lane_slices, disk_counter = collections.defaultdict(list), []
-    for p in t.packet:
+    for p, ts in zip(t.packet, packet_times(t)):
         if p.HasField("track_descriptor"):
             tracks[p.track_descriptor.uuid] = p.track_descriptor.name
             parents[p.track_descriptor.uuid] = p.track_descriptor.parent_uuid
@@ -67,9 +67,9 @@ def test_io_records_on_the_disk_track_and_in_rows(ttrace, tmp_path, llama_comple
             if name.startswith("disk requests"):
                 if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
                     assert e.track_uuid not in open_at, "lanes hold one request at a time"
-                    open_at[e.track_uuid] = p.timestamp
+                    open_at[e.track_uuid] = ts
                 elif e.type == pb.TrackEvent.TYPE_SLICE_END:
-                    lane_slices[e.track_uuid].append((open_at.pop(e.track_uuid), p.timestamp))
+                    lane_slices[e.track_uuid].append((open_at.pop(e.track_uuid), ts))
             elif name == "disk bytes per 10 ms":
                 disk_counter.append(e.counter_value)
     by_name = {v: k for k, v in tracks.items()}
@@ -100,7 +100,7 @@ def perfetto_flows(ttrace, path: Path, out: Path):
     t = pb.Trace()
     t.ParseFromString(export(ttrace, path, "perfetto", out).read_bytes())
     tracks, names, flows, cumulative = {}, {}, collections.defaultdict(list), []
-    for p in t.packet:
+    for p, ts in zip(t.packet, packet_times(t)):
         for n in p.interned_data.event_names:
             names[n.iid] = n.name
         if p.HasField("track_descriptor"):
@@ -110,7 +110,7 @@ def perfetto_flows(ttrace, path: Path, out: Path):
         e = p.track_event
         track = tracks[e.track_uuid]
         if track == "model bytes read from disk (cumulative)":
-            cumulative.append((p.timestamp, e.counter_value))
+            cumulative.append((ts, e.counter_value))
         if e.type == pb.TrackEvent.TYPE_INSTANT and names.get(e.name_iid) == "page_fault":
             kind = "fault"
         elif e.type == pb.TrackEvent.TYPE_SLICE_BEGIN and track.startswith("disk requests"):
@@ -120,9 +120,9 @@ def perfetto_flows(ttrace, path: Path, out: Path):
         else:
             kind = "other"
         for f in e.flow_ids:
-            flows[f].append((kind, p.timestamp, False))
+            flows[f].append((kind, ts, False))
         for f in e.terminating_flow_ids:
-            flows[f].append((kind, p.timestamp, True))
+            flows[f].append((kind, ts, True))
     return flows, cumulative
 
 

@@ -6,8 +6,16 @@ pub struct Trace {
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct TracePacket {
+    /// In the clock `timestamp_clock_id` names (default: the sequence's
+    /// TracePacketDefaults, else the trace clock); a delta when that clock is
+    /// incremental.
     #[prost(uint64, optional, tag = "8")]
     pub timestamp: ::core::option::Option<u64>,
+    #[prost(uint32, optional, tag = "58")]
+    pub timestamp_clock_id: ::core::option::Option<u32>,
+    /// upstream: in `oneof data`
+    #[prost(message, optional, tag = "6")]
+    pub clock_snapshot: ::core::option::Option<ClockSnapshot>,
     #[prost(uint32, optional, tag = "10")]
     pub trusted_packet_sequence_id: ::core::option::Option<u32>,
     /// upstream: in `oneof data`
@@ -20,6 +28,8 @@ pub struct TracePacket {
     pub sequence_flags: ::core::option::Option<u32>,
     #[prost(bool, optional, tag = "41")]
     pub incremental_state_cleared: ::core::option::Option<bool>,
+    #[prost(message, optional, tag = "59")]
+    pub trace_packet_defaults: ::core::option::Option<TracePacketDefaults>,
     /// upstream: in `oneof data`
     #[prost(message, optional, tag = "60")]
     pub track_descriptor: ::core::option::Option<TrackDescriptor>,
@@ -62,6 +72,88 @@ pub mod trace_packet {
                 "SEQ_INCREMENTAL_STATE_CLEARED" => Some(Self::SeqIncrementalStateCleared),
                 "SEQ_NEEDS_INCREMENTAL_STATE" => Some(Self::SeqNeedsIncrementalState),
                 _ => None,
+            }
+        }
+    }
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TracePacketDefaults {
+    #[prost(uint32, optional, tag = "58")]
+    pub timestamp_clock_id: ::core::option::Option<u32>,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ClockSnapshot {
+    #[prost(message, repeated, tag = "1")]
+    pub clocks: ::prost::alloc::vec::Vec<clock_snapshot::Clock>,
+}
+/// Nested message and enum types in `ClockSnapshot`.
+pub mod clock_snapshot {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct Clock {
+        /// 64-127: clocks of one packet sequence, defined by the producer.
+        #[prost(uint32, optional, tag = "1")]
+        pub clock_id: ::core::option::Option<u32>,
+        #[prost(uint64, optional, tag = "2")]
+        pub timestamp: ::core::option::Option<u64>,
+        /// Each packet's timestamp on this clock is a delta from the sequence's
+        /// previous one on it (the first from this snapshot's `timestamp`).
+        #[prost(bool, optional, tag = "3")]
+        pub is_incremental: ::core::option::Option<bool>,
+    }
+    /// Nested message and enum types in `Clock`.
+    pub mod clock {
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            ::prost::Enumeration
+        )]
+        #[repr(i32)]
+        pub enum BuiltinClocks {
+            Unknown = 0,
+            Realtime = 1,
+            RealtimeCoarse = 2,
+            Monotonic = 3,
+            MonotonicCoarse = 4,
+            MonotonicRaw = 5,
+            Boottime = 6,
+            BuiltinClockMaxId = 63,
+        }
+        impl BuiltinClocks {
+            /// String value of the enum field names used in the ProtoBuf definition.
+            ///
+            /// The values are not transformed in any way and thus are considered stable
+            /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+            pub fn as_str_name(&self) -> &'static str {
+                match self {
+                    Self::Unknown => "UNKNOWN",
+                    Self::Realtime => "REALTIME",
+                    Self::RealtimeCoarse => "REALTIME_COARSE",
+                    Self::Monotonic => "MONOTONIC",
+                    Self::MonotonicCoarse => "MONOTONIC_COARSE",
+                    Self::MonotonicRaw => "MONOTONIC_RAW",
+                    Self::Boottime => "BOOTTIME",
+                    Self::BuiltinClockMaxId => "BUILTIN_CLOCK_MAX_ID",
+                }
+            }
+            /// Creates an enum from field names used in the ProtoBuf definition.
+            pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+                match value {
+                    "UNKNOWN" => Some(Self::Unknown),
+                    "REALTIME" => Some(Self::Realtime),
+                    "REALTIME_COARSE" => Some(Self::RealtimeCoarse),
+                    "MONOTONIC" => Some(Self::Monotonic),
+                    "MONOTONIC_COARSE" => Some(Self::MonotonicCoarse),
+                    "MONOTONIC_RAW" => Some(Self::MonotonicRaw),
+                    "BOOTTIME" => Some(Self::Boottime),
+                    "BUILTIN_CLOCK_MAX_ID" => Some(Self::BuiltinClockMaxId),
+                    _ => None,
+                }
             }
         }
     }

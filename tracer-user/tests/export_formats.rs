@@ -181,6 +181,15 @@ fn every_format_from_one_synthetic_trace() {
     }
     let read =
         |rel: &str| -> serde_json::Value { serde_json::from_slice(&fs::read(tokens.join(rel)).unwrap()).unwrap() };
+    // The files are written as bytes: they must be what serde_json writes for
+    // the same values (compact, keys sorted, its number forms).
+    for sub in ["traces", "graphs"] {
+        for name in names(sub) {
+            let bytes = fs::read(tokens.join(sub).join(&name)).unwrap();
+            let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(String::from_utf8(bytes).unwrap(), serde_json::to_string(&value).unwrap(), "{sub}/{name}");
+        }
+    }
     let doc = read("traces/token-00001.json");
     assert_eq!(doc["metadata"]["total_entries"], 3);
     assert!(doc["metadata"]["format_version"].is_string());

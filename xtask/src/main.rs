@@ -31,16 +31,21 @@ enum Task {
         #[arg(trailing_var_arg = true)]
         cargo_args: Vec<String>,
     },
-    /// Set up, then measure overhead, ingest, trace size and export speed into docs/BENCHMARKS.md (root).
+    /// Set up, then measure overhead, ingest, trace size, export speed, a profile and llama-server into
+    /// docs/BENCHMARKS.md (root).
     Bench {
         /// Interleaved rounds of the overhead comparison.
         #[arg(long, default_value_t = 7)]
         rounds: usize,
-        /// Smoke run: at most 3 rounds, 16 tokens, a small export trace.
+        /// Smoke run: at most 3 rounds, 16 tokens, small export traces.
         #[arg(long)]
         quick: bool,
-        /// Only the llama-server part: rewrites that section of docs/BENCHMARKS.md.
-        #[arg(long)]
+        /// Only these parts (comma-separated or repeated): rewrites their sections of docs/BENCHMARKS.md
+        /// and their rows of docs/benchmarks.csv, leaving the rest.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<bench::Part>,
+        /// The same as `--only server`.
+        #[arg(long, hide = true)]
         server_only: bool,
     },
     /// rustfmt and clippy (-D warnings) on the host crates, and clippy on the eBPF crate for its bpf target.
@@ -55,7 +60,12 @@ fn main() {
         Task::Setup => setup::run().map(drop),
         Task::Demo => demo::run(),
         Task::Test { cargo_args } => test::run(&cargo_args),
-        Task::Bench { rounds, quick, server_only } => bench::run(rounds, quick, server_only),
+        Task::Bench { rounds, quick, mut only, server_only } => {
+            if server_only {
+                only.push(bench::Part::Server);
+            }
+            bench::run(rounds, quick, &only)
+        }
         Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
     };

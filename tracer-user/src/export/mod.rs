@@ -23,6 +23,7 @@ pub mod columns;
 pub mod diff;
 pub mod dot;
 pub mod html;
+mod json_bytes;
 pub mod mbolt;
 pub mod parquet;
 pub mod perfetto;

@@ -5,7 +5,7 @@
 //! descriptor table the reader holds anyway.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     hash::{BuildHasherDefault, Hasher},
 };
 
@@ -47,6 +47,7 @@ impl Hasher for Fx {
 }
 
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+pub type FxSet<K> = HashSet<K, BuildHasherDefault<Fx>>;
 
 /// A value per (destination, sources) of an op, kept per destination
 /// descriptor: a node's destination nearly always comes with the same

@@ -16,6 +16,7 @@ use indicatif::ProgressBar;
 
 use super::{
     ExportError, Written, columns,
+    json_bytes::{json_escaped, n, num, s},
     rows::{Cells, ShapeScope, cells, op_context, op_shape},
     shape::OpShapes,
 };
@@ -149,57 +150,6 @@ impl Background {
             Some(Err(_)) => Err(io::Error::other("output writer panicked")),
             None => Ok(()),
         }
-    }
-}
-
-fn num(out: &mut Vec<u8>, v: impl itoa::Integer) {
-    out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-}
-
-/// `serde_json`'s escaping: `"`, `\` and control characters, the usual short
-/// forms and `\u00xx` (lowercase hex) for the rest; everything else verbatim.
-fn json_escaped(out: &mut Vec<u8>, s: &str) {
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            0x08 => b'b',
-            0x0c => b'f',
-            b'\n' => b'n',
-            b'\r' => b'r',
-            b'\t' => b't',
-            0..=0x1f => b'u',
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        start = i + 1;
-        if short == b'u' {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
-        } else {
-            out.extend_from_slice(&[b'\\', short]);
-        }
-    }
-    out.extend_from_slice(&bytes[start..]);
-}
-
-fn n(out: &mut Vec<u8>, v: Option<impl itoa::Integer>) {
-    match v {
-        Some(v) => num(out, v),
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
-fn s(out: &mut Vec<u8>, v: Option<&str>) {
-    match v {
-        Some(v) => {
-            out.push(b'"');
-            json_escaped(out, v);
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(b"null"),
     }
 }
 

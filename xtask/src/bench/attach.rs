@@ -123,3 +123,11 @@ pub fn section(md: &mut String, samples: &[AttachSample]) -> Result<()> {
     writeln!(md, "- Goal ≤ {GOAL_SECS} s: {} ({median:.3} s)", super::met(median <= GOAL_SECS))?;
     Ok(())
 }
+
+pub fn csv(csv: &mut String, samples: &[AttachSample]) -> Result<()> {
+    use std::fmt::Write as _;
+    for s in samples {
+        writeln!(csv, "attach_first_op_secs,tiny,{},{}", s.round, s.first_op_secs)?;
+    }
+    Ok(())
+}

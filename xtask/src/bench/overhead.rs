@@ -5,13 +5,14 @@
 //! count; llama's own generation tokens/s.
 
 use std::{
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
 
-use super::Ctx;
+use super::{Ctx, median, met, min_max};
 
 pub const VARIANTS: [(&str, &str); 4] = [
     ("A", "untraced"),
@@ -155,4 +156,50 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<Sample>> {
         }
     }
     Ok(samples)
+}
+
+pub fn section(md: &mut String, ctx: &Ctx, samples: &[Sample]) -> Result<()> {
+    writeln!(md, "## Inference overhead\n")?;
+    writeln!(
+        md,
+        "`llama-completion` on the real model (Gemma 3 270M Q4_K_M), prompt \"{}\", `-n {} -c 512 --ignore-eos`, warm \
+         page cache (one untraced warm-up run first), {} interleaved rounds per thread count (A B C D, then rotated: B C D A, …). Figure: llama's \
+         own generation speed (`eval time … tokens per second`), log drained by an LD_PRELOAD flush at exit.\n",
+        PROMPT, ctx.tokens, ctx.rounds
+    )?;
+    for threads in THREADS {
+        let by = |v: &str| {
+            samples
+                .iter()
+                .filter(|s| s.variant == v && s.threads == threads)
+                .map(|s| s.tokens_per_s)
+                .collect::<Vec<_>>()
+        };
+        // Per-round ratios (each round's X over the same round's A) are less noise-prone.
+        let per_round = |v: &str| {
+            let get = |r: usize, w: &str| {
+                samples.iter().find(|s| s.threads == threads && s.round == r && s.variant == w).map(|s| s.tokens_per_s)
+            };
+            median(&(1..=ctx.rounds).filter_map(|r| Some(get(r, v)? / get(r, "A")?)).collect::<Vec<_>>())
+        };
+        writeln!(md, "### `-t {threads}`\n")?;
+        writeln!(md, "| run | setup | median tokens/s | min–max | median of per-round ratios to A |")?;
+        writeln!(md, "|---|---|---|---|---|")?;
+        for (v, what) in VARIANTS {
+            let xs = by(v);
+            let (lo, hi) = min_max(&xs);
+            writeln!(md, "| {v} | {what} | {:.2} | {lo:.2}–{hi:.2} | {:.3} |", median(&xs), per_round(v))?;
+        }
+        let b = per_round("B");
+        writeln!(md, "\n- Goal B/A ≥ 0.99 at `-t {threads}`: {} ({b:.3})\n", met(b >= 0.99))?;
+    }
+
+    Ok(())
+}
+
+pub fn csv(csv: &mut String, samples: &[Sample]) -> Result<()> {
+    for s in samples {
+        writeln!(csv, "overhead_tokens_per_s,{}-t{},{},{}", s.variant, s.threads, s.round, s.tokens_per_s)?;
+    }
+    Ok(())
 }

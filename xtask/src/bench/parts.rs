@@ -2,15 +2,16 @@
 //! profile of a traced run.
 
 use std::{
+    fmt::Write as _,
     path::Path,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::{Ctx, median, overhead};
+use super::{Ctx, median, met, overhead};
 use crate::{cache, shell};
 
 /// One step of `tracer-user/benches/ingest.rs`: `threads` producers offering
@@ -131,74 +132,6 @@ pub fn size(ctx: &Ctx, summary: &str, trace: &Path) -> Result<Size> {
     Ok(Size { op_frame, op_frame_with_desc, file_bytes, ops, io_records, io_record_bytes })
 }
 
-/// Export speed of one format.
-pub struct Export {
-    pub format: &'static str,
-    pub events: u64,
-    pub secs: Vec<f64>,
-    pub max_rss_kb: Option<u64>,
-}
-
-pub const FORMATS: [&str; 4] = ["jsonl", "csv", "parquet", "perfetto"];
-
-pub fn export(ctx: &Ctx) -> Result<(u64, Vec<Export>)> {
-    let model = ctx.paths.models.get("tiny").context("set-up generated no `tiny` model")?;
-    let trace = ctx.out_dir.join("export-source.data");
-    let tokens = if ctx.quick { "1000" } else { "7000" };
-    eprintln!("bench: export source trace ({tokens} tokens on tiny, --all-threads)");
-    let out = Command::new(&ctx.ttrace)
-        .args(["run", "--all-threads", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(&ctx.paths.llama.completion)
-        .arg("-m")
-        .arg(model)
-        .args(["-p", "hello world", "-n", tokens, "-c", "8192", "-no-cnv", "--ignore-eos", "-t", "2"])
-        .stdout(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        bail!("tracing the export source failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let trace_bytes = std::fs::metadata(&trace)?.len();
-    let mut results: Vec<Export> =
-        FORMATS.iter().map(|&format| Export { format, events: 0, secs: Vec::new(), max_rss_kb: None }).collect();
-    let time_v = Path::new("/usr/bin/time").exists();
-    for _ in 0..3 {
-        for r in &mut results {
-            let dest = ctx.out_dir.join(format!("export.{}", r.format));
-            let mut cmd = if time_v {
-                let mut c = Command::new("/usr/bin/time");
-                c.arg("-v").arg(&ctx.ttrace);
-                c
-            } else {
-                Command::new(&ctx.ttrace)
-            };
-            cmd.args(["export", "--format", r.format, "-o"]).arg(&dest).arg(&trace);
-            let start = Instant::now();
-            let out = cmd.stdout(Stdio::null()).output()?;
-            let secs = start.elapsed().as_secs_f64();
-            let err = String::from_utf8_lossy(&out.stderr);
-            if !out.status.success() {
-                bail!("export {} failed: {err}", r.format);
-            }
-            // `ttrace: wrote … (N events, M items) in …`
-            r.events = err
-                .split_once(" events, ")
-                .and_then(|(h, _)| h.rsplit('(').next())
-                .and_then(|n| n.trim().parse().ok())
-                .unwrap_or(r.events);
-            r.max_rss_kb = err
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes):"))
-                .and_then(|v| v.trim().parse().ok())
-                .or(r.max_rss_kb);
-            r.secs.push(secs);
-            let _ = std::fs::remove_file(&dest);
-        }
-    }
-    Ok((trace_bytes, results))
-}
-
 /// Where a traced (B) run's time goes.
 pub struct Profile {
     pub tokens_per_s: Option<f64>,
@@ -268,8 +201,209 @@ pub fn profile(ctx: &Ctx, model: &Path) -> Result<Profile> {
     Ok(Profile { tokens_per_s, programs, perf_stat: perf_stat.filter(|s| !s.is_empty()) })
 }
 
-pub fn median_secs(e: &Export) -> f64 {
-    median(&e.secs)
+pub fn size_section(md: &mut String, size: Option<&Size>) -> Result<()> {
+    writeln!(md, "## Trace size\n")?;
+    if let Some(z) = size {
+        writeln!(md, "From the last B run of the overhead part (`ttrace run` summary and `ttrace report --json`):\n")?;
+        writeln!(md, "- {} ops, trace file {} bytes", z.ops, z.file_bytes)?;
+        writeln!(
+            md,
+            "- {:.1} bytes per op frame on average; {:.1} including the one-off tensor descriptors",
+            z.op_frame, z.op_frame_with_desc
+        )?;
+        match z.io_record_bytes {
+            Some(io) => writeln!(
+                md,
+                "- ≈ {io:.1} bytes per I/O record: (file size − ops × op-frame-with-descriptors bytes) / {} I/O records (faults + page-cache adds + block issues + completions); this also charges headers, markers and the trailer to I/O",
+                z.io_records
+            )?,
+            None => writeln!(md, "- I/O record bytes: not derivable ({} I/O records)", z.io_records)?,
+        }
+        writeln!(
+            md,
+            "\n- Goal ≤ 32 bytes per op record: {} ({:.1}; {:.1} with descriptors)\n",
+            met(z.op_frame <= 32.0),
+            z.op_frame,
+            z.op_frame_with_desc
+        )?;
+    } else {
+        writeln!(md, "No B run summary line found; size not measured.\n")?;
+    }
+
+    Ok(())
+}
+
+pub fn size_csv(csv: &mut String, size: Option<&Size>) -> Result<()> {
+    if let Some(z) = size {
+        writeln!(csv, "size_bytes_per_op_frame,B,,{}", z.op_frame)?;
+        writeln!(csv, "size_bytes_per_op_frame_with_desc,B,,{}", z.op_frame_with_desc)?;
+        writeln!(csv, "size_file_bytes,B,,{}", z.file_bytes)?;
+        writeln!(csv, "size_ops,B,,{}", z.ops)?;
+        writeln!(csv, "size_io_records,B,,{}", z.io_records)?;
+    }
+    Ok(())
+}
+
+pub fn ingest_section(md: &mut String, ingest: &Ingest) -> Result<()> {
+    writeln!(md, "## Ingest throughput\n")?;
+    writeln!(
+        md,
+        "`tracer-user/benches/ingest.rs`: producer threads call a `#[no_mangle]` function (naked, starting with `push rbp` like the ggml functions; a Rust leaf starting with `mov` is single-stepped and costs ~16 µs per hit here) uprobed with ttrace's \
+         call-argument program, each busy-wait paced to offered / threads (sleeping when ahead), while the reader drains the ring concurrently with `ttrace run`'s \
+         code and settings: `EventStream::drain_now`, woken at a quarter-full ring plus a 20 ms drain timer, every event passed to the trace `Recorder` (writing to `io::sink()`). \
+         Delivered = call events the reader decoded; lost = the program's per-CPU lost counter. Offered 0 = unpaced. The reader shares the machine's cores with the producers ({}).\n",
+        if ingest.setup.is_empty() { "set-up not printed" } else { &ingest.setup }
+    )?;
+    writeln!(
+        md,
+        "| producers | traced | offered calls/s | achieved calls/s | calls | delivered | lost | delivered/s | reader CPU | reader ns/event | producer CPU µs/call |"
+    )?;
+    writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|")?;
+    for s in &ingest.steps {
+        let offered = if s.offered == 0 { "unpaced".to_string() } else { s.offered.to_string() };
+        let (delivered_per_s, reader, per_event) = if s.traced {
+            (
+                format!("{:.0}", s.delivered_per_s()),
+                format!("{:.1} %", 100.0 * s.reader_cpu_s / s.secs),
+                format!("{:.0}", 1e9 * s.reader_cpu_s / s.delivered.max(1) as f64),
+            )
+        } else {
+            ("–".into(), "–".into(), "–".into())
+        };
+        writeln!(
+            md,
+            "| {} | {} | {offered} | {:.0} | {} | {} | {} | {delivered_per_s} | {reader} | {per_event} | {:.2} |",
+            s.threads,
+            if s.traced { "yes" } else { "no" },
+            s.achieved,
+            s.calls,
+            s.delivered,
+            s.lost,
+            1e6 * s.producer_cpu_s / s.calls.max(1) as f64,
+        )?;
+    }
+    let traced = || ingest.steps.iter().filter(|s| s.traced);
+    let best = traced().filter(|s| s.lossless()).max_by(|a, b| a.delivered_per_s().total_cmp(&b.delivered_per_s()));
+    let first_drop = traced().filter(|s| !s.lossless()).min_by(|a, b| a.achieved.total_cmp(&b.achieved));
+    let top = traced().max_by(|a, b| a.achieved.total_cmp(&b.achieved));
+    let best_rate = best.map_or(0.0, |s| s.delivered_per_s());
+    let how = |s: &IngestStep| {
+        let offered = if s.offered == 0 { "unpaced".to_string() } else { format!("offered {}", s.offered) };
+        format!("{} producer thread{}, {offered}", s.threads, if s.threads == 1 { "" } else { "s" })
+    };
+    writeln!(
+        md,
+        "\nHighest sustained rate with 0 lost: {best_rate:.0} events/s{}. Drops start: {}.",
+        best.map_or(String::new(), |s| format!(" ({})", how(s))),
+        match (first_drop, top) {
+            (Some(d), _) => format!(
+                "at {:.0} calls/s achieved ({}; {} lost, {} not delivered)",
+                d.achieved,
+                how(d),
+                d.lost,
+                d.calls.saturating_sub(d.delivered)
+            ),
+            (None, Some(t)) =>
+                format!("never, up to the highest rate the producers reached ({:.0} calls/s, {})", t.achieved, how(t)),
+            (None, None) => "no traced step".into(),
+        }
+    )?;
+    if !ingest.drain_per_s.is_empty() {
+        let drain = median(&ingest.drain_per_s);
+        writeln!(
+            md,
+            "The reader alone (producers fill ~80 % of the ring while it waits, then one drain, timed in the reader thread's CPU time; {} fills): median {drain:.0} events per CPU second, {:.0} ns per event decoded and recorded, its ceiling with a core to itself.",
+            ingest.drain_per_s.len(),
+            1e9 / drain
+        )?;
+    }
+    if let Some(t) = top {
+        let producer_us = 1e6 * t.producer_cpu_s / t.calls.max(1) as f64;
+        let reader_us = 1e6 * t.reader_cpu_s / t.delivered.max(1) as f64;
+        if first_drop.is_none() {
+            write!(md, "No step lost an event, so the producers, not the reader, set the top rate. ")?;
+        }
+        write!(
+            md,
+            "At the top step each event cost {producer_us:.2} µs of producer CPU (the uprobe trap and the program, on the traced thread) plus {reader_us:.3} µs of reader CPU (decode and record), and the reader used {:.0} % of a core",
+            100.0 * t.reader_cpu_s / t.secs
+        )?;
+        if ingest.cores > 0 {
+            write!(
+                md,
+                "; at that cost {} cores allow at most {:.0} events/s",
+                ingest.cores,
+                f64::from(ingest.cores) * 1e6 / (producer_us + reader_us)
+            )?;
+        }
+        writeln!(md, ".")?;
+    }
+    writeln!(md, "\n- Goal ≥ 2,000,000 events/s with 0 lost: {} ({best_rate:.0})\n", met(best_rate >= 2e6))?;
+    Ok(())
+}
+
+pub fn ingest_csv(csv: &mut String, ingest: &Ingest) -> Result<()> {
+    for s in &ingest.steps {
+        let key = if s.traced { format!("traced_{}x{}", s.threads, s.offered) } else { "untraced".into() };
+        writeln!(csv, "ingest_achieved_per_s,{key},,{}", s.achieved)?;
+        writeln!(csv, "ingest_calls,{key},,{}", s.calls)?;
+        writeln!(csv, "ingest_delivered,{key},,{}", s.delivered)?;
+        writeln!(csv, "ingest_lost,{key},,{}", s.lost)?;
+        writeln!(csv, "ingest_secs,{key},,{}", s.secs)?;
+        writeln!(csv, "ingest_reader_cpu_s,{key},,{}", s.reader_cpu_s)?;
+        writeln!(csv, "ingest_producer_cpu_s,{key},,{}", s.producer_cpu_s)?;
+    }
+    for (i, r) in ingest.drain_per_s.iter().enumerate() {
+        writeln!(csv, "ingest_reader_alone_per_s,drain,{},{r}", i + 1)?;
+    }
+    Ok(())
+}
+
+pub fn profile_section(md: &mut String, ctx: &Ctx, profile: &Profile) -> Result<()> {
+    writeln!(md, "## Profile of a traced run (B, `-t 2`)\n")?;
+    writeln!(
+        md,
+        "One more B run with `kernel.bpf_stats_enabled=1`; BPF counters sampled with `bpftool prog show` while attached; \
+         `perf stat -p` on the ttrace process (not the traced child). Generation: {}.\n",
+        profile.tokens_per_s.map_or("?".into(), |t| format!("{t:.2} tokens/s"))
+    )?;
+    if profile.programs.is_empty() {
+        writeln!(md, "No BPF program counters were captured.")?;
+    } else {
+        writeln!(md, "| program | run_cnt | run_time_ns | ns per run |")?;
+        writeln!(md, "|---|---|---|---|")?;
+        for (name, cnt, ns) in &profile.programs {
+            writeln!(md, "| {name} | {cnt} | {ns} | {:.0} |", *ns as f64 / *cnt as f64)?;
+        }
+        // The per-token cost is the graph and marker probes'; page-fault and
+        // I/O tracepoints fire mostly while the model loads.
+        let per_token: u64 = profile
+            .programs
+            .iter()
+            .filter(|p| ["graph_compute", "argsort", "call_", "ubatch"].iter().any(|k| p.0.starts_with(k)))
+            .map(|p| p.2)
+            .sum();
+        if let Some(&(_, graphs, graph_ns)) = profile.programs.iter().find(|p| p.0 == "graph_compute") {
+            writeln!(
+                md,
+                "\nKernel time: {:.1} µs per graph (`graph_compute`, {graphs} graphs, the first one's full walk \
+                 included); {:.1} µs per generated token in the graph and marker probes ({} tokens).",
+                graph_ns as f64 / graphs.max(1) as f64 / 1000.0,
+                per_token as f64 / f64::from(ctx.tokens) / 1000.0,
+                ctx.tokens
+            )?;
+        }
+    }
+    writeln!(md, "\nperf stat (ttrace process): {}\n", profile.perf_stat.as_deref().unwrap_or("not available"))?;
+    Ok(())
+}
+
+pub fn profile_csv(csv: &mut String, profile: &Profile) -> Result<()> {
+    for (name, cnt, ns) in &profile.programs {
+        writeln!(csv, "profile_bpf_run_cnt,{name},,{cnt}")?;
+        writeln!(csv, "profile_bpf_run_time_ns,{name},,{ns}")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -291,5 +425,33 @@ mod tests {
         assert!(s.traced && s.threads == 2 && s.offered == 2_000_000 && s.lost == 1000 && !s.lossless());
         assert!(ingest.steps[0].lossless() || !ingest.steps[0].traced);
         assert_eq!(ingest.drain_per_s, vec![8027368.0]);
+    }
+
+    #[test]
+    fn ingest_section_states_best_rate_and_drops() {
+        let out = "# cores 2, ring 16777216 bytes\n\
+                   step,0,1,0,468610700,937221632,0,0,2.000,0.000,2.000\n\
+                   step,1,1,0,1007654,2015488,2015488,0,2.000,0.218,2.000\n\
+                   step,1,2,0,1961793,3923968,3923968,0,2.000,0.322,3.658\n\
+                   drain,2,152520,0.012460,0.012429,12271549,0\n";
+        let mut md = String::new();
+        ingest_section(&mut md, &parse_ingest(out).unwrap()).unwrap();
+        if std::env::var_os("SHOW_MD").is_some() {
+            println!("{md}");
+        }
+        assert!(
+            md.contains("Highest sustained rate with 0 lost: 1961793 events/s (2 producer threads, unpaced)"),
+            "{md}"
+        );
+        assert!(md.contains("Drops start: never"), "{md}");
+        assert!(md.contains("Goal ≥ 2,000,000 events/s with 0 lost: **not met**"), "{md}");
+
+        let lossy = format!("{out}step,1,3,0,2500000,5000000,4990000,10000,2.000,0.300,3.900\n");
+        let mut md = String::new();
+        ingest_section(&mut md, &parse_ingest(&lossy).unwrap()).unwrap();
+        assert!(
+            md.contains("Drops start: at 2500000 calls/s achieved (3 producer threads, unpaced; 10000 lost"),
+            "{md}"
+        );
     }
 }

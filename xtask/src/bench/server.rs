@@ -4,6 +4,7 @@
 //! interleaved A B, B A, ….
 
 use std::{
+    fmt::Write as _,
     net::TcpListener,
     path::Path,
     process::{Child, Command, Stdio},
@@ -13,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::Ctx;
+use super::{Ctx, median, min_max};
 
 pub const CLIENTS: usize = 4;
 /// Waves of [`CLIENTS`] requests timed per round, and tokens each generates.
@@ -138,4 +139,42 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<ServerSample>> {
         }
     }
     Ok(samples)
+}
+
+pub fn section(md: &mut String, ctx: &Ctx, served: &[ServerSample]) -> Result<()> {
+    writeln!(md, "## llama-server under {CLIENTS} concurrent clients\n")?;
+    writeln!(
+        md,
+        "`llama-server -np {clients} -c 4096 -t 2` on the real model, loopback; per round, after one warm-up wave, {waves} waves \
+         of {clients} concurrent `/completion` requests (curl; `n_predict` {n}, `ignore_eos`, `cache_prompt` false) are \
+         timed. {} interleaved rounds (A B, then B A, …). Figure: requests per second of wall time.\n",
+        ctx.rounds,
+        clients = CLIENTS,
+        waves = WAVES,
+        n = N_PREDICT,
+    )?;
+    let by = |v: &str| served.iter().filter(|s| s.variant == v).map(|s| s.requests_per_s).collect::<Vec<_>>();
+    let get = |r: usize, v: &str| served.iter().find(|s| s.round == r && s.variant == v).map(|s| s.requests_per_s);
+    let ratios: Vec<f64> = (1..=ctx.rounds).filter_map(|r| Some(get(r, "B")? / get(r, "A")?)).collect();
+    writeln!(md, "| run | setup | median requests/s | min–max |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    for (v, what) in [("A", "untraced"), ("B", "ttrace run (graph capture, sequences)")] {
+        let xs = by(v);
+        let (lo, hi) = min_max(&xs);
+        writeln!(md, "| {v} | {what} | {:.3} | {lo:.3}–{hi:.3} |", median(&xs))?;
+    }
+    let (lo, hi) = min_max(&ratios);
+    writeln!(
+        md,
+        "\n- Traced/untraced request throughput, median of per-round ratios: {:.3} ({lo:.3}–{hi:.3})\n",
+        median(&ratios)
+    )?;
+    Ok(())
+}
+
+pub fn csv(csv: &mut String, served: &[ServerSample]) -> Result<()> {
+    for s in served {
+        writeln!(csv, "server_requests_per_s,{},{},{}", s.variant, s.round, s.requests_per_s)?;
+    }
+    Ok(())
 }

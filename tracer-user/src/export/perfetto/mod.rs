@@ -42,8 +42,10 @@
 //! Reads issued by kworkers (requeues) or by another thread's readahead are
 //! not chained, so not every major fault has a chain.
 //!
-//! Names and annotation strings are interned on one packet sequence.
+//! Names and annotation strings are interned on one packet sequence, and
+//! timestamps are deltas on it where packets come in time order ([`clock`]).
 
+mod clock;
 mod disk;
 pub mod proto;
 mod sequences;
@@ -124,6 +126,7 @@ struct PerfettoSink<W: Write> {
     lanes: Vec<bool>,
     pid: u32,
     first: bool,
+    clock: clock::DeltaClock,
     /// Block requests → model-file ranges.
     io: IoCorrelator,
     /// Per thread: its last model-file fault, held back until it is known
@@ -209,6 +212,7 @@ impl<W: Write> PerfettoSink<W> {
             lanes: Vec::new(),
             pid,
             first: true,
+            clock: clock::DeltaClock::default(),
             io: IoCorrelator::default(),
             faults: HashMap::new(),
             request_flows: HashMap::new(),
@@ -228,6 +232,7 @@ impl<W: Write> PerfettoSink<W> {
         } else if p.track_event.is_some() {
             p.sequence_flags = Some(SEQ_NEEDS_INCREMENTAL_STATE);
         }
+        self.clock.stamp(&mut p);
         // Trace.packet (field 1, length-delimited), one at a time.
         self.buf.clear();
         self.buf.push(0x0a);
@@ -247,10 +252,12 @@ impl<W: Write> PerfettoSink<W> {
             .enumerate()
             .map(|(i, n)| DebugAnnotationName { iid: Some(i as u64 + 1), name: Some((*n).into()) })
             .collect();
-        self.packet(TracePacket {
+        let mut first = TracePacket {
             interned_data: Some(InternedData { debug_annotation_names: names, ..Default::default() }),
             ..Default::default()
-        })?;
+        };
+        self.clock.define(a.header.start_monotonic_ns, &mut first);
+        self.packet(first)?;
         let process = a.header.command.first().map(|c| c.rsplit('/').next().unwrap_or(c)).unwrap_or("target");
         self.descriptor(TrackDescriptor {
             process: Some(ProcessDescriptor { pid: Some(a.header.pid as i32), process_name: Some(process.into()) }),
@@ -508,14 +515,22 @@ impl<W: Write> Sink for PerfettoSink<W> {
 impl<W: Write> PerfettoSink<W> {
     /// Per layer track, one slice per weight the ubatch read, all spanning
     /// the ubatch (nested: graph capture does not time the reads within it).
+    /// Every track's begins come before the ends, so the packets stay in
+    /// time order and their timestamps deltas.
     fn ubatch_weight_slices(&mut self, end: u64, t: &Tables) -> Result<(), ExportError> {
+        let mut open: Vec<(u64, usize)> = Vec::new();
         for ((model, layer), weights) in self.ubatch_weights.take() {
             let track = layer_uuid(model, layer);
+            let mut begun = 0;
             for &(model, x, copy) in &weights {
                 let Some(tensor) = model_tensor(t.models, model, x) else { continue };
                 self.weight_slice_begin(track, tensor, copy, self.ubatch_start)?;
+                begun += 1;
             }
-            for _ in &weights {
+            open.push((track, begun));
+        }
+        for (track, begun) in open {
+            for _ in 0..begun {
                 self.end(end, track)?;
             }
         }

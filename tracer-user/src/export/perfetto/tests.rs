@@ -23,6 +23,56 @@ fn packets(out: &[u8]) -> Vec<TracePacket> {
     v
 }
 
+/// Each packet's time on the trace clock, as the proto's comments define
+/// it: on `timestamp_clock_id`, else the sequence's default clock; a delta
+/// from the previous time on a clock a snapshot marks incremental.
+fn times(packets: &[TracePacket]) -> Vec<Option<u64>> {
+    let (mut default, mut incremental) = (None, None);
+    packets
+        .iter()
+        .map(|p| {
+            let ts = p.timestamp.map(|ts| match p.timestamp_clock_id.or(default) {
+                Some(clock::DELTA_CLOCK) => {
+                    let at = incremental.expect("the delta clock is defined first") + ts;
+                    incremental = Some(at);
+                    at
+                }
+                Some(clock::TRACE_CLOCK) | None => ts,
+                Some(other) => panic!("clock {other} is not defined"),
+            });
+            if let Some(d) = &p.trace_packet_defaults {
+                default = d.timestamp_clock_id;
+            }
+            for c in p.clock_snapshot.iter().flat_map(|s| &s.clocks) {
+                if c.is_incremental == Some(true) {
+                    assert_eq!(c.clock_id, Some(clock::DELTA_CLOCK));
+                    incremental = c.timestamp;
+                }
+            }
+            ts
+        })
+        .collect()
+}
+
+#[test]
+fn timestamps_are_deltas_in_time_order_and_absolute_before_it() {
+    let mut s = sink();
+    let mut first = TracePacket::default();
+    s.clock.define(1_000, &mut first);
+    s.packet(first).unwrap();
+    let at = [1_000, 1_500, 1_500, 1_200, 1_700, 999, 1_700];
+    for ts in at {
+        s.end(ts, THREAD_UUID).unwrap();
+    }
+    let packets = packets(&s.out);
+    assert_eq!(times(&packets), std::iter::once(1_000).chain(at).map(Some).collect::<Vec<_>>());
+    let on_trace_clock = packets.iter().filter(|p| p.timestamp_clock_id == Some(clock::TRACE_CLOCK)).count();
+    assert_eq!(on_trace_clock, 3, "the snapshot's packet and the two that go back in time");
+    let deltas: Vec<u64> =
+        packets.iter().filter(|p| p.timestamp_clock_id.is_none()).filter_map(|p| p.timestamp).collect();
+    assert_eq!(deltas, [0, 500, 0, 200, 0]);
+}
+
 #[test]
 fn fault_read_by_its_thread_chains_to_the_disk_slice() {
     let mut s = sink();

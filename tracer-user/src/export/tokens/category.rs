@@ -3,14 +3,13 @@
 //! get them from their [`Component`]; the graph's intermediate tensors from
 //! the names llama.cpp gives them (`Qcur-3`, `ffn_out-3`, `result_norm`).
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::model::{Component, classify::classify};
 
 /// One vocabulary for both files: the memory map calls the token embedding
 /// `embedding`, the graph calls the embedding lookup's side `input`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Category {
     Input,
     Embedding,
@@ -21,7 +20,25 @@ pub enum Category {
     Other,
 }
 
+impl Serialize for Category {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl Category {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Input => "input",
+            Category::Embedding => "embedding",
+            Category::Attention => "attention",
+            Category::Ffn => "ffn",
+            Category::Norm => "norm",
+            Category::Output => "output",
+            Category::Other => "other",
+        }
+    }
+
     /// A weight's category in the memory map: by its component, by its name
     /// for the ones ttrace has no component for (`blk.0.attn_q_norm`).
     pub fn of_weight(name: &str) -> Category {

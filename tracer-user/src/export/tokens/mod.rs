@@ -31,33 +31,38 @@
 //! graph's return. Graph capture (the default) records no time per op:
 //! every entry has its graph's start, so the UI's timeline shows one
 //! instant per token. `ttrace run --op-timing` times each op.
+//!
+//! Output is written as bytes (the keys sorted, as `serde_json`'s maps had
+//! them): each op shape's fields and each distinct graph are encoded once,
+//! and worker threads ([`files`]) assemble and write the files while the
+//! walk reads on.
 
 mod category;
-pub mod graph;
+mod entry;
+mod files;
+mod graph;
 pub mod memory_map;
 
 use std::{
-    collections::BTreeMap,
     fmt,
     fs::{self, File},
     io::{BufWriter, Write},
-    path::{Path, PathBuf},
+    path::Path,
+    sync::Arc,
 };
 
 use indicatif::ProgressBar;
 use serde::Serialize;
-use serde_json::{Value, json};
 use tracer_common::markers;
 
-use super::{ExportError, Written, rows::phase_name};
+use super::{ExportError, Written, rows::phase_name, shape::OpShapes};
 use crate::analyze::{
-    tensor::{memory_class, model_tensor, op_layer, view_bytes, weight_of},
-    walk::{self, Event, OpEvent, Sink, Tables, WeightRead, sources},
+    Analysis, Phase, Ubatch,
+    walk::{self, Event, OpEvent, Sink, Tables},
 };
-use crate::{
-    analyze::{Analysis, Phase, Ubatch},
-    format::Descriptor,
-};
+use entry::{Entry, EntryShape, RoutedExperts, Scope};
+use files::{Header, Job, Writers};
+use graph::{GraphCache, GraphOps};
 
 /// In every file's metadata; a string, as the UI declares it.
 pub const FORMAT_VERSION: &str = "ttrace-tokens-2";
@@ -82,12 +87,14 @@ impl fmt::Display for Stem {
     }
 }
 
-struct TokenSink {
-    dir: PathBuf,
-    entries: Vec<Value>,
-    graph: graph::UbatchGraph,
+struct TokenSink<'w> {
+    writers: &'w Writers,
+    entries: Vec<Entry>,
+    graph: GraphOps,
+    graphs: GraphCache,
+    shapes: OpShapes<Arc<EntryShape>>,
     /// The current ubatch's routed experts per layer.
-    experts: Option<(u32, BTreeMap<u32, Vec<i32>>)>,
+    experts: Option<(u32, RoutedExperts)>,
     files: u64,
     prompt_files: u32,
 }
@@ -96,19 +103,24 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
     for dir in [out.to_path_buf(), out.join("traces"), out.join("graphs")] {
         fs::create_dir_all(&dir).map_err(ExportError::write(&dir))?;
     }
-    let mut sink = TokenSink {
-        dir: out.to_path_buf(),
-        entries: Vec::new(),
-        graph: graph::UbatchGraph::default(),
-        experts: None,
-        files: 0,
-        prompt_files: 0,
-    };
-    walk::walk(trace, a, progress, &mut sink)?;
+    let files = files::scope(out, |writers| {
+        let mut sink = TokenSink {
+            writers,
+            entries: Vec::new(),
+            graph: GraphOps::default(),
+            graphs: GraphCache::default(),
+            shapes: OpShapes::default(),
+            experts: None,
+            files: 0,
+            prompt_files: 0,
+        };
+        walk::walk(trace, a, progress, &mut sink)?;
+        Ok(sink.files)
+    })?;
     if let Some(model) = a.models.first() {
         write_json(&out.join("memory-map.json"), &memory_map::build(model))?;
     }
-    Ok(Written { events: progress.position(), items: sink.files })
+    Ok(Written { events: progress.position(), items: files })
 }
 
 fn write_json(path: &Path, v: &impl Serialize) -> Result<(), ExportError> {
@@ -121,8 +133,8 @@ fn write_json(path: &Path, v: &impl Serialize) -> Result<(), ExportError> {
 
 /// Per layer, the experts the ubatch's tokens were routed to: the first
 /// token's in rank order, then each new one as later tokens bring it.
-fn routed_experts(u: &Ubatch) -> BTreeMap<u32, Vec<i32>> {
-    let mut by_layer: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
+fn routed_experts(u: &Ubatch) -> RoutedExperts {
+    let mut by_layer = RoutedExperts::new();
     for r in &u.routing {
         let Some(layer) = r.layer else { continue };
         let experts = by_layer.entry(layer).or_default();
@@ -139,80 +151,38 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-/// `fields` added to the object `header`.
-fn merged(header: &Value, fields: Value) -> Value {
-    let mut doc = header.clone();
-    if let (Some(doc), Value::Object(fields)) = (doc.as_object_mut(), fields) {
-        doc.extend(fields);
-    }
-    doc
-}
-
-impl TokenSink {
-    fn entry(&mut self, e: &OpEvent, u: &Ubatch, t: &Tables) -> Value {
-        if self.experts.as_ref().is_none_or(|(index, _)| *index != u.index) {
-            self.experts = Some((u.index, routed_experts(u)));
+impl TokenSink<'_> {
+    fn entry(&mut self, e: &OpEvent, u: &Ubatch, t: &Tables) -> Entry {
+        let shape = match self.shapes.get(&e.op, t.models.len()) {
+            Some(shape) => shape.clone(),
+            None => {
+                let experts = match self.experts.take() {
+                    Some((index, by_layer)) if index == u.index => (index, by_layer),
+                    _ => (u.index, routed_experts(u)),
+                };
+                let (shape, scope) = entry::shape(e, t, &self.experts.insert(experts).1);
+                let shape = Arc::new(shape);
+                if scope == Scope::PerShape {
+                    self.shapes.insert(&e.op, shape.clone());
+                }
+                shape
+            }
+        };
+        Entry {
+            shape,
+            ts_ns: e.op.ts_ns,
+            duration_ns: e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns)),
+            tid: e.op.tid,
         }
-        let dst = t.descriptor(e.op.dst);
-        let srcs = sources(&e.op, t);
-        let slotted: Vec<(u32, &Descriptor)> = e.op.srcs.iter().map(|&(s, _)| s).zip(srcs.iter().copied()).collect();
-        let layer = op_layer(t.models, dst, &srcs);
-        let op_name = t.op_name(&e.op);
-        let reads: Vec<Option<WeightRead>> =
-            slotted.iter().map(|&source| t.weight_read(&op_name, e.ctx.ubatch, source, &slotted)).collect();
-        let sources: Vec<Value> = slotted
-            .iter()
-            .zip(&reads)
-            .map(|(&(_, d), read)| {
-                let mut s = json!({"name": d.name, "tensor_ptr": format!("{:#x}", d.data),
-                                   "size_bytes": view_bytes(d), "layer_id": layer,
-                                   "memory_class": memory_class(&d.memory)});
-                if let Some(read) = read {
-                    s["bytes_read"] = json!(read.bytes);
-                }
-                let weight = weight_of(d);
-                let mt = weight.and_then(|w| model_tensor(t.models, w.model, w.tensor));
-                if let Some(mt) = mt {
-                    s["layer_id"] = json!(mt.layer.or(layer));
-                    s["model_tensor"] = json!(mt.name);
-                }
-                match weight {
-                    Some(w) if !w.copy => {
-                        s["memory_source"] = json!("DISK");
-                        if let Some(mt) = mt {
-                            s["disk_offset"] = json!(mt.file_offset + w.offset);
-                        }
-                    }
-                    _ => s["memory_source"] = json!("BUFFER"),
-                }
-                s
-            })
-            .collect();
-        // An MoE op reading routed experts: the experts of its layer.
-        let expert_ids = self.experts.as_ref().and_then(|(_, by_layer)| {
-            let w = reads.iter().flatten().find(|r| r.routed)?.weight;
-            by_layer.get(&model_tensor(t.models, w.model, w.tensor)?.layer?)
-        });
-        let mut entry = json!({
-            "entry_id": self.entries.len(), "timestamp_ns": e.op.ts_ns,
-            "token_id": u.token_ids.last().copied().unwrap_or(UNKNOWN_TOKEN), "layer_id": layer,
-            "thread_id": e.op.tid, "phase": phase_name(u.phase), "operation_type": op_name, "dst_name": dst.name,
-            "num_sources": sources.len(), "sources": sources,
-            "duration_ns": e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns)),
-        });
-        if let Some(ids) = expert_ids {
-            entry["expert_ids"] = json!(ids);
-            entry["num_experts"] = json!(ids.len());
-        }
-        entry
     }
 
     /// The ubatch's two files, under the stem its phase gives it.
     fn finish(&mut self, index: u32, end_ns: u64, t: &Tables) -> Result<(), ExportError> {
-        let mut entries = std::mem::take(&mut self.entries);
-        let (metadata, nodes, edges) = self.graph.take();
+        let entries = std::mem::take(&mut self.entries);
+        let graph = std::mem::take(&mut self.graph);
         let Some(u) = t.analysis.ubatches.get(index as usize) else { return Ok(()) };
-        let stem = match (u.phase, t.token_index(Some(index))) {
+        let token_index = t.token_index(Some(index));
+        let stem = match (u.phase, token_index) {
             (Phase::Generate, Some(k)) => Stem::Token(k),
             (Phase::Prompt, _) => {
                 self.prompt_files += 1;
@@ -220,35 +190,15 @@ impl TokenSink {
             }
             _ => return Ok(()),
         };
-        // Times count from the first entry, as the UI's timeline does: at 0
-        // it shows that entry's reads (under graph capture, all of them).
-        let first = entries.iter().filter_map(|e| e["timestamp_ns"].as_u64()).min().unwrap_or(u.start_ns);
-        for e in &mut entries {
-            let ts = e["timestamp_ns"].as_u64().unwrap_or(first);
-            e["timestamp_relative_ms"] = json!(ms(ts - first));
-        }
-        let header = json!({
-            "token_id": u.token_ids.last(), "token_ids": u.token_ids, "ubatch": index,
-            "phase": phase_name(u.phase), "token_index": t.token_index(Some(index)),
-        });
-        let trace = merged(
-            &header,
-            json!({
-                "metadata": {"total_entries": entries.len(), "duration_ms": ms(end_ns.saturating_sub(u.start_ns)),
-                             "timestamp_start_ns": first, "format_version": FORMAT_VERSION,
-                             "ubatch_start_ns": u.start_ns},
-                "entries": entries,
-            }),
-        );
-        let graph = merged(&header, json!({"metadata": metadata, "nodes": nodes, "edges": edges}));
-        write_json(&self.dir.join("traces").join(format!("{stem}.json")), &trace)?;
-        write_json(&self.dir.join("graphs").join(format!("{stem}.json")), &graph)?;
+        let header = Header { phase: phase_name(u.phase), token_ids: u.token_ids.clone(), token_index, ubatch: index };
+        let graph = self.graphs.bytes(graph, t);
+        self.writers.send(Job { stem, header, entries, span: (u.start_ns, end_ns), graph })?;
         self.files += 1;
         Ok(())
     }
 }
 
-impl Sink for TokenSink {
+impl Sink for TokenSink<'_> {
     type Error = ExportError;
 
     fn event(&mut self, event: &Event, t: &Tables) -> Result<(), ExportError> {
