@@ -10,7 +10,9 @@ traces); with it, per `llama_decode` call (one ubatch here: the prompt fits
 one) the JSON holds every node the scheduler computed, in order: name, op
 name, shape, the GET_ROWS indices and the MoE routing (`ffn_moe_argsort-L`
 rankings, which `ffn_moe_topk-L` views). Greedy sampling on the same build
-and thread count makes both runs compute the same tokens.
+and thread count makes both runs compute the same tokens. With --top2 the
+printed JSON also holds, per generated token, the best and the runner-up
+logit: how close the greedy choice was to a tie.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--oracle", help="write the eval callback's nodes here (JSON)")
     ap.add_argument("--no-mmap", action="store_true", help="read the model into buffers instead of mapping it")
+    ap.add_argument("--top2", action="store_true", help="print each step's two highest logits")
     args = ap.parse_args()
 
     L.llama_backend_init()
@@ -116,6 +119,7 @@ def main() -> None:
         sys.exit("graph_oracle: tokenizing failed")
     batch_tokens = list(tokens[:n])
     generated: list[int] = []
+    top2: list[list[float]] = []
     n_vocab = L.llama_vocab_n_tokens(vocab)
     for step in range(args.n + 1):
         arr = (L.llama_token * len(batch_tokens))(*batch_tokens)
@@ -128,12 +132,16 @@ def main() -> None:
         logits = L.llama_get_logits_ith(ctx, -1)
         best = max(range(n_vocab), key=lambda i: logits[i])
         generated.append(best)
+        if args.top2:
+            second = max((i for i in range(n_vocab) if i != best), key=lambda i: logits[i])
+            top2.append([logits[best], logits[second]])
         batch_tokens = [best]
 
     if args.oracle:
         with open(args.oracle, "w") as f:
             json.dump({"prompt_tokens": list(tokens[:n]), "generated": generated, "ubatches": graphs}, f)
-    print(json.dumps({"prompt_tokens": list(tokens[:n]), "generated": generated}))
+    printed = {"prompt_tokens": list(tokens[:n]), "generated": generated}
+    print(json.dumps({**printed, "top2": top2} if args.top2 else printed))
     L.llama_free(ctx)
     L.llama_model_free(model)
 

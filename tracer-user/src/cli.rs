@@ -72,13 +72,15 @@ ttrace report ttrace.data --json | jq '.stats.loaded_vs_used.total'\n  ttrace re
     #[command(after_help = export_help())]
     Export(ExportArgs),
     /// Compare two runs of the same weights (e.g. before and after a layout
-    /// rewrite): tokens, MoE routing (under an expert permutation), weight
-    /// and disk bytes and faults per token and per layer, tensors and experts
-    /// that moved between hot and cold. Exit status: 0 same tokens and
-    /// routing, 1 they differ, 2 error. Needs no root.
+    /// rewrite): tokens and where they first diverge, MoE routing (under an
+    /// expert permutation) up to that token, weight and disk bytes and faults
+    /// per token and per layer, tensors and experts that moved between hot and
+    /// cold. Exit status: 0 same tokens and routing, 1 they differ, 2 error.
+    /// Needs no root.
     #[command(after_help = "Examples:\n  ttrace diff before.data after.data\n  \
 ttrace diff before.data after.data --perm perms.json          (mbolt-sim cluster's output)\n  \
 ttrace diff before.data after.data --json | jq .runs\n  \
+ttrace diff before.data after.data --json | jq .first_divergence   (null: same tokens)\n  \
 ttrace diff before.data after.data --html diff.html")]
     Diff(DiffArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a

@@ -96,6 +96,33 @@ pub struct Ubatch {
     pub sequences: Option<(String, String)>,
 }
 
+impl Ubatch {
+    /// A graph that has just started: nothing known of it yet but when and
+    /// in which decode call.
+    pub fn started(index: u32, start_ns: u64, decode: Option<u32>) -> Ubatch {
+        Ubatch {
+            index,
+            start_ns,
+            end_ns: None,
+            decode,
+            n_tokens: None,
+            token_ids: Vec::new(),
+            phase: Phase::Aux,
+            ops: 0,
+            disk_bytes: 0,
+            disk_requests: 0,
+            faults_major: 0,
+            faults_minor: 0,
+            weights: BTreeMap::new(),
+            routing: Vec::new(),
+            experts_used: BTreeMap::new(),
+            tokens: Vec::new(),
+            arrays: None,
+            sequences: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct RoutedToken {
     pub layer: Option<u32>,
@@ -268,26 +295,8 @@ impl Boundaries {
                 if let Some(d) = decode {
                     a.decodes[d as usize].ubatches.push(index);
                 }
-                a.ubatches.push(Ubatch {
-                    index,
-                    start_ns: m.ts_ns,
-                    end_ns: None,
-                    decode,
-                    n_tokens: None,
-                    token_ids: Vec::new(),
-                    phase: Phase::Aux,
-                    ops: 0,
-                    disk_bytes: 0,
-                    disk_requests: 0,
-                    faults_major: 0,
-                    faults_minor: 0,
-                    weights: BTreeMap::new(),
-                    routing: Vec::new(),
-                    experts_used: BTreeMap::new(),
-                    tokens: Vec::new(),
-                    arrays: self.pending.remove(&m.tid),
-                    sequences: None,
-                });
+                a.ubatches
+                    .push(Ubatch { arrays: self.pending.remove(&m.tid), ..Ubatch::started(index, m.ts_ns, decode) });
                 self.current = Some(index as usize);
             }
             markers::SCHED_GRAPH_COMPUTE_RETURN => {

@@ -3,7 +3,8 @@
 //! through an optional permutation per layer, since a rewrite renumbers them
 //! (mbolt: `perm[p]` is the original expert stored at position `p`, so run
 //! B's expert `p` is run A's `perm[p]`). Ubatches are paired by order within
-//! their phase.
+//! their phase. Routing is compared only up to the first ubatch whose token
+//! ids differ: from there on the runs compute on different inputs.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -96,6 +97,19 @@ pub struct RoutingMismatch {
     pub b: Option<Vec<i32>>,
 }
 
+/// Where the runs' token ids first differ, in phase order (prompt, then
+/// generate).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TokenDivergence {
+    pub phase: Phase,
+    /// Index of the ubatch within its phase (for generate ubatches, the
+    /// generated token it feeds), and of the token in it.
+    pub ubatch: u32,
+    pub row: u32,
+    /// The two ids (`None`: that run has no such token).
+    pub id: Pair<Option<i32>>,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RoutingDiff {
     /// (token, layer) rows compared, and those equal (same experts, same order).
@@ -105,6 +119,9 @@ pub struct RoutingDiff {
     /// The first differences (at most [`MAX_MISMATCHES`]).
     pub mismatches: Vec<RoutingMismatch>,
     pub permuted: bool,
+    /// Rows not compared, of A's ubatches from the token divergence on and
+    /// of the ubatches only B has.
+    pub after_divergence: u64,
 }
 
 pub const MAX_MISMATCHES: usize = 20;
@@ -114,6 +131,7 @@ pub struct Diff {
     pub runs: Pair<RunFacts>,
     /// Token ids of every prompt and generate ubatch are equal.
     pub tokens_equal: bool,
+    pub first_divergence: Option<TokenDivergence>,
     pub routing: RoutingDiff,
     /// Same tokens and routing: what `ttrace diff`'s exit status says.
     pub same: bool,
@@ -142,15 +160,14 @@ pub fn diff(a: &Run, b: &Run, perm: Option<&Permutation>) -> Diff {
             nb.difference(&na).count()
         ));
     }
-    let tokens_equal = [Phase::Prompt, Phase::Generate].into_iter().all(|p| {
-        let ids = |r: &Run| -> Vec<Vec<i32>> { in_phase(r.analysis, p).map(|u| u.token_ids.clone()).collect() };
-        ids(a) == ids(b)
-    });
-    let routing = routing(a.analysis, b.analysis, perm);
+    let first_divergence = first_divergence(a.analysis, b.analysis);
+    let tokens_equal = first_divergence.is_none();
+    let routing = routing(a.analysis, b.analysis, perm, first_divergence.as_ref());
     let same = tokens_equal && routing.equal == routing.compared && routing.mismatches.is_empty();
     Diff {
         runs: [facts(a), facts(b)],
         tokens_equal,
+        first_divergence,
         same,
         routing,
         per_token: per_token(a, b),
@@ -272,11 +289,50 @@ fn to_a(perm: Option<&Permutation>, layer: u32, expert_b: u32) -> u32 {
     perm.and_then(|p| p.get(&layer)).and_then(|p| p.get(expert_b as usize)).copied().unwrap_or(expert_b)
 }
 
-fn routing(a: &Analysis, b: &Analysis, perm: Option<&Permutation>) -> RoutingDiff {
+/// The first token whose ids differ, or that only one run has.
+fn first_divergence(a: &Analysis, b: &Analysis) -> Option<TokenDivergence> {
+    [Phase::Prompt, Phase::Generate].into_iter().find_map(|phase| {
+        fn ids(r: &Analysis, phase: Phase) -> Vec<&[i32]> {
+            in_phase(r, phase).map(|u| u.token_ids.as_slice()).collect()
+        }
+        let (ia, ib) = (ids(a, phase), ids(b, phase));
+        (0..ia.len().max(ib.len())).find_map(|u| {
+            let (ta, tb) = (ia.get(u), ib.get(u));
+            let row = match (ta, tb) {
+                (Some(x), Some(y)) => (0..x.len().max(y.len())).find(|&r| x.get(r) != y.get(r))?,
+                // A ubatch only one run has, even one whose ids were not recorded.
+                _ => 0,
+            };
+            let id = |t: Option<&&[i32]>| t.and_then(|t| t.get(row)).copied();
+            Some(TokenDivergence { phase, ubatch: u as u32, row: row as u32, id: [id(ta), id(tb)] })
+        })
+    })
+}
+
+/// Whether the `index`th ubatch of `phase` comes before the divergence.
+fn before(divergence: Option<&TokenDivergence>, phase: Phase, index: usize) -> bool {
+    match divergence {
+        None => true,
+        Some(d) if d.phase == phase => index < d.ubatch as usize,
+        // Prompt ubatches come before generate ones.
+        Some(d) => d.phase == Phase::Generate && phase == Phase::Prompt,
+    }
+}
+
+fn routing(
+    a: &Analysis,
+    b: &Analysis,
+    perm: Option<&Permutation>,
+    divergence: Option<&TokenDivergence>,
+) -> RoutingDiff {
     let mut d = RoutingDiff { permuted: perm.is_some(), ..Default::default() };
     for phase in [Phase::Prompt, Phase::Generate] {
         let ub: Vec<_> = in_phase(b, phase).collect();
         for (i, ua) in in_phase(a, phase).enumerate() {
+            if !before(divergence, phase, i) {
+                d.after_divergence += ua.routing.len() as u64;
+                continue;
+            }
             let rows_b: BTreeMap<(u32, u32), Vec<i32>> = ub
                 .get(i)
                 .into_iter()
@@ -311,8 +367,9 @@ fn routing(a: &Analysis, b: &Analysis, perm: Option<&Permutation>) -> RoutingDif
             let only_b = rows_b.len().saturating_sub(ua.routing.iter().filter(|r| r.layer.is_some()).count());
             d.compared += only_b as u64;
         }
+        // Ubatches only B has differ in token ids too, so they lie past any divergence.
         let extra: usize = ub.iter().skip(in_phase(a, phase).count()).map(|u| u.routing.len()).sum();
-        d.compared += extra as u64;
+        d.after_divergence += extra as u64;
     }
     d
 }
@@ -320,12 +377,74 @@ fn routing(a: &Analysis, b: &Analysis, perm: Option<&Permutation>) -> RoutingDif
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analyze::{Ubatch, correlate::RoutedToken};
 
     #[test]
     fn heat_classes() {
         assert_eq!(Heat::of(0, 10), Heat::Cold);
         assert_eq!(Heat::of(4, 10), Heat::Warm);
         assert_eq!(Heat::of(5, 10), Heat::Hot);
+    }
+
+    /// A ubatch of `phase` with these token ids, routed (in B's numbering
+    /// where it is B's) to `experts` in layer 0 for every token.
+    fn ubatch(phase: Phase, ids: &[i32], experts: &[i32]) -> Ubatch {
+        let routing = (0..ids.len() as u32)
+            .map(|row| RoutedToken { layer: Some(0), row, selected: experts.to_vec(), ranking: experts.to_vec() })
+            .collect();
+        Ubatch { phase, token_ids: ids.to_vec(), routing, ..Ubatch::started(0, 0, None) }
+    }
+
+    fn run(ubatches: Vec<Ubatch>) -> Analysis {
+        Analysis { ubatches, ..Default::default() }
+    }
+
+    #[test]
+    fn routing_is_compared_up_to_the_first_token_divergence() {
+        // B stores A's expert 2 at position 0 and A's 0 at position 1.
+        let perm: Permutation = [(0, vec![2, 0, 1])].into_iter().collect();
+        let a = run(vec![
+            ubatch(Phase::Prompt, &[1, 7, 8], &[2, 0]),
+            ubatch(Phase::Generate, &[5], &[0, 1]),
+            ubatch(Phase::Generate, &[6], &[1, 2]),
+            ubatch(Phase::Generate, &[9], &[1, 0]),
+        ]);
+        // Same routing under the permutation while the tokens agree; then a
+        // different token (6 → 4) and, from it on, other experts.
+        let b = run(vec![
+            ubatch(Phase::Prompt, &[1, 7, 8], &[0, 1]),
+            ubatch(Phase::Generate, &[5], &[1, 2]),
+            ubatch(Phase::Generate, &[4], &[0, 0]),
+            ubatch(Phase::Generate, &[3], &[0, 0]),
+            ubatch(Phase::Generate, &[3], &[0, 0]),
+        ]);
+        let div = first_divergence(&a, &b);
+        assert_eq!(div, Some(TokenDivergence { phase: Phase::Generate, ubatch: 1, row: 0, id: [Some(6), Some(4)] }));
+        let r = routing(&a, &b, Some(&perm), div.as_ref());
+        // 3 prompt rows and generated token 0 compared and equal; A's 2 later
+        // rows and the row of the ubatch only B has not.
+        assert_eq!((r.compared, r.equal, r.after_divergence), (4, 4, 3));
+        assert!(r.mismatches.is_empty());
+        // Without the permutation, the same rows differ.
+        let plain = routing(&a, &b, None, div.as_ref());
+        assert_eq!((plain.compared, plain.equal), (4, 0));
+        // Nothing diverges in a run compared with itself: all 6 rows compared.
+        assert_eq!(first_divergence(&a, &a), None);
+        assert_eq!(routing(&a, &a, None, None).equal, 6);
+    }
+
+    #[test]
+    fn divergence_in_the_prompt_or_in_length() {
+        let a = run(vec![ubatch(Phase::Prompt, &[1, 7, 8], &[0]), ubatch(Phase::Generate, &[5], &[0])]);
+        let b = run(vec![ubatch(Phase::Prompt, &[1, 7, 9], &[0]), ubatch(Phase::Generate, &[5], &[0])]);
+        let div = first_divergence(&a, &b);
+        assert_eq!(div, Some(TokenDivergence { phase: Phase::Prompt, ubatch: 0, row: 2, id: [Some(8), Some(9)] }));
+        assert_eq!(routing(&a, &b, None, div.as_ref()).compared, 0);
+        // B generated one token fewer: it diverges where it has no ubatch.
+        let short = run(vec![ubatch(Phase::Prompt, &[1, 7, 8], &[0])]);
+        let div = first_divergence(&a, &short);
+        assert_eq!(div, Some(TokenDivergence { phase: Phase::Generate, ubatch: 0, row: 0, id: [Some(5), None] }));
+        assert_eq!(routing(&a, &short, None, div.as_ref()).compared, 3);
     }
 
     #[test]

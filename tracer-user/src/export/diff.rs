@@ -4,7 +4,10 @@ use std::{fmt::Write as _, path::Path};
 
 use super::ExportError;
 use crate::{
-    analyze::diff::{Diff, Heat, Pair},
+    analyze::{
+        Phase,
+        diff::{Diff, Heat, Pair, TokenDivergence},
+    },
     units::human_bytes,
 };
 
@@ -19,7 +22,7 @@ pub fn render(d: &Diff) -> String {
     let _ = writeln!(
         out,
         "  token ids    {} (prompt {} / {}, generated {} / {})",
-        if d.tokens_equal { "equal" } else { "differ" },
+        d.first_divergence.as_ref().map_or_else(|| "equal".to_string(), divergence),
         a.prompt_tokens,
         b.prompt_tokens,
         a.generated_tokens,
@@ -28,11 +31,16 @@ pub fn render(d: &Diff) -> String {
     let r = &d.routing;
     let _ = writeln!(
         out,
-        "  routing      {} of {} (token, layer) rows equal{} ({} equal as sets)",
+        "  routing      {} of {} (token, layer) rows equal{} ({} equal as sets){}",
         r.equal,
         r.compared,
         if r.permuted { " under the expert permutation" } else { "" },
-        r.equal_as_sets
+        r.equal_as_sets,
+        if r.after_divergence > 0 {
+            format!("; {} rows from the token divergence on not compared", r.after_divergence)
+        } else {
+            String::new()
+        }
     );
     for m in &r.mismatches {
         let _ = writeln!(
@@ -126,6 +134,16 @@ pub fn render(d: &Diff) -> String {
     out
 }
 
+/// "diverge at generated token 11 (A 53, B 308)".
+fn divergence(t: &TokenDivergence) -> String {
+    let id = |v: Option<i32>| v.map_or_else(|| "none".to_string(), |v| v.to_string());
+    let at = match t.phase {
+        Phase::Generate if t.row == 0 => format!("generated token {}", t.ubatch),
+        phase => format!("{} ubatch {} token {}", format!("{phase:?}").to_lowercase(), t.ubatch, t.row),
+    };
+    format!("diverge at {at} (A {}, B {})", id(t.id[0]), id(t.id[1]))
+}
+
 /// The text and the per-token disk bytes of both runs as bars.
 pub fn write_html(d: &Diff, out: &Path) -> Result<(), ExportError> {
     let escape = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
@@ -155,4 +173,17 @@ table{{border-collapse:collapse}}td{{padding:2px 8px;font:12px monospace;width:4
         escape(&render(d))
     );
     std::fs::write(out, page).map_err(ExportError::write(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divergence_names_the_generated_token_or_the_prompt_position() {
+        let at = |phase, ubatch, row, id| divergence(&TokenDivergence { phase, ubatch, row, id });
+        assert_eq!(at(Phase::Generate, 11, 0, [Some(53), Some(308)]), "diverge at generated token 11 (A 53, B 308)");
+        assert_eq!(at(Phase::Generate, 3, 0, [Some(5), None]), "diverge at generated token 3 (A 5, B none)");
+        assert_eq!(at(Phase::Prompt, 0, 2, [Some(8), Some(9)]), "diverge at prompt ubatch 0 token 2 (A 8, B 9)");
+    }
 }
