@@ -460,7 +460,7 @@ mod tests {
         let model = dir.join("one.gguf");
         let bytes = GgufWriter::new().tensor("w", GgmlType::from_name("f32").unwrap(), &[1024, 16]).to_bytes().unwrap();
         std::fs::write(&model, bytes).unwrap();
-        nix::unistd::fsync(&std::fs::File::open(&model).unwrap()).unwrap();
+        std::fs::File::open(&model).unwrap().sync_all().unwrap();
 
         let mut resolver = Resolver::new(std::process::id());
         resolver.add_model(&model).unwrap();

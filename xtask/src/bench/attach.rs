@@ -58,7 +58,9 @@ fn start_target(ctx: &Ctx, model: &Path) -> Result<Child> {
 /// Kernel timestamp of the first op in a trace, from its jsonl export.
 fn first_op_ns(ctx: &Ctx, trace: &Path) -> Result<u64> {
     let jsonl = trace.with_extension("jsonl");
-    crate::shell::run(Command::new(&ctx.ttrace).arg("export").arg(trace).args(["--format", "jsonl", "-o"]).arg(&jsonl))?;
+    crate::shell::run(
+        Command::new(&ctx.ttrace).arg("export").arg(trace).args(["--format", "jsonl", "-o"]).arg(&jsonl),
+    )?;
     let text = std::fs::read_to_string(&jsonl)?;
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
