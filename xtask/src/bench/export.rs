@@ -140,16 +140,29 @@ fn report_ops(ctx: &Ctx, trace: &Path) -> Result<u64> {
 
 /// [`RUNS`] interleaved runs of each format: wall time of the whole
 /// `ttrace export` process, peak RSS from `/usr/bin/time -v` where it exists.
+///
+/// Each format first writes its output once untimed; the timed runs rewrite
+/// it in place, each after a `sync`. What a run then costs is the export's
+/// own work, not two kernel costs that vary by seconds with the machine's
+/// history. Outputs kept side by side (3.5 GB for Gemma) take fresh
+/// page-cache pages: `perf` showed the copy into them
+/// (`copy_folio_from_iter_atomic`) dominating, tokens-json at 3 s instead
+/// of 1.5 (a VM whose host backs guest pages on first touch, presumably).
+/// Outputs deleted between runs make ext4 without a journal (this root)
+/// create files within minutes of deleting thousands, when its inode
+/// allocator skips each recently deleted inode: `perf` showed
+/// `find_inode_bit`/`recently_deleted`, seconds of kernel time per run.
 fn time_exports(ctx: &Ctx, trace: &Path, key: &str, formats: &[&'static str]) -> Result<Vec<Export>> {
     let mut results: Vec<Export> = formats
         .iter()
         .map(|&format| Export { format, events: 0, secs: Vec::new(), max_rss_kb: None, out_bytes: 0 })
         .collect();
+    let dest = |format: &str| ctx.out_dir.join(format!("export-{key}.{format}"));
     let time_v = Path::new("/usr/bin/time").exists();
-    for _ in 0..RUNS {
+    for run in 0..=RUNS {
         for r in &mut results {
-            let dest = ctx.out_dir.join(format!("export-{key}.{}", r.format));
-            remove(&dest)?;
+            let dest = dest(r.format);
+            sync()?;
             let mut cmd = if time_v {
                 let mut c = Command::new("/usr/bin/time");
                 c.arg("-v").arg(&ctx.ttrace);
@@ -165,6 +178,9 @@ fn time_exports(ctx: &Ctx, trace: &Path, key: &str, formats: &[&'static str]) ->
             if !out.status.success() {
                 bail!("export {} failed: {err}", r.format);
             }
+            if run == 0 {
+                continue;
+            }
             // `ttrace: wrote … (N events, M items) in …`
             r.events = err
                 .split_once(" events, ")
@@ -178,10 +194,14 @@ fn time_exports(ctx: &Ctx, trace: &Path, key: &str, formats: &[&'static str]) ->
                 .or(r.max_rss_kb);
             r.secs.push(secs);
             r.out_bytes = bytes_under(&dest)?;
-            remove(&dest)?;
         }
     }
+    formats.iter().try_for_each(|f| remove(&dest(f)))?;
     Ok(results)
+}
+
+fn sync() -> Result<()> {
+    crate::shell::run(&mut Command::new("sync"))
 }
 
 fn remove(path: &PathBuf) -> Result<()> {
@@ -228,7 +248,9 @@ pub fn section(md: &mut String, sources: &[Source]) -> Result<()> {
     writeln!(
         md,
         "Median of {RUNS} interleaved runs per format; wall time of the whole `ttrace export` process (its first pass \
-         over the trace included).\n"
+         over the trace included). Each format writes its output once untimed, then the timed runs rewrite it \
+         in place, each after a `sync` (see `xtask/src/bench/export.rs`: fresh page-cache pages of this VM and \
+         ext4 inode allocation after mass deletes otherwise vary a run by seconds).\n"
     )?;
     for s in sources {
         let gemma = s.key == "gemma";

@@ -4,9 +4,10 @@
 //! An entry's fields come from three places: the op's shape (destination and
 //! sources: names, pointers, layers, weights), its ubatch (phase, token id,
 //! routed experts) and the op itself (time, thread, position). The shape's
-//! fields are encoded once per [`OpShapes`] key and copied into every entry
-//! that repeats them; an op that reads routed MoE experts is encoded per run,
-//! as its bytes read depend on the ubatch's routing.
+//! fields are encoded once per [`OpShapes`](crate::export::shape::OpShapes)
+//! key and copied into every entry that repeats them; an op that reads MoE
+//! expert tensors is encoded per run, as its bytes read depend on the
+//! ubatch's routing.
 
 use std::{collections::BTreeMap, sync::Arc};
 
