@@ -22,6 +22,14 @@ pub const GOAL_SECS: f64 = 0.5;
 pub struct AttachSample {
     pub round: usize,
     pub first_op_secs: f64,
+    /// The 1-minute load average when the round started: on 2 cores a busy
+    /// machine multiplies every step (verifier, BTF parse) several times.
+    pub load: f64,
+}
+
+fn load_average() -> f64 {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(f64::NAN)
 }
 
 fn monotonic_ns() -> u64 {
@@ -71,6 +79,7 @@ fn first_op_ns(ctx: &Ctx, trace: &Path) -> Result<u64> {
 
 fn one_round(ctx: &Ctx, model: &Path, round: usize) -> Result<AttachSample> {
     let mut target = start_target(ctx, model)?;
+    let load = load_average();
     let trace = ctx.out_dir.join("attach.data");
     let spawned = monotonic_ns();
     let tracer = Command::new(&ctx.ttrace)
@@ -93,7 +102,7 @@ fn one_round(ctx: &Ctx, model: &Path, round: usize) -> Result<AttachSample> {
     let _ = target.kill();
     let _ = target.wait();
     let first = result?;
-    Ok(AttachSample { round, first_op_secs: first.saturating_sub(spawned) as f64 / 1e9 })
+    Ok(AttachSample { round, first_op_secs: first.saturating_sub(spawned) as f64 / 1e9, load })
 }
 
 pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<AttachSample>> {
@@ -121,7 +130,10 @@ pub fn section(md: &mut String, samples: &[AttachSample]) -> Result<()> {
          kernel's BTF, loading and verifying the programs, attaching them and the wait for the target's next graph.\n",
         secs.len()
     )?;
-    writeln!(md, "| median | min–max |\n|---|---|\n| {median:.3} s | {lo:.3}–{hi:.3} s |\n")?;
+    let loads: Vec<f64> = samples.iter().map(|s| s.load).collect();
+    let (load_lo, load_hi) = super::min_max(&loads);
+    writeln!(md, "| median | min–max | load average (1 min) |\n|---|---|---|")?;
+    writeln!(md, "| {median:.3} s | {lo:.3}–{hi:.3} s | {load_lo:.1}–{load_hi:.1} |\n")?;
     writeln!(md, "- Goal ≤ {GOAL_SECS} s: {} ({median:.3} s)", super::met(median <= GOAL_SECS))?;
     Ok(())
 }
@@ -130,6 +142,7 @@ pub fn csv(csv: &mut String, samples: &[AttachSample]) -> Result<()> {
     use std::fmt::Write as _;
     for s in samples {
         writeln!(csv, "attach_first_op_secs,tiny,{},{}", s.round, s.first_op_secs)?;
+        writeln!(csv, "attach_load_average,tiny,{},{}", s.round, s.load)?;
     }
     Ok(())
 }
