@@ -29,7 +29,9 @@ pub fn ensure() -> Result<String> {
     }
     for tool in ["node", "npm"] {
         if !shell::succeeds(Command::new(tool).arg("--version")) {
-            bail!("`{tool}` is not installed; the viewer needs Node.js 20 or later with npm (Debian: `apt-get install nodejs npm`)");
+            bail!(
+                "`{tool}` is not installed; the viewer needs Node.js 20 or later with npm (Debian: `apt-get install nodejs npm`)"
+            );
         }
     }
     if !installed {

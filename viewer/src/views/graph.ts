@@ -14,6 +14,12 @@ import { clear, clearError, h, showError } from "../ui/dom";
 
 const SVG = "http://www.w3.org/2000/svg";
 const NODE_H = 30;
+/**
+ * Producers read by more consumers than this (positions, masks, the
+ * embeddings' output) are left out of the layout: their edges to every layer
+ * would drag the chain into a staircase. They are drawn, faintly, after it.
+ */
+const HUB_FANOUT = 6;
 
 interface DisplayNode {
   id: number;
@@ -37,7 +43,7 @@ export class GraphView {
   private readonly latest = new Latest();
   private graph: GraphAnswer | null = null;
   private open = new Set<number>();
-  private shown: { nodes: DisplayNode[]; layout: LayoutAnswer } | null = null;
+  private shown: { nodes: DisplayNode[]; layout: LayoutAnswer; hubEdges: [number, number][] } | null = null;
   private view = { x: 0, y: 0, k: 1 };
   private active = false;
 
@@ -62,6 +68,7 @@ export class GraphView {
         btn("open all layers", () => this.setOpen(new Set(ctx.meta.layers))),
         btn("collapse layers", () => this.setOpen(new Set())),
         btn("fit", () => this.fit()),
+        h("span", { class: "hint" }, "wheel: scroll · ctrl+wheel: zoom · drag: pan"),
         this.status,
       ),
       h("div", { class: "graph-box" }, this.svg),
@@ -114,38 +121,44 @@ export class GraphView {
     void this.relayout(false);
   }
 
-  private display(g: GraphAnswer): { nodes: DisplayNode[]; edges: [number, number][]; of: number[] } {
+  private display(g: GraphAnswer): { nodes: DisplayNode[]; edges: [number, number][]; hubEdges: [number, number][] } {
     const nodes: DisplayNode[] = [];
     const byLayer = new Map<number, DisplayNode>();
+    const layers = groupLayers(g);
     const of = g.nodes.map((n, i) => {
-      if (n.layer !== null && !this.open.has(n.layer)) {
-        let d = byLayer.get(n.layer);
+      const layer = layers[i];
+      if (layer !== null && !this.open.has(layer)) {
+        let d = byLayer.get(layer);
         if (!d) {
-          d = { id: nodes.length, members: [], layer: n.layer, collapsed: true, label: `blk.${n.layer}`, sub: "", w: 0 };
-          byLayer.set(n.layer, d);
+          d = { id: nodes.length, members: [], layer, collapsed: true, label: `blk.${layer}`, sub: "", w: 0 };
+          byLayer.set(layer, d);
           nodes.push(d);
         }
         d.members.push(i);
         return d.id;
       }
       const dst = n.dst.length > 26 ? `${n.dst.slice(0, 25)}…` : n.dst;
-      nodes.push({ id: nodes.length, members: [i], layer: n.layer, collapsed: false, label: n.name, sub: dst, w: 0 });
+      nodes.push({ id: nodes.length, members: [i], layer, collapsed: false, label: n.name, sub: dst, w: 0 });
       return nodes.length - 1;
     });
     for (const d of nodes) {
       if (d.collapsed) d.sub = `${d.members.length} ops (click to open)`;
-      d.w = Math.max(d.label.length, d.sub.length) * 6.2 + 16;
+      d.w = Math.max(d.label.length * 7, d.sub.length * 5.6) + 18;
     }
     const seen = new Set<string>();
-    const edges: [number, number][] = [];
+    const all: [number, number][] = [];
     for (const [a, b] of g.edges) {
       const pa = of[a];
       const pb = of[b];
       if (pa === undefined || pb === undefined || pa === pb || seen.has(`${pa},${pb}`)) continue;
       seen.add(`${pa},${pb}`);
-      edges.push([pa, pb]);
+      all.push([pa, pb]);
     }
-    return { nodes, edges, of };
+    const fanout = new Map<number, number>();
+    for (const [a] of all) fanout.set(a, (fanout.get(a) ?? 0) + 1);
+    const hub = (a: number) => (fanout.get(a) ?? 0) > HUB_FANOUT;
+    for (const d of nodes) if (hub(d.id) && !d.collapsed) d.sub = `→ ${fanout.get(d.id)} consumers`;
+    return { nodes, edges: all.filter(([a]) => !hub(a)), hubEdges: all.filter(([a]) => hub(a)) };
   }
 
   private layout(key: string, req: LayoutRequest): Promise<LayoutAnswer> {
@@ -168,7 +181,7 @@ export class GraphView {
     const lay = await this.layout(key, { key, nodes: d.nodes.map((n) => ({ id: n.id, w: n.w, h: NODE_H })), edges: d.edges });
     if (this.graph !== g) return;
     if (lay.error) return showError(this.root, new Error(`graph layout: ${lay.error}`));
-    this.shown = { nodes: d.nodes, layout: lay };
+    this.shown = { nodes: d.nodes, layout: lay, hubEdges: d.hubEdges };
     this.svg.dataset.drawn = String(d.nodes.length);
     this.status.textContent = `ubatch ${g.ubatch}: ${g.nodes.length} nodes, ${g.edges.length} edges (layout ${Math.round(performance.now() - t0)} ms)`;
     this.draw();
@@ -188,6 +201,17 @@ export class GraphView {
       p.setAttribute("points", pts.map((q) => `${q.x},${q.y}`).join(" "));
       edgeLayer.append(p);
     });
+    for (const [a, b] of s.hubEdges) {
+      const p = document.createElementNS(SVG, "line");
+      const pa = s.layout.pos[a];
+      const pb = s.layout.pos[b];
+      p.setAttribute("x1", String(pa.x));
+      p.setAttribute("y1", String(pa.y + NODE_H / 2));
+      p.setAttribute("x2", String(pb.x));
+      p.setAttribute("y2", String(pb.y - NODE_H / 2));
+      p.setAttribute("class", "hub-edge");
+      edgeLayer.append(p);
+    }
     this.scene.append(edgeLayer);
     s.nodes.forEach((n, i) => {
       const { x, y } = s.layout.pos[i];
@@ -240,8 +264,9 @@ export class GraphView {
     const s = this.shown;
     const box = this.svg.getBoundingClientRect();
     if (!s || !box.width) return;
-    const k = Math.min(box.width / Math.max(1, s.layout.width), box.height / Math.max(1, s.layout.height), 1.5);
-    this.view = { k, x: (box.width - s.layout.width * k) / 2, y: 6 };
+    // Graphs are deep chains: fit the width, start at the top, scroll down.
+    const k = Math.max(0.25, Math.min(box.width / Math.max(1, s.layout.width), 1.2));
+    this.view = { k, x: Math.max(0, (box.width - s.layout.width * k) / 2), y: 6 };
     this.applyView();
   }
 
@@ -255,6 +280,11 @@ export class GraphView {
       "wheel",
       (e) => {
         e.preventDefault();
+        if (!e.ctrlKey && !e.shiftKey) {
+          // A deep chain reads like a page: the wheel scrolls it.
+          this.view = { ...this.view, x: this.view.x - e.deltaX, y: this.view.y - e.deltaY };
+          return this.applyView();
+        }
         const f = Math.exp(-Math.max(-1, Math.min(1, (e.deltaY || e.deltaX) * 0.0015)));
         const r = svg.getBoundingClientRect();
         const px = e.clientX - r.left;
@@ -279,6 +309,29 @@ export class GraphView {
     });
     svg.addEventListener("pointerup", () => (drag = null));
   }
+}
+
+/**
+ * The layer each node collapses into: its own, or for an op without one
+ * (a KV-cache write, the attention itself, a shared norm) the layer of the
+ * ops on both sides of it in execution order, when they agree. Ops before
+ * the first layer and after the last stay on their own.
+ */
+function groupLayers(g: GraphAnswer): (number | null)[] {
+  const n = g.nodes.length;
+  const before: (number | null)[] = new Array(n).fill(null);
+  const after: (number | null)[] = new Array(n).fill(null);
+  let last: number | null = null;
+  for (let i = 0; i < n; i++) {
+    if (g.nodes[i].layer !== null) last = g.nodes[i].layer;
+    before[i] = last;
+  }
+  last = null;
+  for (let i = n - 1; i >= 0; i--) {
+    if (g.nodes[i].layer !== null) last = g.nodes[i].layer;
+    after[i] = last;
+  }
+  return g.nodes.map((node, i) => node.layer ?? (before[i] !== null && before[i] === after[i] ? before[i] : null));
 }
 
 function text(s: string, x: number, y: number, cls: string): SVGTextElement {

@@ -3,9 +3,11 @@
 // power-of-two buckets here too, so a small pan repeats the same URL and the
 // client cache answers it before the server's does.
 
-import { getFrame, type Params } from "../../api/client";
+import { getFrame, getJson, type Params } from "../../api/client";
 import type { Frame } from "../../api/frame";
-import type { GridMeta, GridMetric, OverlayMetric } from "../../api/types";
+import type { CellTensor, GridMeta, GridMetric, OverlayMetric } from "../../api/types";
+import { PHASES } from "../../api/types";
+import type { MemmapState } from "../../state";
 import { logT, OVERLAY_COLORS, ramp } from "../../ui/colors";
 
 export interface Range {
@@ -126,6 +128,49 @@ export async function loadTensorMatrix(q: GridQuery): Promise<TensorMatrix> {
     max = Math.max(max, row[ix[i]]);
   }
   return { xFrom: f.meta.x_from, xBin: f.meta.x_bin, nx, byTensor, max };
+}
+
+export interface CellBox {
+  x0: number;
+  x1: number;
+  y0: number;
+  y1: number;
+}
+
+/** `memmap/cell` parameters for a box, with the read filters the map shows. */
+export function cellParams(mm: MemmapState, box: CellBox): Params {
+  return {
+    track: mm.track,
+    x: mm.x,
+    x_from: box.x0,
+    x_to: box.x1,
+    y_from: box.y0,
+    y_to: box.y1,
+    memory: mm.memory === "all" ? undefined : mm.memory,
+    op: mm.ops,
+    phase: mm.phases.map((p) => PHASES[p]),
+  };
+}
+
+/** f32 holds every integer below this exactly. */
+const F32_EXACT = 1 << 24;
+
+/**
+ * The lit cells of one tensor inside `box`, with its own bytes: a cell that
+ * also covers a neighbour (at the tensor's ends), or whose total could be
+ * rounded in f32, is asked for exactly (`memmap/cell`, per tensor).
+ */
+export async function tensorCells(g: Grid, mm: MemmapState, box: CellBox, tensor: number): Promise<(CellBox & { v: number })[]> {
+  const cells = litCells(g, box.x0, box.x1, box.y0, box.y1);
+  return (
+    await Promise.all(
+      cells.map(async (c) => {
+        if (c.y0 >= box.y0 && c.y1 <= box.y1 && c.v < F32_EXACT) return c;
+        const got = await getJson<{ tensors: CellTensor[] }>("memmap/cell", cellParams(mm, c));
+        return { ...c, v: got.tensors.find((t) => t.tensor === tensor)?.read_bytes ?? 0 };
+      }),
+    )
+  ).filter((c) => c.v > 0);
 }
 
 /** Cells of `g` with a value, inside [y0, y1) and x range [x0, x1) (for tests and the selection). */

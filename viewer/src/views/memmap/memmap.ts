@@ -11,7 +11,7 @@ import { PHASES } from "../../api/types";
 import type { Ctx } from "../../context";
 import { changed, type State } from "../../state";
 import { clearError, fitCanvas, h, showError } from "../../ui/dom";
-import { bucket, type Grid, type GridQuery, litCells, loadGrid, loadTensorMatrix, type TensorMatrix } from "./data";
+import { bucket, type Grid, type GridQuery, litCells, loadGrid, loadTensorMatrix, type TensorMatrix, tensorCells } from "./data";
 import { AXIS_TOP, type Box, drawHighlights, drawScene, GUTTER, type Highlights, pxToX, RIGHT, type Scene, xToPx, yToPx } from "./draw";
 import { toolbar } from "./toolbar";
 import { CellTooltip } from "./tooltip";
@@ -44,6 +44,8 @@ export class MemmapView {
   private scene: Scene | null = null;
   private opReads: OpReads | null = null;
   private hover: Box | null = null;
+  /** What `data-lit-cells` was computed for. */
+  private litKey = "";
   private readonly latest = new Latest();
   private fetchTimer = 0;
   private commitTimer = 0;
@@ -140,6 +142,8 @@ export class MemmapView {
   // ------------------------------------------------------------ data
 
   private refresh(): void {
+    // Not ready from the moment the view changes until its answer is drawn.
+    this.canvas.dataset.ready = "0";
     this.draw();
     clearTimeout(this.fetchTimer);
     this.fetchTimer = window.setTimeout(() => void this.fetch(), 30);
@@ -168,7 +172,6 @@ export class MemmapView {
     if (!q) return;
     const mm = this.ctx.store.state.mm;
     const wantTensors = mm.track === "disk" && mm.minBand;
-    this.canvas.dataset.ready = "0";
     await this.latest.run(
       () =>
         Promise.all([
@@ -269,12 +272,20 @@ export class MemmapView {
     if (!base) return;
     c.dataset.grid = JSON.stringify(base.meta);
     const t = this.ctx.tensor(sel.tensor);
-    if (t && sel.ubatch !== null && this.ctx.store.state.mm.track === "disk") {
-      const [x0, x1] = this.ubatchX(sel.ubatch);
-      c.dataset.litCells = JSON.stringify(litCells(base, x0, x1, t.y0, t.y0 + t.size).map((k) => [k.y0, k.y1, k.v]));
-    } else {
+    const mm = this.ctx.store.state.mm;
+    if (!t || sel.ubatch === null || mm.track !== "disk") {
+      this.litKey = "";
       delete c.dataset.litCells;
+      return;
     }
+    const [x0, x1] = this.ubatchX(sel.ubatch);
+    const key = JSON.stringify([base.meta, t.id, x0, mm.memory, mm.ops, mm.phases]);
+    if (key === this.litKey) return;
+    this.litKey = key;
+    delete c.dataset.litCells;
+    void tensorCells(base, mm, { x0, x1, y0: t.y0, y1: t.y0 + t.size }, t.id).then((cells) => {
+      if (this.litKey === key) c.dataset.litCells = JSON.stringify(cells.map((k) => [k.y0, k.y1, k.v]));
+    });
   }
 
   /** Test hook: where (client pixels) x and byte y are drawn now; `x` null: the gutter. */

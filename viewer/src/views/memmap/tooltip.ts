@@ -5,12 +5,11 @@
 
 import { getJson, Latest } from "../../api/client";
 import type { Band, CellTensor } from "../../api/types";
-import { PHASES } from "../../api/types";
 import type { Ctx } from "../../context";
 import { hue, logT, ramp, rgb } from "../../ui/colors";
 import { clear, h } from "../../ui/dom";
 import { bytes, hex, int } from "../../ui/format";
-import type { TensorMatrix } from "./data";
+import { cellParams, type TensorMatrix } from "./data";
 import type { Box, Scene } from "./draw";
 
 const MAGNIFY_BELOW_PX = 8;
@@ -52,18 +51,7 @@ export class CellTooltip {
   }
 
   private async load(box: Box, band: Band | null, sc: Scene, tensors: TensorMatrix | null): Promise<void> {
-    const mm = this.ctx.store.state.mm;
-    const params = {
-      track: mm.track,
-      x: mm.x,
-      x_from: box.x0,
-      x_to: box.x1,
-      y_from: box.y0,
-      y_to: box.y1,
-      memory: mm.memory === "all" ? undefined : mm.memory,
-      op: mm.ops,
-      phase: mm.phases.map((p) => PHASES[p]),
-    };
+    const params = cellParams(this.ctx.store.state.mm, box);
     await this.latest.run(
       () => getJson<{ tensors: CellTensor[] }>("memmap/cell", params),
       (cell) => this.render(box, band, cell.tensors, sc, tensors),
