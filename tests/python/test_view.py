@@ -289,6 +289,12 @@ def test_selecting_a_tensor_filters_the_op_table(traced, view, tmp_path, name):
     rows = page.locator("#op-rows .ops-row[data-op]")
     assert rows.count() == want
     shoot(page, tmp_path, f"{name}-op-table")
+    # The URL holds the selection: a reload shows the same table.
+    page.wait_for_function("() => location.hash.includes('tensor=')")
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']", state="attached")
+    page.wait_for_function(f"() => document.getElementById('op-total').dataset.total === '{want}'")
+    assert hook(page, "state().sel.ubatch") == u["index"]
 
 
 @pytest.mark.parametrize("name", ["tiny", "gemma", "qwen3moe"])

@@ -38,6 +38,8 @@ export interface MemmapState {
 
 export interface OpsState {
   op: number[];
+  layer: number[];
+  seq: number[];
   name: string;
   phase: number[];
   memory: number[];
@@ -75,6 +77,8 @@ export function initialState(): State {
     },
     ops: {
       op: [],
+      layer: [],
+      seq: [],
       name: "",
       phase: [],
       memory: [],
@@ -136,6 +140,8 @@ const FIELDS: Field[] = [
   },
   { key: "mm.minband", get: (s) => (s.mm.minBand ? null : "0"), set: (s, v) => void (s.mm.minBand = v !== "0") },
   { key: "ops.op", get: (s) => list(s.ops.op), set: (s, v) => void (s.ops.op = nums(v)) },
+  { key: "ops.layer", get: (s) => list(s.ops.layer), set: (s, v) => void (s.ops.layer = nums(v)) },
+  { key: "ops.seq", get: (s) => list(s.ops.seq), set: (s, v) => void (s.ops.seq = nums(v)) },
   { key: "ops.name", get: (s) => s.ops.name || null, set: (s, v) => void (s.ops.name = v) },
   { key: "ops.phase", get: (s) => list(s.ops.phase), set: (s, v) => void (s.ops.phase = nums(v)) },
   { key: "ops.memory", get: (s) => list(s.ops.memory), set: (s, v) => void (s.ops.memory = nums(v)) },

@@ -57,3 +57,12 @@ export function showError(box: HTMLElement, e: unknown): void {
 export function clearError(box: HTMLElement): void {
   box.querySelector(":scope > .view-error")?.remove();
 }
+
+/** Keeps a drag's moves coming when the pointer leaves the canvas (synthetic events have nothing to capture). */
+export function capture(el: Element, e: PointerEvent): void {
+  try {
+    el.setPointerCapture(e.pointerId);
+  } catch {
+    // not an active pointer
+  }
+}

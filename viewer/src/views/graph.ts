@@ -10,7 +10,7 @@ import type { GraphAnswer } from "../api/types";
 import type { Ctx } from "../context";
 import type { LayoutAnswer, LayoutRequest } from "../graph/protocol";
 import { hue } from "../ui/colors";
-import { clear, clearError, h, showError } from "../ui/dom";
+import { capture, clear, clearError, h, showError } from "../ui/dom";
 
 const SVG = "http://www.w3.org/2000/svg";
 const NODE_H = 30;
@@ -300,7 +300,7 @@ export class GraphView {
     svg.addEventListener("pointerdown", (e) => {
       if ((e.target as Element).closest(".graph-node")) return;
       drag = { x: e.clientX, y: e.clientY, vx: this.view.x, vy: this.view.y };
-      svg.setPointerCapture(e.pointerId);
+      capture(svg, e);
     });
     svg.addEventListener("pointermove", (e) => {
       if (!drag) return;

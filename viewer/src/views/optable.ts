@@ -80,8 +80,9 @@ export class OpTable {
       from_ubatch: ubatch ?? o.fromUbatch ?? undefined,
       to_ubatch: ubatch !== null ? ubatch + 1 : (o.toUbatch ?? undefined),
       tensor: linked ? (sel.tensor ?? undefined) : undefined,
-      layer: linked ? (sel.layer ?? undefined) : undefined,
-      seq: linked ? (sel.seq ?? undefined) : undefined,
+      // The table's own layer and sequence filters win over the selection's.
+      layer: o.layer.length ? o.layer : linked ? (sel.layer ?? undefined) : undefined,
+      seq: o.seq.length ? o.seq : linked ? (sel.seq ?? undefined) : undefined,
       sort: o.sort === "op_seq" ? undefined : o.sort,
       desc: o.desc ? 1 : undefined,
     };
@@ -227,17 +228,18 @@ export class OpTable {
     const chip = (label: string, clearSel: () => void, key: string) =>
       this.chips.append(h("span", { class: "chip", "data-chip": key }, label, h("button", { title: "clear", onclick: clearSel }, "×")));
     if (sel.tensor !== null) chip(`tensor ${this.ctx.tensor(sel.tensor)?.name ?? sel.tensor}`, () => this.ctx.store.select({ tensor: null }), "tensor");
-    if (sel.layer !== null) chip(`layer ${sel.layer}`, () => this.ctx.store.select({ layer: null }), "layer");
+    if (sel.layer !== null && !s.ops.layer.length) chip(`layer ${sel.layer}`, () => this.ctx.store.select({ layer: null }), "layer");
     if (sel.ubatch !== null && s.ops.fromUbatch === null && s.ops.toUbatch === null)
       chip(`ubatch ${sel.ubatch}`, () => this.ctx.store.select({ ubatch: null, token: null }), "ubatch");
-    if (sel.seq !== null) chip(`sequence ${sel.seq}`, () => this.ctx.store.select({ seq: null }), "seq");
+    if (sel.seq !== null && !s.ops.seq.length) chip(`sequence ${sel.seq}`, () => this.ctx.store.select({ seq: null }), "seq");
   }
 
   private filterBar(): HTMLElement {
     const store = this.ctx.store;
     const sync: ((s: State) => void)[] = [];
-    const multi = (id: string, names: readonly string[], get: (s: State) => number[], set: (s: State, v: number[]) => void, all: string) => {
-      const el = h("select", { id, onchange: () => store.update((s) => set(s, el.value === "" ? [] : [Number(el.value)])) }, h("option", { value: "" }, all), ...names.map((n, i) => h("option", { value: i }, n)));
+    // One value or none; `values` are the ids when they are not the indexes of `names`.
+    const multi = (id: string, names: readonly string[], get: (s: State) => number[], set: (s: State, v: number[]) => void, all: string, values?: readonly number[]) => {
+      const el = h("select", { id, onchange: () => store.update((s) => set(s, el.value === "" ? [] : [Number(el.value)])) }, h("option", { value: "" }, all), ...names.map((n, i) => h("option", { value: values ? values[i] : i }, n)));
       sync.push((s) => (el.value = get(s).length === 1 ? String(get(s)[0]) : ""));
       return el;
     };
@@ -266,8 +268,10 @@ export class OpTable {
       { class: "toolbar", id: "op-filters" },
       multi("op-filter-op", this.ctx.meta.op_names, (s) => s.ops.op, (s, v) => void (s.ops.op = v), "all ops"),
       name,
+      multi("op-filter-layer", this.ctx.meta.layers.map((l) => `layer ${l}`), (s) => s.ops.layer, (s, v) => void (s.ops.layer = v), "all layers", this.ctx.meta.layers),
       multi("op-filter-phase", PHASES, (s) => s.ops.phase, (s, v) => void (s.ops.phase = v), "all phases"),
       multi("op-filter-memory", MEMORY, (s) => s.ops.memory, (s, v) => void (s.ops.memory = v), "any memory"),
+      multi("op-filter-seq", this.ctx.meta.sequences.map((q) => `sequence ${q}`), (s) => s.ops.seq, (s, v) => void (s.ops.seq = v), "all sequences", this.ctx.meta.sequences),
       numInput("op-filter-from", "from ubatch", (s) => s.ops.fromUbatch, (s, v) => void (s.ops.fromUbatch = v)),
       numInput("op-filter-to", "to ubatch", (s) => s.ops.toUbatch, (s, v) => void (s.ops.toUbatch = v)),
       h("label", { class: "toggle", title: "the selected tensor, layer, ubatch and sequence filter the table" }, linked, "follow selection"),

@@ -10,7 +10,7 @@ import type { TimelineTrack } from "../api/types";
 import type { Ctx } from "../context";
 import type { State } from "../state";
 import { hue, OVERLAY_COLORS, PHASE_COLORS, rgb } from "../ui/colors";
-import { clearError, fitCanvas, h, showError } from "../ui/dom";
+import { capture, clearError, fitCanvas, h, showError } from "../ui/dom";
 import { bytes, int, ns } from "../ui/format";
 import { bucket } from "./memmap/data";
 import { ticks } from "./memmap/draw";
@@ -40,6 +40,7 @@ export class Timeline {
   private readonly latest = new Latest();
   private timer = 0;
   private commitTimer = 0;
+  private frame = 0;
   private drag: { x: number; y: number; t0: number; t1: number; top: number; moved: boolean } | null = null;
 
   constructor(
@@ -96,7 +97,7 @@ export class Timeline {
   }
 
   private refresh(): void {
-    this.draw();
+    this.requestDraw();
     clearTimeout(this.timer);
     this.timer = window.setTimeout(() => void this.fetch(), 30);
   }
@@ -116,6 +117,15 @@ export class Timeline {
       },
       (e) => showError(this.root, e),
     );
+  }
+
+  /** One draw per frame however many wheel and pointer events arrive. */
+  private requestDraw(): void {
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => {
+      this.frame = 0;
+      this.draw();
+    });
   }
 
   private x(t: number, w: number): number {
@@ -321,7 +331,7 @@ export class Timeline {
       { passive: false },
     );
     c.addEventListener("pointerdown", (e) => {
-      c.setPointerCapture(e.pointerId);
+      capture(c, e);
       this.drag = { x: e.clientX, y: e.clientY, t0: this.t0, t1: this.t1, top: this.box.scrollTop, moved: false };
     });
     c.addEventListener("pointermove", (e) => {

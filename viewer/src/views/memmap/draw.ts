@@ -31,6 +31,8 @@ export interface Scene {
   ylay: YLayout;
   bands: Band[];
   groups: { layer: number; y0: number; y1: number }[];
+  /** MoE expert slices of the expert tensors. */
+  experts: { expert: number; y0: number; y1: number }[];
   base: Grid | null;
   overlays: Grid[];
   tensors: TensorMatrix | null;
@@ -60,6 +62,7 @@ export function drawScene(g: CanvasRenderingContext2D, s: Scene, width: number, 
   drawBackground(g, s);
   if (s.base) drawGrid(g, s, s.base, true);
   for (const o of s.overlays) drawGrid(g, s, o, false);
+  drawExpertSlices(g, s);
   g.restore();
   drawGutter(g, s);
   drawTopAxis(g, s);
@@ -118,6 +121,22 @@ function drawTensorRow(g: CanvasRenderingContext2D, s: Scene, tensor: number, py
     const x1 = xToPx(s, m.xFrom + (ix + 1) * m.xBin);
     g.fillStyle = rgb(ramp(0.08 + 0.92 * logT(v, Math.max(max, v))));
     g.fillRect(x0, py0, Math.max(0.5, x1 - x0), Math.max(0.5, py1 - py0));
+  }
+}
+
+/** Where one expert's slice ends and the next begins, when there is room to see it. */
+function drawExpertSlices(g: CanvasRenderingContext2D, s: Scene): void {
+  const { l, w, t, h } = s.plot;
+  g.fillStyle = "rgba(148,163,184,0.35)";
+  g.font = "9px system-ui, sans-serif";
+  g.textBaseline = "middle";
+  for (const e of s.experts) {
+    if (e.y1 <= s.ylay.y0 || e.y0 >= s.ylay.y1) continue;
+    const y0 = yToPx(s, e.y0);
+    const y1 = yToPx(s, e.y1);
+    if (y1 - y0 < 3 || y0 < t || y0 > t + h) continue;
+    g.fillRect(l, y0, w, 0.6);
+    if (y1 - y0 >= 11) g.fillText(`e${e.expert}`, l + w - 22, (y0 + y1) / 2);
   }
 }
 

@@ -10,7 +10,9 @@ import type { Band, Bands, GridMetric, Track } from "../../api/types";
 import { PHASES } from "../../api/types";
 import type { Ctx } from "../../context";
 import { changed, type State } from "../../state";
-import { clearError, fitCanvas, h, showError } from "../../ui/dom";
+import { ramp as rampColor, rgb } from "../../ui/colors";
+import { capture, clear, clearError, fitCanvas, h, showError } from "../../ui/dom";
+import { bytes as fmtBytes, ns as fmtNs } from "../../ui/format";
 import { bucket, type Grid, type GridQuery, litCells, loadGrid, loadTensorMatrix, type TensorMatrix, tensorCells } from "./data";
 import { AXIS_TOP, type Box, drawHighlights, drawScene, GUTTER, type Highlights, pxToX, RIGHT, type Scene, xToPx, yToPx } from "./draw";
 import { toolbar } from "./toolbar";
@@ -18,6 +20,7 @@ import { CellTooltip } from "./tooltip";
 import { YLayout } from "./ylayout";
 
 const MIN_BAND_PX = 4;
+export const FIRST_PAINT = "ttrace:memmap-first-paint";
 const MIN_Y_SPAN = 64;
 
 interface View {
@@ -36,6 +39,7 @@ interface OpReads {
 export class MemmapView {
   private readonly canvas = h("canvas", { id: "memmap-canvas", "data-ready": "0" });
   private readonly tooltip: CellTooltip;
+  private readonly legend = h("span", { class: "legend", id: "memmap-legend" });
   private bands = new Map<Track, Bands>();
   private view: View = { x0: 0, x1: 1, y0: 0, y1: 1 };
   private base: Grid | null = null;
@@ -46,6 +50,7 @@ export class MemmapView {
   private hover: Box | null = null;
   /** What `data-lit-cells` was computed for. */
   private litKey = "";
+  private frame = 0;
   private readonly latest = new Latest();
   private fetchTimer = 0;
   private commitTimer = 0;
@@ -57,7 +62,9 @@ export class MemmapView {
   ) {
     const plot = h("div", { class: "memmap-plot" }, this.canvas);
     this.tooltip = new CellTooltip(ctx, plot);
-    root.append(toolbar(ctx), plot);
+    const bar = toolbar(ctx);
+    bar.append(this.legend);
+    root.append(bar, plot);
     new ResizeObserver(() => this.refresh()).observe(plot);
     this.bindEvents();
     ctx.store.subscribe((s, prev) => this.onState(s, prev));
@@ -144,7 +151,7 @@ export class MemmapView {
   private refresh(): void {
     // Not ready from the moment the view changes until its answer is drawn.
     this.canvas.dataset.ready = "0";
-    this.draw();
+    this.requestDraw();
     clearTimeout(this.fetchTimer);
     this.fetchTimer = window.setTimeout(() => void this.fetch(), 30);
   }
@@ -168,6 +175,7 @@ export class MemmapView {
   }
 
   private async fetch(): Promise<void> {
+    if (!this.scene) this.draw();
     const q = this.query();
     if (!q) return;
     const mm = this.ctx.store.state.mm;
@@ -184,11 +192,25 @@ export class MemmapView {
         this.base = base;
         this.overlays = overlays;
         this.tensors = tensors;
+        this.showLegend(base);
         this.draw();
         this.canvas.dataset.ready = "1";
+        // First paint of real data, for `cargo xtask bench` (scripts/bench/viewer_frames.py).
+        if (!performance.getEntriesByName(FIRST_PAINT).length) performance.mark(FIRST_PAINT);
       },
       (e) => showError(this.root, e),
     );
+  }
+
+  /** The colour scale of this answer: bytes read per cell, and what a cell spans. */
+  private showLegend(g: Grid): void {
+    const m = g.meta;
+    const ramp = h("canvas", { class: "legend-ramp", width: 96, height: 10 });
+    const c = ramp.getContext("2d");
+    if (c) for (let i = 0; i < 96; i++) (c.fillStyle = rgb(rampColor(0.08 + (0.92 * i) / 95))), c.fillRect(i, 0, 1, 10);
+    const xUnit = this.ctx.store.state.mm.x === "ubatch" ? (m.x_bin === 1 ? "1 ubatch" : `${m.x_bin} ubatches`) : fmtNs(m.x_bin);
+    clear(this.legend);
+    this.legend.append("bytes read: 1 B ", ramp, ` ${fmtBytes(m.max)} per cell (${xUnit} × ${fmtBytes(m.y_bin)}, log)`);
   }
 
   private async loadOp(op: number | null): Promise<void> {
@@ -209,6 +231,15 @@ export class MemmapView {
 
   // ------------------------------------------------------------ drawing
 
+  /** One draw per frame however many wheel and pointer events arrive. */
+  private requestDraw(): void {
+    if (this.frame) return;
+    this.frame = requestAnimationFrame(() => {
+      this.frame = 0;
+      this.draw();
+    });
+  }
+
   private draw(): void {
     const { ctx: g, w, h: height } = fitCanvas(this.canvas);
     const track = this.ctx.store.state.mm.track;
@@ -226,6 +257,7 @@ export class MemmapView {
       ylay,
       bands,
       groups: b?.groups ?? [],
+      experts: b?.experts ?? [],
       base: this.base,
       overlays: this.overlays,
       tensors: this.tensors,
@@ -309,7 +341,7 @@ export class MemmapView {
     c.addEventListener("pointerdown", (e) => {
       const sc = this.scene;
       if (!sc) return;
-      c.setPointerCapture(e.pointerId);
+      capture(c, e);
       const seg = sc.ylay.segs[sc.ylay.segAtPx(e.offsetY - sc.plot.t)];
       const linear = (this.view.y1 - this.view.y0) / sc.plot.h;
       const bpp = seg && seg.px1 - seg.px0 > 2 ? (seg.y1 - seg.y0) / (seg.px1 - seg.px0) : linear;
@@ -324,7 +356,7 @@ export class MemmapView {
     c.addEventListener("pointerleave", () => {
       this.hover = null;
       this.tooltip.hide();
-      this.draw();
+      this.requestDraw();
     });
     c.addEventListener("dblclick", (e) => this.onDoubleClick(e));
   }
@@ -373,7 +405,7 @@ export class MemmapView {
     }
     const cell = this.cellAt(e.offsetX, e.offsetY);
     this.hover = cell?.box ?? null;
-    this.draw();
+    this.requestDraw();
     if (cell) this.tooltip.show(cell.box, cell.band, e.offsetX, e.offsetY, sc, this.tensors);
     else this.tooltip.hide();
   }
