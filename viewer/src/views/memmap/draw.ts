@@ -26,6 +26,7 @@ export interface Scene {
   ctx: Ctx;
   plot: Rect;
   xAxis: "ubatch" | "time";
+  track: "disk" | "buffer";
   x0: number;
   x1: number;
   ylay: YLayout;
@@ -169,7 +170,8 @@ function drawGutter(g: CanvasRenderingContext2D, s: Scene): void {
     g.fillRect(GUTTER - 10, y0, 8, Math.max(1, y1 - y0 - 0.3));
     if (y1 - y0 >= 11) {
       g.fillStyle = "#e2e8f0";
-      const label = b.layer !== null ? (b.component ?? b.name) : b.name;
+      // Disk bands sit in their layer's group, so the component says enough.
+      const label = s.track === "disk" && b.layer !== null ? (b.component ?? b.name) : b.name || b.memory;
       g.fillText(fit(g, label, GUTTER - 62), 48, (y0 + y1) / 2);
     }
   }

@@ -252,6 +252,7 @@ export class MemmapView {
       ctx: this.ctx,
       plot,
       xAxis: this.ctx.store.state.mm.x,
+      track,
       x0: v.x0,
       x1: v.x1,
       ylay,
