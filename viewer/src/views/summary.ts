@@ -84,19 +84,9 @@ export class SummaryView {
         (x) => this.ctx.store.select({ ubatch: numOf(x.index) }),
       ),
       h("h3", {}, "Layers"),
-      table(objs(stats.layers), [
-        ["layer", (x) => String(x.key)],
-        ["tensors", (x) => int(numOf(x.tensors))],
-        ["size", (x) => bytes(numOf(x.size_bytes))],
-        ["bytes / token", (x) => bytes(numOf(x.bytes_per_token))],
-      ]),
+      table(objs(stats.layers), groupColumns("layer")),
       h("h3", {}, "Components"),
-      table(objs(stats.components), [
-        ["component", (x) => String(x.key)],
-        ["tensors", (x) => int(numOf(x.tensors))],
-        ["size", (x) => bytes(numOf(x.size_bytes))],
-        ["bytes / token", (x) => bytes(numOf(x.bytes_per_token))],
-      ]),
+      table(objs(stats.components), groupColumns("component")),
     );
     const lvu = obj(stats.loaded_vs_used);
     if (lvu.total) {
@@ -143,6 +133,16 @@ export class SummaryView {
 
 
 
+
+/** The report's per-layer and per-component rows share one shape. */
+function groupColumns(key: string): [string, (x: Obj) => string][] {
+  return [
+    [key, (x) => String(x.key)],
+    ["tensors", (x) => int(numOf(x.tensors))],
+    ["size", (x) => bytes(numOf(x.size_bytes))],
+    ["bytes / token", (x) => bytes(numOf(x.bytes_per_token))],
+  ];
+}
 
 function kv(rows: [string, string, number | null][]): HTMLElement {
   return h(
