@@ -94,7 +94,11 @@ class Server:
             self.proc = subprocess.Popen([ttrace, "view", trace, "--no-open", "--port", str(self.port)],
                                          stdout=subprocess.DEVNULL, stderr=err)
         self.base = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 300  # a hang guard, not a timing check
         while True:
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                pytest.fail(f"ttrace view never answered /api/v1/meta:\n{log.read_text()[-3000:]}", pytrace=False)
             if self.proc.poll() is not None:
                 pytest.fail(f"ttrace view exited ({self.proc.returncode}):\n{log.read_text()[-3000:]}", pytrace=False)
             try:

@@ -254,6 +254,8 @@ export interface Box {
 export interface Highlights {
   /** Selected ubatch's x range. */
   column: [number, number] | null;
+  /** The selected sequence's ubatches. */
+  seq: [number, number][];
   /** The selected tensor's band(s). */
   tensor: [number, number][];
   layer: [number, number] | null;
@@ -316,6 +318,12 @@ export function drawHighlights(g: CanvasRenderingContext2D, s: Scene, hl: Highli
     g.setLineDash([]);
   }
   g.restore();
+  g.fillStyle = "#22d3ee";
+  for (const [a, b] of hl.seq) {
+    const x0 = Math.max(l, xToPx(s, a));
+    const x1 = Math.min(l + w, xToPx(s, b));
+    if (x1 > x0) g.fillRect(x0, t - 3, Math.max(1, x1 - x0), 2);
+  }
   if (hl.layer) {
     const [y, hh] = band(hl.layer);
     g.fillStyle = "#22d3ee";

@@ -287,7 +287,9 @@ export class MemmapView {
       const [x0, x1] = this.ubatchX(o.ubatch);
       for (const r of o.reads ?? []) op.push({ x0, x1, y0: r.y0, y1: r.y1 });
     }
-    return { column: col, tensor: tensorRanges, layer: group ? [group.y0, group.y1] : null, expert, op, hover: this.hover };
+    const seq: [number, number][] = [];
+    if (sel.seq !== null) for (let u = 0; u < this.ctx.ub.n; u++) if (this.ctx.ub.seq[u] === sel.seq) seq.push(this.ubatchX(u));
+    return { column: col, seq, tensor: tensorRanges, layer: group ? [group.y0, group.y1] : null, expert, op, hover: this.hover };
   }
 
   private ubatchX(u: number): [number, number] {
