@@ -9,6 +9,8 @@ import { clear, h, showError } from "../ui/dom";
 import { bytes, int, ns } from "../ui/format";
 import { arr, num as numOf, type Obj, obj, objs } from "../ui/json";
 
+const MAX_ROWS = 2000;
+
 
 export class SummaryView {
   private loaded = false;
@@ -69,7 +71,8 @@ export class SummaryView {
       ]),
       h("h3", {}, "Per ubatch"),
       table(
-        objs(stats.ubatches),
+        // A long run has tens of thousands: the table shows the first ones (the timeline has them all).
+        objs(stats.ubatches).slice(0, MAX_ROWS),
         [
           ["ubatch", (x) => String(x.index)],
           ["phase", (x) => String(x.phase)],
@@ -126,7 +129,13 @@ export class SummaryView {
     }
     const notes = [...arr(stats.notes), ...arr(lvu.notes)].map(String);
     if (notes.length) root.append(h("h3", {}, "Notes"), h("ul", {}, ...notes.map((n) => h("li", {}, n))));
-    root.append(h("details", {}, h("summary", {}, "the whole report (ttrace report --json)"), h("pre", { id: "summary-json" }, JSON.stringify(r, null, 1))));
+    // The document can be tens of MB: written out only when opened.
+    const pre = h("pre", { id: "summary-json" });
+    const whole = h("details", {}, h("summary", {}, "the whole report (ttrace report --json)"), pre);
+    whole.addEventListener("toggle", () => {
+      if (whole.open && !pre.textContent) pre.textContent = JSON.stringify(r, null, 1);
+    });
+    root.append(whole);
     root.dataset.loaded = "1";
   }
 }
