@@ -15,6 +15,8 @@ import { int, ns } from "../ui/format";
 const ROW_H = 20;
 const PAGE = 500;
 const MAX_SCROLL_PX = 8_000_000;
+/** Pages kept while scrolling through millions of rows: the ones nearest the view. */
+const KEEP_PAGES = 64;
 
 interface OpsMeta {
   total: number;
@@ -122,6 +124,10 @@ export class OpTable {
     const gen = this.generation;
     const p = getFrame<OpsMeta>("ops", { ...this.params(), offset, limit: PAGE });
     this.pages.set(offset, p);
+    if (this.pages.size > KEEP_PAGES) {
+      const far = [...this.pages.keys()].sort((a, b) => Math.abs(b - offset) - Math.abs(a - offset));
+      for (const k of far.slice(0, this.pages.size - KEEP_PAGES)) this.pages.delete(k);
+    }
     void p.then(
       (f) => {
         if (gen !== this.generation) return;
