@@ -13,7 +13,7 @@ import { hue, OVERLAY_COLORS, PHASE_COLORS, rgb } from "../ui/colors";
 import { capture, clearError, fitCanvas, h, showError } from "../ui/dom";
 import { bytes, int, ns } from "../ui/format";
 import { bucket } from "./memmap/data";
-import { ticks } from "./memmap/draw";
+import { ticks, timeLabel } from "./memmap/draw";
 
 const LABEL_W = 118;
 const AXIS_H = 18;
@@ -140,10 +140,11 @@ export class Timeline {
     g.font = "10px system-ui, sans-serif";
     g.textBaseline = "middle";
     g.fillStyle = "#94a3b8";
-    for (const t of ticks(this.t0, this.t1, w / 90, false)) {
+    const marks = ticks(this.t0, this.t1, w / 90, false);
+    for (const t of marks) {
       const x = this.x(t, w);
       g.fillRect(x, AXIS_H - 5, 1, 5);
-      g.fillText(`${(t / 1e9).toFixed(3)}s`, x + 2, 8);
+      g.fillText(timeLabel(t, marks), x + 2, 8);
     }
     const sel = this.ctx.store.state.sel;
     if (sel.ubatch !== null && sel.ubatch < this.ctx.ub.n) {

@@ -105,6 +105,9 @@ export interface TensorMatrix {
   nx: number;
   byTensor: Map<number, Float64Array>;
   max: number;
+  /** One row of pixels per tensor (`rowOf`), coloured on the grid's scale by `paintTensors`. */
+  rowOf: Map<number, number>;
+  image: HTMLCanvasElement | null;
 }
 
 export async function loadTensorMatrix(q: GridQuery): Promise<TensorMatrix> {
@@ -127,7 +130,34 @@ export async function loadTensorMatrix(q: GridQuery): Promise<TensorMatrix> {
     row[ix[i]] += bytes[i];
     max = Math.max(max, row[ix[i]]);
   }
-  return { xFrom: f.meta.x_from, xBin: f.meta.x_bin, nx, byTensor, max };
+  return { xFrom: f.meta.x_from, xBin: f.meta.x_bin, nx, byTensor, max, rowOf: new Map(), image: null };
+}
+
+/** Draws the matrix as an image, one row per tensor, on the colour scale of a grid whose max is `max`. */
+export function paintTensors(m: TensorMatrix, max: number): void {
+  const c = document.createElement("canvas");
+  c.width = Math.max(1, m.nx);
+  c.height = Math.max(1, m.byTensor.size);
+  const ctx = c.getContext("2d");
+  if (!ctx) return;
+  const img = ctx.createImageData(c.width, c.height);
+  let row = 0;
+  for (const [tensor, values] of m.byTensor) {
+    m.rowOf.set(tensor, row);
+    for (let ix = 0; ix < m.nx; ix++) {
+      const v = values[ix];
+      if (!(v > 0)) continue;
+      const [r, g, b] = ramp(0.08 + 0.92 * logT(v, Math.max(max, v)));
+      const o = (row * c.width + ix) * 4;
+      img.data[o] = r;
+      img.data[o + 1] = g;
+      img.data[o + 2] = b;
+      img.data[o + 3] = 255;
+    }
+    row++;
+  }
+  ctx.putImageData(img, 0, 0);
+  m.image = c;
 }
 
 export interface CellBox {

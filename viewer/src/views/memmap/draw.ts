@@ -6,7 +6,7 @@
 
 import type { Band } from "../../api/types";
 import type { Ctx } from "../../context";
-import { hue, logT, PHASE_COLORS, ramp, rgb } from "../../ui/colors";
+import { hue, PHASE_COLORS } from "../../ui/colors";
 import { bytes as fmtBytes, hex } from "../../ui/format";
 import type { Grid, TensorMatrix } from "./data";
 import type { YLayout } from "./ylayout";
@@ -98,7 +98,7 @@ function drawGrid(g: CanvasRenderingContext2D, s: Scene, grid: Grid, isBase: boo
     const band = seg.band >= 0 ? s.bands[seg.band] : null;
     // A band finer than a grid row would show its neighbours' bytes: use its own.
     if (isBase && band && band.tensor !== null && seg.y1 - seg.y0 < m.y_bin && s.tensors) {
-      drawTensorRow(g, s, band.tensor, py0, py1, m.max);
+      drawTensorRow(g, s, band.tensor, py0, py1);
       continue;
     }
     const sy0 = (lo - m.y_from) / m.y_bin;
@@ -111,18 +111,14 @@ function drawGrid(g: CanvasRenderingContext2D, s: Scene, grid: Grid, isBase: boo
   }
 }
 
-function drawTensorRow(g: CanvasRenderingContext2D, s: Scene, tensor: number, py0: number, py1: number, max: number): void {
+/** A small band: its row of the tensor matrix image, one blit. */
+function drawTensorRow(g: CanvasRenderingContext2D, s: Scene, tensor: number, py0: number, py1: number): void {
   const m = s.tensors;
-  const row = m?.byTensor.get(tensor);
-  if (!m || !row) return;
-  for (let ix = 0; ix < m.nx; ix++) {
-    const v = row[ix];
-    if (!(v > 0)) continue;
-    const x0 = xToPx(s, m.xFrom + ix * m.xBin);
-    const x1 = xToPx(s, m.xFrom + (ix + 1) * m.xBin);
-    g.fillStyle = rgb(ramp(0.08 + 0.92 * logT(v, Math.max(max, v))));
-    g.fillRect(x0, py0, Math.max(0.5, x1 - x0), Math.max(0.5, py1 - py0));
-  }
+  const row = m?.rowOf.get(tensor);
+  if (!m || row === undefined || !m.image) return;
+  const x0 = xToPx(s, m.xFrom);
+  const x1 = xToPx(s, m.xFrom + m.nx * m.xBin);
+  g.drawImage(m.image, 0, row, m.nx, 1, x0, py0, x1 - x0, Math.max(0.5, py1 - py0));
 }
 
 /** Where one expert's slice ends and the next begins, when there is room to see it. */
@@ -194,20 +190,26 @@ function drawTopAxis(g: CanvasRenderingContext2D, s: Scene): void {
   g.clip();
   g.font = "10px system-ui, sans-serif";
   g.textBaseline = "top";
-  // Phase strip: where each ubatch runs, in its phase's colour.
-  for (let u = 0; u < ub.n; u++) {
-    const [a, b] = s.xAxis === "ubatch" ? [u, u + 1] : [ub.start[u], ub.end[u]];
-    const x0 = xToPx(s, a);
-    const x1 = xToPx(s, b);
-    if (x1 < l || x0 > l + w) continue;
+  // Phase strip: where each ubatch runs, in its phase's colour; a run of
+  // same-phase ubatches narrower than a pixel each is one rectangle.
+  const span = (u: number): [number, number] => (s.xAxis === "ubatch" ? [u, u + 1] : [ub.start[u], ub.end[u]]);
+  const first = Math.max(0, s.xAxis === "ubatch" ? Math.floor(s.x0) : s.ctx.ubatchAt(s.x0));
+  for (let u = first; u < ub.n; ) {
+    const x0 = xToPx(s, span(u)[0]);
+    if (x0 > l + w) break;
+    let v = u;
+    while (v + 1 < ub.n && ub.phase[v + 1] === ub.phase[u] && xToPx(s, span(v + 1)[1]) - xToPx(s, span(v + 1)[0]) < 3) v++;
+    const x1 = xToPx(s, span(v)[1]);
     g.fillStyle = PHASE_COLORS[s.ctx.phaseName(ub.phase[u])] ?? "#888";
     g.fillRect(x0, AXIS_TOP - 6, Math.max(1, x1 - x0 - (x1 - x0 > 3 ? 1 : 0)), 5);
+    u = v + 1;
   }
   g.fillStyle = "#94a3b8";
-  for (const tick of ticks(s.x0, s.x1, w / 70, s.xAxis === "ubatch")) {
+  const marks = ticks(s.x0, s.x1, w / 70, s.xAxis === "ubatch");
+  for (const tick of marks) {
     const x = xToPx(s, tick);
     g.fillRect(x, AXIS_TOP - 10, 1, 4);
-    const label = s.xAxis === "ubatch" ? `u${tick}` : `${(tick / 1e9).toFixed(3)}s`;
+    const label = s.xAxis === "ubatch" ? `u${tick}` : timeLabel(tick, marks);
     g.fillText(label, x + 2, 4);
   }
   g.restore();
@@ -225,6 +227,13 @@ function drawByteTicks(g: CanvasRenderingContext2D, s: Scene): void {
     g.fillRect(l + w, py, 4, 1);
     g.fillText(s.ylay.y1 - s.ylay.y0 > 1 << 20 ? fmtBytes(y) : hex(y), l + w + 6, Math.min(t + h - 6, Math.max(t + 6, py)));
   }
+}
+
+/** Seconds with as many decimals as the ticks' spacing needs. */
+export function timeLabel(ns: number, marks: number[]): string {
+  const step = marks.length > 1 ? marks[1] - marks[0] : ns || 1;
+  const decimals = Math.min(9, Math.max(0, Math.ceil(-Math.log10(step / 1e9))));
+  return `${(ns / 1e9).toFixed(decimals)}s`;
 }
 
 /** Round tick positions, about `count` of them. */

@@ -13,7 +13,7 @@ import { changed, type State } from "../../state";
 import { ramp as rampColor, rgb } from "../../ui/colors";
 import { capture, clear, clearError, fitCanvas, h, showError } from "../../ui/dom";
 import { bytes as fmtBytes, ns as fmtNs } from "../../ui/format";
-import { bucket, type Grid, type GridQuery, litCells, loadGrid, loadTensorMatrix, type TensorMatrix, tensorCells } from "./data";
+import { bucket, type Grid, type GridQuery, litCells, loadGrid, loadTensorMatrix, type TensorMatrix, paintTensors, tensorCells } from "./data";
 import { AXIS_TOP, type Box, drawHighlights, drawScene, GUTTER, type Highlights, pxToX, RIGHT, type Scene, xToPx, yToPx } from "./draw";
 import { toolbar } from "./toolbar";
 import { CellTooltip } from "./tooltip";
@@ -192,6 +192,7 @@ export class MemmapView {
         this.base = base;
         this.overlays = overlays;
         this.tensors = tensors;
+        if (tensors) paintTensors(tensors, base.meta.max);
         this.showLegend(base);
         this.draw();
         this.canvas.dataset.ready = "1";
