@@ -85,7 +85,8 @@ export class GraphView {
   /** Called when the tab shows: the graph loads only when someone looks at it. */
   activate(): void {
     this.active = true;
-    void this.load();
+    // Back on the tab with the same ubatch: keep the layout and where it was scrolled to.
+    if (this.graph?.ubatch !== this.ubatch(this.ctx.store.state.sel.ubatch)) void this.load();
   }
 
   /** The selected ubatch, or the first generate one (else the first). */

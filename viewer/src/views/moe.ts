@@ -44,6 +44,7 @@ export class MoeView {
   }
 
   activate(): void {
+    if (this.active) return;
     this.active = true;
     void this.load();
   }
