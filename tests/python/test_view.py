@@ -190,8 +190,8 @@ def test_memory_map_lights_exactly_the_token_row_of_token_embd(traced, view, tmp
     """In a generated token's ubatch, token_embd's lit cells are that token id's
     row (gguf-py's offset + id × row bytes), at the whole tensor's zoom and
     zoomed to a few rows. Gemma's output projection reads all of token_embd
-    (tied embeddings), so there the GET_ROWS filter isolates the lookup, and
-    unfiltered the whole tensor is lit with the report's bytes."""
+    (tied embeddings), so there the GET_ROWS filter isolates the lookup;
+    unfiltered, the cells add up every op's read (the JSONL's weight bytes)."""
     t = traced(name)
     u = t.generate_ubatch()
     token = u["token_ids"][0]
