@@ -337,3 +337,27 @@ fn a_cut_trace_opens_to_its_last_frame_and_a_corrupt_one_is_one_error() {
         assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     }
 }
+
+/// Grids from the merged groups of ubatches equal those from the reads one
+/// by one (a phase filter that keeps every phase takes that path), and a
+/// coarse grid holds the bytes of the fine one.
+#[test]
+fn pyramid_grids_equal_raw_reads() {
+    let t = trace("tiny");
+    let server = Server::start(&t, &[]);
+    let all = "phase=warmup&phase=prompt&phase=generate&phase=aux";
+    let grid = |q: &str| columns(&server.get(&format!("/api/v1/memmap/grid?{q}"))).f32s("v").unwrap();
+    let close = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5 * x.abs().max(y.abs()).max(1.0))
+    };
+    for x in ["ubatch", "time"] {
+        let merged = grid(&format!("track=disk&x={x}&w=2&h=64"));
+        let raw = grid(&format!("track=disk&x={x}&w=2&h=64&{all}"));
+        assert!(merged.iter().any(|&v| v > 0.0));
+        assert!(close(&merged, &raw), "x={x}");
+        let fine: f64 = grid(&format!("track=buffer&x={x}&w=4096&h=64")).iter().map(|&v| f64::from(v)).sum();
+        let coarse: f64 = grid(&format!("track=buffer&x={x}&w=1&h=64")).iter().map(|&v| f64::from(v)).sum();
+        assert!(fine > 0.0 && (fine - coarse).abs() <= 1e-5 * fine, "buffer x={x}: {fine} vs {coarse}");
+    }
+    server.stop();
+}

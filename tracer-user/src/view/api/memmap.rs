@@ -14,7 +14,7 @@ use super::{Shared, blocking, columns, json_value};
 use crate::view::{
     frame::{self, Column, Frame},
     index::{
-        Index, buffer,
+        Index,
         lod::Bins,
         memmap::{MAX_CELLS, MemoryFilter, Metric, ReadFilter, Track, XAxis, XRange},
     },
@@ -73,13 +73,6 @@ fn check_buffer(p: &Params, track: Track, metric: Metric) -> Result<(), ApiError
     Ok(())
 }
 
-fn min_y_bin(track: Track) -> u64 {
-    match track {
-        Track::Disk => 1,
-        Track::Buffer => 1 << buffer::BIN_SHIFT,
-    }
-}
-
 async fn bands(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     blocking(idx, move |idx| {
         let p = Params::parse(q.as_deref(), &["track"])?;
@@ -107,7 +100,7 @@ async fn grid(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respon
         let (y0, y1) = p.range("y_from", "y_to", idx.memmap.y_extent(track, &idx.tensors))?;
         let filter = read_filter(&p, idx)?;
         let x = Bins::new(x0, x1, w, 1);
-        let y = Bins::new(y0, y1, h, min_y_bin(track));
+        let y = Bins::new(y0, y1, h, 1);
         let key = format!("grid {track:?} {axis:?} {x:?} {y:?} {metric:?} {filter:?}");
         let body = idx.cache.get_or(key, || {
             let g = idx.memmap.grid(track, x, axis, y, metric, &filter);
@@ -154,7 +147,16 @@ async fn tensors(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Res
         let (x0, x1) = p.range("x_from", "x_to", idx.memmap.x_extent(axis))?;
         let filter = read_filter(&p, idx)?;
         let x = Bins::new(x0, x1, 2 * w, 1);
-        let cells = idx.memmap.tensor_matrix(x, axis, &filter);
+        let n_cells = x.n as u64 * idx.tensors.rows.len() as u64;
+        if n_cells > MAX_CELLS {
+            return Err(bad(format!(
+                "{} x buckets × {} tensors is more than {MAX_CELLS} cells",
+                x.n,
+                idx.tensors.rows.len()
+            )));
+        }
+        let phases: Vec<u8> = idx.analysis.ubatches.iter().map(|u| crate::view::index::phase_code(u.phase)).collect();
+        let cells = idx.memmap.tensor_matrix(x, axis, &filter, &phases);
         let mut meta = serde_json::Map::new();
         meta.extend(x.meta("x"));
         Ok(columns(

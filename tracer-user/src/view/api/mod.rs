@@ -125,7 +125,7 @@ fn meta_value(idx: &Index) -> Value {
         "components": components,
         "moe": moe,
         "sequences": seqs,
-        "tracks": {"disk": {"size": idx.tensors.disk_size}, "buffer": {"size": idx.memmap.buffer.size, "bin": 1u64 << super::index::buffer::BIN_SHIFT}},
+        "tracks": {"disk": {"size": idx.tensors.disk_size}, "buffer": {"size": idx.memmap.buffer.size}},
     })
 }
 
@@ -134,11 +134,29 @@ fn moe_layers(idx: &Index) -> Vec<crate::analyze::moe::MoeLayer> {
     crate::analyze::moe::routing(&idx.analysis, &idx.analysis.ubatches)
 }
 
-async fn summary(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+/// The report document: as kept (gzipped) to clients that take gzip,
+/// else unzipped.
+async fn summary(
+    State(idx): State<Shared>,
+    headers: axum::http::HeaderMap,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     Params::parse(q.as_deref(), &[])?;
-    blocking(idx, |idx| {
+    let gzip = headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|e| e.trim().split(';').next() == Some("gzip")));
+    blocking(idx, move |idx| {
         let doc = idx.report().map_err(|e| ApiError::Internal(format!("building the report failed: {e}")))?;
-        Ok(([(header::CONTENT_TYPE, "application/json")], doc.document.as_ref().clone()).into_response())
+        let json = [(header::CONTENT_TYPE, "application/json")];
+        if gzip {
+            return Ok((json, [(header::CONTENT_ENCODING, "gzip")], doc.document_gz.as_ref().clone()).into_response());
+        }
+        let mut body = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(doc.document_gz.as_slice()), &mut body)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        Ok((json, body).into_response())
     })
     .await
 }
@@ -146,6 +164,14 @@ async fn summary(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Res
 async fn ubatches(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     Params::parse(q.as_deref(), &[])?;
     blocking(idx, |idx| {
+        let body = idx.ubatches_frame.get_or_init(|| ubatches_frame(idx).encode());
+        Ok(([(header::CONTENT_TYPE, frame::CONTENT_TYPE)], body.clone()).into_response())
+    })
+    .await
+}
+
+fn ubatches_frame(idx: &Index) -> Frame {
+    {
         let a = &idx.analysis;
         let token_of = crate::analyze::walk::token_indices(a);
         let ubs = &a.ubatches;
@@ -166,9 +192,8 @@ async fn ubatches(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Re
             .column("disk_bytes", u64s(&|i| ubs[i].disk_bytes))
             .column("faults_major", u64s(&|i| ubs[i].faults_major))
             .column("faults_minor", u64s(&|i| ubs[i].faults_minor));
-        Ok(columns(frame))
-    })
-    .await
+        frame
+    }
 }
 
 async fn tokens(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

@@ -9,8 +9,9 @@ use serde_json::{Value, json};
 
 use super::{
     Tensors,
-    buffer::{self, BufferTrack},
+    buffer::BufferTrack,
     lod::Bins,
+    pyramid::{Entry, Pyramid},
 };
 use crate::analyze::Analysis;
 
@@ -37,6 +38,13 @@ pub struct Read {
     pub row: u32,
     pub phase: u8,
 }
+
+/// A read's tensor, with [`COPY`] set when through a copy.
+fn tag(r: &Read) -> u32 {
+    r.tensor | if r.copy { COPY } else { 0 }
+}
+
+pub const COPY: u32 = 1 << 31;
 
 /// Adds `r` covering `len` bytes, cut into pieces that fit `Read::len`.
 pub fn push_read(reads: &mut Vec<Read>, r: Read, len: u64) {
@@ -103,6 +111,20 @@ pub struct ReadFilter {
 }
 
 impl ReadFilter {
+    /// Whether the pyramid (which keeps tensors and copies apart, nothing
+    /// else) can answer.
+    fn by_pyramid(&self) -> bool {
+        self.ops.is_empty() && self.layers.is_empty() && self.phases.is_empty()
+    }
+
+    fn keeps_tag(&self, tag: u32) -> bool {
+        match self.memory {
+            MemoryFilter::All => true,
+            MemoryFilter::File => tag & COPY == 0,
+            MemoryFilter::Copy => tag & COPY != 0,
+        }
+    }
+
     fn keeps(&self, r: &Read, layer_of: &[Option<u32>]) -> bool {
         (match self.memory {
             MemoryFilter::All => true,
@@ -141,6 +163,13 @@ pub struct MemoryMap {
     layer_of: Vec<Option<u32>>,
     /// Per ubatch: `[first, end)` of its reads (empty: `(0, 0)`).
     ubatch_reads: Vec<(u32, u32)>,
+    /// Reads outside any ubatch.
+    outside: Vec<u32>,
+    /// Reads, and buffer accesses, of groups of ubatches.
+    read_pyramid: Pyramid,
+    buffer_pyramid: Pyramid,
+    /// The token × tensor matrix: per ubatch, `(tensor | COPY, bytes)`.
+    matrix: Vec<Vec<(u32, u64)>>,
     /// Loaded and never read, by fill time (built at first use).
     unused: OnceLock<Vec<IoEvent>>,
 }
@@ -187,10 +216,47 @@ impl MemoryMap {
         }
         let last =
             [reads.last().map(|r| r.t), ubatch_time.last().map(|u| u.1), a.last_ts_ns.map(|t| t.saturating_sub(base))];
+        let of_ubatch = |u: u32| {
+            let (a, b) = ubatch_reads[u as usize];
+            reads[a as usize..b as usize].iter().filter(move |r| r.ubatch == u)
+        };
+        let read_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
+            out.extend(of_ubatch(u).map(|r| Entry { y0: r.y0, len: r.len, tag: tag(r), count: 1 }));
+        });
+        let matrix = (0..ubatch_time.len() as u32)
+            .map(|u| {
+                let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(r), u64::from(r.len))).collect();
+                row.sort_unstable_by_key(|c| c.0);
+                row.dedup_by(|next, kept| {
+                    let same = next.0 == kept.0;
+                    if same {
+                        kept.1 += next.1;
+                    }
+                    same
+                });
+                row
+            })
+            .collect();
+        let buffer = buffer.finish();
+        let buffer_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
+            for (_, s) in buffer.segments_of(u, u + 1) {
+                let mut at = s.start;
+                while at < s.end {
+                    let len = (s.end - at).min(u64::from(u32::MAX));
+                    out.push(Entry { y0: at, len: len as u32, tag: 0, count: s.count });
+                    at += len;
+                }
+            }
+        });
+        let outside = (0..reads.len() as u32).filter(|&i| reads[i as usize].ubatch == NO_UBATCH).collect();
         MemoryMap {
+            outside,
+            read_pyramid,
+            buffer_pyramid,
+            matrix,
             reads,
             io,
-            buffer: buffer.finish(),
+            buffer,
             duration: last.into_iter().flatten().max().unwrap_or(0) + 1,
             ubatch_time,
             layer_of: tensors.rows.iter().map(|t| t.layer).collect(),
@@ -220,6 +286,19 @@ impl MemoryMap {
         match track {
             Track::Disk => tensors.disk_size,
             Track::Buffer => self.buffer.size,
+        }
+    }
+
+    /// The ubatches `[from, to)` whose x can fall in `x`: the buffer track
+    /// places a ubatch's accesses at its start.
+    fn ubatches_of(&self, x: XRange) -> (u32, u32) {
+        match x.axis {
+            XAxis::Ubatch => (x.from.min(u64::from(u32::MAX)) as u32, x.to.min(u64::from(u32::MAX)) as u32),
+            XAxis::Time => {
+                let a = self.ubatch_time.partition_point(|u| u.0 < x.from);
+                let b = self.ubatch_time.partition_point(|u| u.0 < x.to);
+                (a as u32, b as u32)
+            }
         }
     }
 
@@ -330,6 +409,25 @@ impl MemoryMap {
             }
         };
         match (track, metric) {
+            (Track::Disk, Metric::Read) if filter.by_pyramid() => {
+                let keep = |e: &Entry| filter.keeps_tag(e.tag);
+                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                    for (xv, r) in self.reads_in(XRange { axis: XAxis::Ubatch, from: from.into(), to: to.into() }) {
+                        if filter.keeps(r, &self.layer_of) {
+                            add(if axis == XAxis::Time { r.t } else { xv }, r.y0, u64::from(r.len), 1.0);
+                        }
+                    }
+                };
+                self.pyramid_grid(&self.read_pyramid, &x, axis, &keep, &raw, &mut add);
+                if axis == XAxis::Time {
+                    for &i in &self.outside {
+                        let r = &self.reads[i as usize];
+                        if filter.keeps(r, &self.layer_of) {
+                            add(r.t, r.y0, u64::from(r.len), 1.0);
+                        }
+                    }
+                }
+            }
             (Track::Disk, Metric::Read) => {
                 for (xv, r) in self.reads_in(xr) {
                     if filter.keeps(r, &self.layer_of) {
@@ -343,36 +441,122 @@ impl MemoryMap {
                 }
             }
             (Track::Buffer, _) => {
-                let (from, to) = match axis {
-                    XAxis::Ubatch => (x.from as u32, x.to.min(u64::from(u32::MAX)) as u32),
-                    XAxis::Time => (0, self.ubatch_time.len() as u32),
+                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                    for (u, seg) in self.buffer.segments_of(from, to) {
+                        let xv = match axis {
+                            XAxis::Ubatch => u64::from(u),
+                            XAxis::Time => self.ubatch_time[u as usize].0,
+                        };
+                        add(xv, seg.start, seg.end - seg.start, f64::from(seg.count));
+                    }
                 };
-                for (u, y0, bytes) in self.buffer.entries_of(from, to) {
-                    let xv = match axis {
-                        XAxis::Ubatch => u64::from(u),
-                        XAxis::Time => self.ubatch_time[u as usize].0,
-                    };
-                    // An entry is one bin of the track, never cut by a coarser grid.
-                    add(xv, y0, 1 << buffer::BIN_SHIFT, bytes as f64 / (1u64 << buffer::BIN_SHIFT) as f64);
-                }
+                self.pyramid_grid(&self.buffer_pyramid, &x, axis, &|_| true, &raw, &mut add);
             }
         }
         Grid { x, y, values: acc.into_iter().map(|v| v as f32).collect() }
     }
 
-    /// Per x bucket and tensor: bytes read (the token × tensor matrix).
-    pub fn tensor_matrix(&self, x: Bins, axis: XAxis, filter: &ReadFilter) -> Vec<(u32, u32, u64)> {
-        let mut cells: std::collections::HashMap<(u32, u32), u64> = std::collections::HashMap::new();
-        for (xv, r) in self.reads_in(XRange { axis, from: x.from, to: x.to }) {
-            if filter.keeps(r, &self.layer_of)
-                && let Some(ix) = x.index(xv)
-            {
-                *cells.entry((ix as u32, r.tensor)).or_default() += u64::from(r.len);
+    /// Adds a pyramid's groups to the grid where a group falls in one x
+    /// bucket, and `raw` (ubatches `[from, to)` one by one) elsewhere.
+    fn pyramid_grid(
+        &self,
+        p: &Pyramid,
+        x: &Bins,
+        axis: XAxis,
+        keep: &dyn Fn(&Entry) -> bool,
+        raw: &dyn Fn(u32, u32, &mut dyn FnMut(u64, u64, u64, f64)),
+        add: &mut dyn FnMut(u64, u64, u64, f64),
+    ) {
+        let n = self.ubatch_time.len();
+        let add_group = |entries: &[Entry], xv: u64, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+            for e in entries.iter().filter(|e| keep(e)) {
+                add(xv, e.y0, u64::from(e.len), f64::from(e.count));
+            }
+        };
+        match axis {
+            XAxis::Ubatch => {
+                let (from, to) = (x.from.min(n as u64) as usize, x.to.min(n as u64) as usize);
+                match p.level_for(x.bin) {
+                    // Buckets are aligned to the bucket size, a multiple of the group size.
+                    Some(level) => {
+                        for g in from >> level.shift..to.div_ceil(1 << level.shift) {
+                            add_group(level.entries(g), (g as u64) << level.shift, add);
+                        }
+                    }
+                    None => raw(from as u32, to as u32, add),
+                }
+            }
+            XAxis::Time => {
+                let levels = p.levels();
+                let first = self.ubatch_time.partition_point(|u| u.1 < x.from);
+                let last = self.ubatch_time.partition_point(|u| u.0 < x.to);
+                let Some(top) = levels.len().checked_sub(1) else {
+                    raw(first as u32, last as u32, add);
+                    return;
+                };
+                let mut stack: Vec<(usize, usize)> =
+                    (first >> levels[top].shift..last.div_ceil(1 << levels[top].shift)).map(|g| (top, g)).collect();
+                while let Some((li, g)) = stack.pop() {
+                    let shift = levels[li].shift;
+                    let (u0, u1) = (g << shift, ((g + 1) << shift).min(n));
+                    let (t0, t1) = (self.ubatch_time[u0].0, self.ubatch_time[u1 - 1].1);
+                    if t1 < x.from || t0 >= x.to {
+                        continue;
+                    }
+                    match (x.index(t0), x.index(t1)) {
+                        (Some(a), Some(b)) if a == b => add_group(levels[li].entries(g), t0, add),
+                        _ if li > 0 => {
+                            let per = 1usize << (shift - levels[li - 1].shift);
+                            stack.extend((g * per..((g + 1) * per).min(levels[li - 1].groups())).map(|c| (li - 1, c)));
+                        }
+                        _ => raw(u0 as u32, u1 as u32, add),
+                    }
+                }
             }
         }
-        let mut out: Vec<(u32, u32, u64)> = cells.into_iter().map(|((ix, t), b)| (ix, t, b)).collect();
-        out.sort_unstable();
-        out
+    }
+
+    /// Per x bucket and tensor: bytes read (the token × tensor matrix),
+    /// from the per-ubatch matrix unless an op filter needs the reads.
+    pub fn tensor_matrix(&self, x: Bins, axis: XAxis, filter: &ReadFilter, phases: &[u8]) -> Vec<(u32, u32, u64)> {
+        let n_tensors = self.layer_of.len();
+        let mut dense = vec![0u64; x.n * n_tensors];
+        let mut add = |ix: usize, tensor: u32, bytes: u64| {
+            if let Some(c) = dense.get_mut(ix * n_tensors + tensor as usize) {
+                *c += bytes;
+            }
+        };
+        if axis == XAxis::Ubatch && filter.ops.is_empty() {
+            let n = self.matrix.len() as u64;
+            for u in x.from.min(n)..x.to.min(n) {
+                let Some(ix) = x.index(u) else { continue };
+                if !filter.phases.is_empty() && !phases.get(u as usize).is_some_and(|p| filter.phases.contains(p)) {
+                    continue;
+                }
+                for &(tag, bytes) in &self.matrix[u as usize] {
+                    let tensor = tag & !COPY;
+                    let layer_ok = filter.layers.is_empty()
+                        || self.layer_of[tensor as usize].is_some_and(|l| filter.layers.contains(&l));
+                    if layer_ok && filter.keeps_tag(tag) {
+                        add(ix, tensor, bytes);
+                    }
+                }
+            }
+        } else {
+            for (xv, r) in self.reads_in(XRange { axis, from: x.from, to: x.to }) {
+                if filter.keeps(r, &self.layer_of)
+                    && let Some(ix) = x.index(xv)
+                {
+                    add(ix, r.tensor, u64::from(r.len));
+                }
+            }
+        }
+        dense
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b > 0)
+            .map(|(i, &b)| ((i / n_tensors) as u32, (i % n_tensors) as u32, b))
+            .collect()
     }
 
     /// What a cell of the disk track holds, per tensor it overlaps.
@@ -433,16 +617,14 @@ impl MemoryMap {
 
     /// What a cell of the buffer track holds.
     pub fn buffer_cell(&self, x: XRange, (y0, y1): (u64, u64)) -> Value {
-        let (from, to) = match x.axis {
-            XAxis::Ubatch => (x.from as u32, x.to.min(u64::from(u32::MAX)) as u32),
-            XAxis::Time => (0, self.ubatch_time.len() as u32),
-        };
+        let (from, to) = self.ubatches_of(x);
         let mut bytes = 0u64;
         let mut ubatches = BTreeSet::new();
-        for (u, y, b) in self.buffer.entries_of(from, to) {
+        for (u, seg) in self.buffer.segments_of(from, to) {
             let inside = x.axis == XAxis::Ubatch || (x.from..x.to).contains(&self.ubatch_time[u as usize].0);
-            if inside && y < y1 && y + (1 << buffer::BIN_SHIFT) > y0 {
-                bytes += b;
+            let overlap = seg.end.min(y1).saturating_sub(seg.start.max(y0));
+            if inside && overlap > 0 {
+                bytes += overlap * u64::from(seg.count);
                 ubatches.insert(u);
             }
         }
@@ -490,10 +672,7 @@ impl MemoryMap {
                     .buffer
                     .regions
                     .iter()
-                    .map(|r| {
-                        let y1 = r.y0 + ((r.bin1 - r.bin0) << buffer::BIN_SHIFT);
-                        json!({"y0": r.y0, "y1": y1, "address": r.bin0 << buffer::BIN_SHIFT})
-                    })
+                    .map(|r| json!({"y0": r.y0, "y1": r.y0 + (r.end - r.start), "address": r.start}))
                     .collect();
                 let bands: Vec<Value> = self
                     .buffer
@@ -505,7 +684,7 @@ impl MemoryMap {
                                "component": row.component, "memory": "copy"})
                     })
                     .collect();
-                json!({"size": self.buffer.size, "bin": 1u64 << buffer::BIN_SHIFT, "regions": regions,
+                json!({"size": self.buffer.size, "regions": regions,
                        "bands": bands, "experts": [], "groups": []})
             }
         }

@@ -11,6 +11,7 @@ pub mod lod;
 pub mod memmap;
 pub mod moe;
 pub mod ops;
+pub mod pyramid;
 pub mod timeline;
 
 use std::{
@@ -129,8 +130,8 @@ type Report = Option<Result<Reported, String>>;
 
 #[derive(Clone)]
 pub struct Reported {
-    /// `ttrace report --json`'s document.
-    pub document: Arc<Vec<u8>>,
+    /// `ttrace report --json`'s document, gzipped.
+    pub document_gz: Arc<Vec<u8>>,
     pub stats: Arc<analyze::stats::Stats>,
 }
 
@@ -147,6 +148,8 @@ pub struct Index {
     report: Arc<(Mutex<Report>, Condvar)>,
     /// Recent grid answers.
     pub cache: crate::view::cache::Cache,
+    /// `/api/v1/ubatches`'s answer, once asked for.
+    pub ubatches_frame: std::sync::OnceLock<Vec<u8>>,
     /// `/api/v1/meta`'s answer, once asked for.
     pub meta: std::sync::OnceLock<Vec<u8>>,
 }
@@ -229,14 +232,28 @@ impl Index {
         let file_bytes = std::fs::metadata(path)
             .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?
             .len();
+        let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
+        let analysed = started.elapsed();
         let report = Arc::new((Mutex::new(None), Condvar::new()));
         spawn_report(path, &analysis, &report);
         let tensors = Tensors::new(&analysis.models);
         let tokens = Tokens::new(&analysis);
         let mut builder = build::Builder::new(&analysis, &tensors);
         walk::walk(path, &analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
+        let walked = started.elapsed();
         let built = builder.finish(&analysis, &tensors);
+        log::info!(
+            "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}): {} ops, {} signatures, {} combinations, {} reads, \
+             {} buffer segments",
+            started.elapsed(),
+            walked - analysed,
+            built.ops.len(),
+            built.ops.sigs.len(),
+            built.ops.combos.len(),
+            built.memmap.reads(),
+            built.memmap.buffer.segments.len(),
+        );
         Ok(Index {
             path: path.to_path_buf(),
             file_bytes,
@@ -248,6 +265,7 @@ impl Index {
             analysis,
             report,
             meta: std::sync::OnceLock::new(),
+            ubatches_frame: std::sync::OnceLock::new(),
             cache: Default::default(),
         })
     }
@@ -297,6 +315,8 @@ fn report_document(path: &Path, a: &Analysis) -> Result<Reported, TraceError> {
     let stats = analyze::stats::collect(path, a, &indicatif::ProgressBar::hidden())?;
     let summary = analyze::summary::Summary::new(a, &path.display().to_string(), None);
     let doc = analyze::report::Document { analysis: a, summary: &summary, stats: &stats };
-    let document = Arc::new(serde_json::to_vec(&doc).expect("the report serialises"));
-    Ok(Reported { document, stats: Arc::new(stats) })
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    serde_json::to_writer(&mut gz, &doc).expect("the report serialises into memory");
+    let document_gz = Arc::new(gz.finish().expect("gzip into memory"));
+    Ok(Reported { document_gz, stats: Arc::new(stats) })
 }

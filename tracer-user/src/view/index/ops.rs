@@ -86,13 +86,15 @@ impl Interner {
     }
 }
 
-struct Row {
-    seq: u64,
-    start: u64,
-    dur: u32,
-    ubatch: u32,
-    combo: u32,
-    weight_bytes: u64,
+/// The op columns, in arrival order while building.
+#[derive(Default)]
+struct Columns {
+    seq: Vec<u64>,
+    start: Vec<u64>,
+    dur: Vec<u32>,
+    ubatch: Vec<u32>,
+    combo: Vec<u32>,
+    weight_bytes: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -101,21 +103,23 @@ pub struct OpsBuilder {
     op_names: Interner,
     sigs: HashMap<Sig, u32>,
     sig_list: Vec<Sig>,
-    combos: HashMap<Box<[u32]>, u32>,
+    /// Per output descriptor id: `(sources key, combination)`. An output
+    /// has one or a few source lists, so a short scan finds it unhashed.
+    combos: Vec<Vec<(Box<[u32]>, u32)>>,
     combo_list: Vec<Combo>,
     key: Vec<u32>,
-    rows: Vec<Row>,
+    rows: Columns,
 }
 
 impl OpsBuilder {
     /// The combination of `op`'s output and sources, interned.
     pub fn combo(&mut self, op: &Op, name: &str, tables: &Tables, first_of_model: &[u32]) -> u32 {
         self.key.clear();
-        self.key.push(op.dst);
         for &(slot, id) in &op.srcs {
             self.key.extend([slot, id]);
         }
-        if let Some(&c) = self.combos.get(self.key.as_slice()) {
+        let by_dst = op.dst as usize;
+        if let Some(&(_, c)) = self.combos.get(by_dst).and_then(|v| v.iter().find(|(k, _)| **k == *self.key)) {
             return c;
         }
         let dst = tables.descriptor(op.dst);
@@ -151,7 +155,10 @@ impl OpsBuilder {
             dst_tensor: dst.tensor,
             srcs: srcs.iter().map(|d| (d.tensor, d.view_src)).collect(),
         });
-        self.combos.insert(self.key.clone().into_boxed_slice(), id);
+        if self.combos.len() <= by_dst {
+            self.combos.resize_with(by_dst + 1, Vec::new);
+        }
+        self.combos[by_dst].push((self.key.clone().into_boxed_slice(), id));
         id
     }
 
@@ -164,30 +171,31 @@ impl OpsBuilder {
     }
 
     pub fn push(&mut self, seq: u64, start: u64, dur: Option<u64>, ubatch: Option<u32>, combo: u32, weight_bytes: u64) {
-        self.rows.push(Row {
-            seq,
-            start,
-            // Saturating: an op of more than 4.3 s shows as 4.3 s.
-            dur: dur.map_or(NONE_U32, |d| d.min(u64::from(NONE_U32 - 1)) as u32),
-            ubatch: ubatch.unwrap_or(NONE_U32),
-            combo,
-            weight_bytes,
-        });
+        let r = &mut self.rows;
+        r.seq.push(seq);
+        r.start.push(start);
+        // Saturating: an op of more than 4.3 s shows as 4.3 s.
+        r.dur.push(dur.map_or(NONE_U32, |d| d.min(u64::from(NONE_U32 - 1)) as u32));
+        r.ubatch.push(ubatch.unwrap_or(NONE_U32));
+        r.combo.push(combo);
+        r.weight_bytes.push(weight_bytes);
     }
 
     /// The columns in `seq` order, and for each row its arrival index.
     pub fn finish(self) -> (Ops, Vec<u32>) {
-        let mut order: Vec<u32> = (0..self.rows.len() as u32).collect();
-        // Ops arrive in end order, nearly sorted: the sort is near linear.
-        order.sort_by_key(|&i| self.rows[i as usize].seq);
-        let col = |f: &dyn Fn(&Row) -> u64| order.iter().map(|&i| f(&self.rows[i as usize])).collect::<Vec<u64>>();
-        let seq = col(&|r| r.seq);
-        let start = col(&|r| r.start);
-        let weight_bytes = col(&|r| r.weight_bytes);
-        let col32 = |f: &dyn Fn(&Row) -> u32| order.iter().map(|&i| f(&self.rows[i as usize])).collect::<Vec<u32>>();
-        let dur = col32(&|r| r.dur);
-        let ubatch = col32(&|r| r.ubatch);
-        let combo = col32(&|r| r.combo);
+        let Columns { seq, start, dur, ubatch, combo, weight_bytes } = self.rows;
+        let mut order: Vec<u32> = (0..seq.len() as u32).collect();
+        // Ops arrive as they end: in start order on one thread, nearly so
+        // with several, and the sort is then near linear.
+        order.sort_by_key(|&i| seq[i as usize]);
+        let sorted = order.iter().enumerate().all(|(i, &j)| i as u32 == j);
+        fn permute<T: Copy>(v: Vec<T>, order: &[u32], sorted: bool) -> Vec<T> {
+            if sorted { v } else { order.iter().map(|&i| v[i as usize]).collect() }
+        }
+        let (seq, start, weight_bytes) =
+            (permute(seq, &order, sorted), permute(start, &order, sorted), permute(weight_bytes, &order, sorted));
+        let (dur, ubatch, combo) =
+            (permute(dur, &order, sorted), permute(ubatch, &order, sorted), permute(combo, &order, sorted));
         let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
         for (i, &u) in ubatch.iter().enumerate() {
             if u == NONE_U32 {
@@ -337,28 +345,96 @@ impl Ops {
     }
 
     /// One page of the ops matching `f`, sorted, and how many match.
+    ///
+    /// The matching rows are found by one sequential scan into a bitset
+    /// (nothing to scan without a filter); a sorted page then walks the
+    /// precomputed order testing bits, which stay in cache.
     pub fn query(&self, f: &Filter, facts: &UbatchFacts, sort: SortKey, desc: bool, offset: u64, limit: usize) -> Page {
+        let order = self.order(sort);
+        let Some(mask) = self.mask(f, facts) else {
+            // Everything matches.
+            let n = self.len() as u64;
+            let pick = |k: u64| -> u32 {
+                let k = if desc { n - 1 - k } else { k };
+                order.map_or(k as u32, |o| o[k as usize])
+            };
+            let rows = (offset..n.min(offset.saturating_add(limit as u64))).map(pick).collect();
+            return Page { rows, total: n };
+        };
+        let total: u64 = mask.iter().map(|w| u64::from(w.count_ones())).sum();
+        let hit = |i: u32| mask[i as usize / 64] >> (i % 64) & 1 == 1;
+        let mut rows = Vec::with_capacity(limit);
+        let mut skipped = 0u64;
+        let mut take = |i: u32| {
+            if hit(i) {
+                if skipped < offset {
+                    skipped += 1;
+                } else {
+                    rows.push(i);
+                }
+            }
+            rows.len() < limit
+        };
+        let n = self.len() as u32;
+        match (order, desc) {
+            (None, false) => {
+                for i in 0..n {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (None, true) => {
+                for i in (0..n).rev() {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (Some(order), false) => {
+                for &i in order {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (Some(order), true) => {
+                for &i in order.iter().rev() {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+        }
+        Page { rows, total }
+    }
+
+    /// Bit `i` set when row `i` matches `f`; `None` when every row does.
+    fn mask(&self, f: &Filter, facts: &UbatchFacts) -> Option<Vec<u64>> {
+        let by_ubatch = f.ubatches.is_some() || !f.phases.is_empty() || !f.seqs.is_empty();
+        let by_sig = !f.layers.is_empty()
+            || !f.ops.is_empty()
+            || !f.tensors.is_empty()
+            || !f.memories.is_empty()
+            || f.name.is_some();
+        if !by_ubatch && !by_sig {
+            return None;
+        }
         let sig_ok = self.sig_mask(f);
         let combo_ok: Vec<bool> = self.combos.iter().map(|c| sig_ok[c.sig as usize]).collect();
+        // Per ubatch, and one more entry for "outside any ubatch".
         let n_ub = facts.phase.len();
-        let by_ubatch = f.ubatches.is_some() || !f.phases.is_empty() || !f.seqs.is_empty();
-        let ub_ok: Vec<bool> = (0..n_ub)
+        let mut ub_ok: Vec<bool> = (0..n_ub)
             .map(|u| {
                 f.ubatches.is_none_or(|(a, b)| (a..b).contains(&(u as u32)))
                     && (f.phases.is_empty() || f.phases.contains(&facts.phase[u]))
                     && (f.seqs.is_empty() || facts.seqs[u].iter().any(|s| f.seqs.contains(s)))
             })
             .collect();
-        let matches = |i: usize| -> bool {
-            combo_ok[self.combo[i] as usize]
-                && match self.ubatch[i] {
-                    NONE_U32 => !by_ubatch,
-                    u => ub_ok.get(u as usize).copied().unwrap_or(false),
-                }
-        };
+        ub_ok.push(!by_ubatch);
         // In seq order a ubatch range is a row range (ubatches run one after another).
         let (lo, hi) = match f.ubatches {
-            Some((a, b)) if !self.ubatch_ops.is_empty() => {
+            Some((a, b)) => {
                 let rows = self.ubatch_ops.get(a as usize..(b as usize).min(self.ubatch_ops.len())).unwrap_or(&[]);
                 let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
                 let hi = rows.iter().map(|r| r.1).max().unwrap_or(0);
@@ -366,22 +442,13 @@ impl Ops {
             }
             _ => (0, self.len()),
         };
-        let mut rows = Vec::with_capacity(limit);
-        let mut total = 0u64;
-        let mut take = |i: usize| {
-            if matches(i) {
-                if total >= offset && rows.len() < limit {
-                    rows.push(i as u32);
-                }
-                total += 1;
+        let mut mask = vec![0u64; self.len().div_ceil(64)];
+        for i in lo..hi {
+            let u = (self.ubatch[i] as usize).min(n_ub);
+            if combo_ok[self.combo[i] as usize] && ub_ok[u] {
+                mask[i / 64] |= 1 << (i % 64);
             }
-        };
-        match (self.order(sort), desc) {
-            (None, false) => (lo..hi).for_each(&mut take),
-            (None, true) => (lo..hi).rev().for_each(&mut take),
-            (Some(order), false) => order.iter().for_each(|&i| take(i as usize)),
-            (Some(order), true) => order.iter().rev().for_each(|&i| take(i as usize)),
         }
-        Page { rows, total }
+        Some(mask)
     }
 }
