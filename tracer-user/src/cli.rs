@@ -16,6 +16,7 @@ sudo ttrace run --drop-caches --mem-limit 512M -- llama-completion -m big.gguf -
 sudo ttrace attach --pid 4242 --duration 10                   trace a running process\n  \
 ttrace report ttrace.data                                    what was read, per token and layer\n  \
 ttrace export ttrace.data --format perfetto -o run.pftrace   timeline for ui.perfetto.dev\n  \
+ttrace view ttrace.data                                      look at it in a browser\n  \
 ttrace gguf model.gguf --extents                             the model's tensors on disk\n  \
 sudo ttrace check                                            can this kernel run ttrace?"
 )]
@@ -83,6 +84,19 @@ ttrace diff before.data after.data --json | jq .runs\n  \
 ttrace diff before.data after.data --json | jq .first_divergence   (null: same tokens)\n  \
 ttrace diff before.data after.data --html diff.html")]
     Diff(DiffArgs),
+    /// Look at a trace interactively in a browser: a local web server with
+    /// the memory map (which bytes of the model were read, when, from disk
+    /// or not), timeline, op table, graph and MoE views, all linked. It
+    /// prints the URL to open. Needs no root.
+    #[command(after_help = "Examples:\n  \
+ttrace view                                   ttrace.data on http://127.0.0.1:7575/\n  \
+ttrace view run.data --port 0                 any free port\n  \
+ttrace view run.data --no-open                print the URL only, open no browser\n  \
+ssh -L 7575:127.0.0.1:7575 server 'ttrace view run.data --no-open'   from a headless server\n  \
+ttrace view run.data --host 0.0.0.0           on the network: the URL carries a random token\n\n\
+The page is built into ttrace (from viewer/, by `cargo xtask setup`); its HTTP API is in docs/VIEW_API.md.\n\
+Ctrl-C stops the server.")]
+    View(ViewArgs),
     /// Check that this machine can run ttrace: load the probes, uprobe a
     /// function in ttrace itself, trace page faults, and compare what arrives
     /// with what was done.
@@ -279,6 +293,25 @@ pub struct ReportArgs {
     /// token, per-layer bytes, the summary).
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ViewArgs {
+    /// Trace file written by `ttrace run` or `ttrace attach` (one still
+    /// being written is shown up to its last complete frame).
+    #[arg(default_value = "ttrace.data")]
+    pub file: std::path::PathBuf,
+    /// Port to listen on (0: any free one).
+    #[arg(long, default_value_t = 7575)]
+    pub port: u16,
+    /// Address to listen on. Anything but a loopback address serves the
+    /// network, and then every request must carry the random token the
+    /// printed URL holds.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Do not try to open the URL in a browser (xdg-open).
+    #[arg(long)]
+    pub no_open: bool,
 }
 
 #[derive(Debug, Args)]

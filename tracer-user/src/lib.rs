@@ -3,7 +3,8 @@
 //! - live ([`live`], feature `live`): load the eBPF programs → collect ring
 //!   records → record them into a trace file, resolving every tensor
 //!   pointer against the model files ([`model`]) while recording;
-//! - offline: read the trace ([`format`]) → [`analyze`] → [`export`].
+//! - offline: read the trace ([`format`]) → [`analyze`] → [`export`], or
+//!   → [`view`], the HTTP server of `ttrace view`.
 //!
 //! `model`, `format` and `analyze` depend on neither `export` nor `live`
 //! (a test in `tests/module_deps.rs` checks it), and the offline path builds
@@ -19,3 +20,4 @@ pub mod format;
 pub mod live;
 pub mod model;
 pub mod units;
+pub mod view;

@@ -60,6 +60,7 @@ fn run_command(cli: Cli) -> Result<()> {
         Command::Report(args) => cmd::report::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Diff(args) => cmd::diff::run(args).map(drop),
+        Command::View(args) => cmd::view::run(args),
     }
 }
 

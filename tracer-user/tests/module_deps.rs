@@ -1,5 +1,6 @@
 //! Data flows one way: `model`, `format` and `analyze` (and the shared
-//! `events` and `units`) never reach into `export`, `live` or `cmd`. This
+//! `events` and `units`) never reach into `export`, `live` or `cmd`; nor
+//! does `view`. This
 //! reads their sources and fails on any path into those modules, including
 //! ones inside grouped `use crate::{…}` imports.
 
@@ -79,6 +80,26 @@ fn lower_modules_do_not_import_export_live_or_cmd() {
         }
     }
     assert!(bad.is_empty(), "one-way data flow broken:\n{}", bad.join("\n"));
+}
+
+/// `view` is a sibling of `export` on the offline path: it reads through
+/// `format` and computes through `analyze`, never through an export.
+#[test]
+fn view_does_not_import_export_live_or_cmd() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("view"), &mut files);
+    assert!(files.len() > 5, "found only {} files under view/", files.len());
+    let mut bad = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for path in crate_paths(&text) {
+            if UPPER.contains(&path.as_str()) {
+                bad.push(format!("{} uses crate::{path}", file.strip_prefix(&src).unwrap().display()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "view reaches past analyze:\n{}", bad.join("\n"));
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod setup;
 mod shell;
 mod targets;
 mod test;
+mod viewer;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, shell, targets};
+use crate::{cache, shell, targets, viewer};
 
 /// Debian packages: bpftool (inspecting loaded programs and links in tests).
 const APT_PACKAGES: &[&str] = &["bpftool", "chromium", "bpftrace", "time"];
@@ -80,6 +80,8 @@ fn setup(verbose: bool) -> Result<Paths> {
             what
         })
     })?;
+    // Before ttrace is built (by the task that called set-up), so it embeds the page.
+    step("viewer", &mut viewer::ensure)?;
     let mut models = None;
     step("models", &mut || {
         targets::ensure_models(&cache, &venv_python).map(|(m, what)| {

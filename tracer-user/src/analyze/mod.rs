@@ -10,6 +10,7 @@ pub mod io;
 pub mod moe;
 pub mod op_time;
 pub mod phases;
+pub mod report;
 pub mod sequences;
 pub mod stats;
 pub mod summary;

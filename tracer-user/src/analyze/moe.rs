@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{
-    Analysis, Phase,
+    Analysis, Phase, Ubatch,
     tensor::is_expert_tensor,
     usage::{ExpertUsage, Figures, Usage},
 };
@@ -68,9 +68,33 @@ pub fn collect(a: &Analysis, usage: &Usage) -> Option<MoeStats> {
         return None;
     }
     let mut notes = Vec::new();
+    if a.ubatches.iter().any(|u| u.phase == Phase::Generate && u.n_tokens.is_some_and(|n| n > 1)) {
+        notes.push(
+            "generate ubatches carry several tokens (several sequences): stickiness pairs their rows in \
+             order, which mixes sequences"
+                .into(),
+        );
+    }
+    let mut io: BTreeMap<u32, Vec<&ExpertUsage>> = BTreeMap::new();
+    for e in &usage.experts {
+        io.entry(e.layer).or_default().push(e);
+    }
+    let mut layers = routing(a, &a.ubatches);
+    for l in &mut layers {
+        l.experts = io
+            .get(&l.layer)
+            .map(|v| v.iter().map(|e| ExpertIo { expert: e.expert, figures: e.figures.clone() }).collect())
+            .unwrap_or_default();
+    }
+    Some(MoeStats { layers, notes })
+}
+
+/// Activations, co-activation and stickiness per MoE layer and phase over
+/// `ubatches` (a run's, or a range of them), without the per-expert I/O.
+pub fn routing(a: &Analysis, ubatches: &[Ubatch]) -> Vec<MoeLayer> {
     let mut seqs: BTreeMap<u32, BTreeMap<PhaseKey, TokenChain>> = BTreeMap::new();
     let mut k_of: BTreeMap<u32, u32> = BTreeMap::new();
-    for u in a.ubatches.iter().filter(|u| matches!(u.phase, Phase::Prompt | Phase::Generate)) {
+    for u in ubatches.iter().filter(|u| matches!(u.phase, Phase::Prompt | Phase::Generate)) {
         let mut by_layer: BTreeMap<u32, Vec<(u32, Vec<u32>)>> = BTreeMap::new();
         for r in &u.routing {
             let Some(layer) = r.layer else { continue };
@@ -96,42 +120,28 @@ pub fn collect(a: &Analysis, usage: &Usage) -> Option<MoeStats> {
             }
         }
     }
-    if a.ubatches.iter().any(|u| u.phase == Phase::Generate && u.n_tokens.is_some_and(|n| n > 1)) {
-        notes.push(
-            "generate ubatches carry several tokens (several sequences): stickiness pairs their rows in \
-             order, which mixes sequences"
-                .into(),
-        );
-    }
-    let mut io: BTreeMap<u32, Vec<&ExpertUsage>> = BTreeMap::new();
-    for e in &usage.experts {
-        io.entry(e.layer).or_default().push(e);
-    }
-    let n_expert_of = |layer: u32| -> Option<u32> {
-        a.models
-            .iter()
-            .flat_map(|m| &m.tensors)
-            .filter(|t| t.layer == Some(layer) && is_expert_tensor(t))
-            .find_map(|t| t.expert_bytes.filter(|&s| s > 0).map(|s| (t.size_bytes / s) as u32))
-    };
-    let layers = seqs
-        .into_iter()
+    seqs.into_iter()
         .map(|(layer, phases)| {
             let max_id = phases.values().flatten().flatten().flatten().max().map_or(0, |&e| e + 1);
-            let n_expert = n_expert_of(layer).unwrap_or(max_id).max(max_id);
+            let n_expert = n_expert_of(a, layer).unwrap_or(max_id).max(max_id);
             MoeLayer {
                 layer,
                 n_expert,
                 k: k_of.get(&layer).copied().unwrap_or(0),
                 phases: phases.into_iter().map(|(p, seq)| phase_stats(p.0, n_expert, &seq)).collect(),
-                experts: io
-                    .get(&layer)
-                    .map(|v| v.iter().map(|e| ExpertIo { expert: e.expert, figures: e.figures.clone() }).collect())
-                    .unwrap_or_default(),
+                experts: Vec::new(),
             }
         })
-        .collect();
-    Some(MoeStats { layers, notes })
+        .collect()
+}
+
+/// Experts of `layer`, from its expert tensors' slice size.
+pub fn n_expert_of(a: &Analysis, layer: u32) -> Option<u32> {
+    a.models
+        .iter()
+        .flat_map(|m| &m.tensors)
+        .filter(|t| t.layer == Some(layer) && is_expert_tensor(t))
+        .find_map(|t| t.expert_bytes.filter(|&s| s > 0).map(|s| (t.size_bytes / s) as u32))
 }
 
 /// Orders prompt before generate.

@@ -219,19 +219,10 @@ impl Collector {
         for (i, m) in a.models.iter().enumerate() {
             io.on_model(i as u32, m);
         }
-        let mut routed: BTreeMap<(u32, u32), BTreeSet<u32>> = BTreeMap::new();
-        for u in &a.ubatches {
-            for r in &u.routing {
-                if let Some(layer) = r.layer {
-                    let experts = r.selected.iter().filter_map(|&e| u32::try_from(e).ok());
-                    routed.entry((u.index, layer)).or_default().extend(experts);
-                }
-            }
-        }
         Collector {
             io,
             files: BTreeMap::new(),
-            routed,
+            routed: routed_experts(a),
             graphs_seen: false,
             in_flight: HashSet::new(),
             notes: BTreeSet::new(),
@@ -308,7 +299,8 @@ impl Collector {
         }
     }
 
-    /// The file ranges one op source reads (see the module comment).
+    /// The file ranges one op source reads ([`source_ranges`]), noting
+    /// the sources that count whole.
     #[allow(clippy::too_many_arguments)]
     fn used_ranges(
         &mut self,
@@ -320,42 +312,19 @@ impl Collector {
         ids: &[i32],
         ubatch: Option<u32>,
     ) -> Vec<std::ops::Range<u64>> {
-        let end = t.file_offset + t.size_bytes;
-        let view = start..(start + weight_access_bytes(d, t)).min(end);
-        if op_name == OP_GET_ROWS && slot == 0 {
-            if ids.is_empty() {
-                self.notes.insert(format!(
-                    "{}: the rows GET_ROWS read were not recorded, so its whole view counts as used",
-                    t.name
-                ));
-                return vec![view];
+        let routed = t.layer.zip(ubatch).and_then(|(layer, u)| self.routed.get(&(u, layer)));
+        let (ranges, whole) = source_ranges(op_name, slot, d, t, start, ids, routed);
+        match whole {
+            Some(Whole::RowsUnrecorded) => self.notes.insert(format!(
+                "{}: the rows GET_ROWS read were not recorded, so its whole view counts as used",
+                t.name
+            )),
+            Some(Whole::RoutingUnrecorded) => {
+                self.notes.insert(format!("{}: its routing was not recorded, so it counts as used whole", t.name))
             }
-            let row = d.nb[1];
-            return ids
-                .iter()
-                .filter_map(|&id| u64::try_from(id).ok())
-                .map(|id| (start + id * row).min(end)..(start + (id + 1) * row).min(end))
-                .filter(|r| r.start < r.end)
-                .collect();
-        }
-        if let (true, Some(slice), Some(layer)) = (is_expert_tensor(t), t.expert_bytes, t.layer) {
-            match ubatch.and_then(|u| self.routed.get(&(u, layer))) {
-                Some(experts) => {
-                    return experts
-                        .iter()
-                        .map(|&e| {
-                            let from = t.file_offset + u64::from(e) * slice;
-                            from.min(end)..(from + slice).min(end)
-                        })
-                        .filter(|r| r.start < r.end)
-                        .collect();
-                }
-                None => {
-                    self.notes.insert(format!("{}: its routing was not recorded, so it counts as used whole", t.name));
-                }
-            }
-        }
-        vec![view]
+            None => false,
+        };
+        ranges
     }
 
     pub fn finish(self, a: &Analysis) -> Usage {
@@ -419,6 +388,73 @@ impl Collector {
             notes,
         }
     }
+}
+
+/// Per (ubatch, layer): the experts its tokens were routed to.
+pub fn routed_experts(a: &Analysis) -> BTreeMap<(u32, u32), BTreeSet<u32>> {
+    let mut routed: BTreeMap<(u32, u32), BTreeSet<u32>> = BTreeMap::new();
+    for u in &a.ubatches {
+        for r in &u.routing {
+            if let Some(layer) = r.layer {
+                let experts = r.selected.iter().filter_map(|&e| u32::try_from(e).ok());
+                routed.entry((u.index, layer)).or_default().extend(experts);
+            }
+        }
+    }
+    routed
+}
+
+/// Why [`source_ranges`] counted a source's whole view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whole {
+    /// A GET_ROWS whose row ids were not recorded.
+    RowsUnrecorded,
+    /// An MoE expert tensor whose ubatch's routing was not recorded.
+    RoutingUnrecorded,
+}
+
+/// The model-file ranges op source `slot` (descriptor `d`, model tensor `t`,
+/// its view starting at file offset `start`) reads: the rows a GET_ROWS
+/// indexed (`ids`), the `routed` experts' slices of an MoE expert tensor,
+/// else the view.
+#[allow(clippy::too_many_arguments)]
+pub fn source_ranges(
+    op_name: &str,
+    slot: u32,
+    d: &Descriptor,
+    t: &ModelTensor,
+    start: u64,
+    ids: &[i32],
+    routed: Option<&BTreeSet<u32>>,
+) -> (Vec<std::ops::Range<u64>>, Option<Whole>) {
+    let end = t.file_offset + t.size_bytes;
+    let view = start..(start + weight_access_bytes(d, t)).min(end);
+    if op_name == OP_GET_ROWS && slot == 0 {
+        if ids.is_empty() {
+            return (vec![view], Some(Whole::RowsUnrecorded));
+        }
+        let row = d.nb[1];
+        let rows = ids
+            .iter()
+            .filter_map(|&id| u64::try_from(id).ok())
+            .map(|id| (start + id * row).min(end)..(start + (id + 1) * row).min(end))
+            .filter(|r| r.start < r.end)
+            .collect();
+        return (rows, None);
+    }
+    if let (true, Some(slice), Some(_)) = (is_expert_tensor(t), t.expert_bytes, t.layer) {
+        let Some(experts) = routed else { return (vec![view], Some(Whole::RoutingUnrecorded)) };
+        let slices = experts
+            .iter()
+            .map(|&e| {
+                let from = t.file_offset + u64::from(e) * slice;
+                from.min(end)..(from + slice).min(end)
+            })
+            .filter(|r| r.start < r.end)
+            .collect();
+        return (slices, None);
+    }
+    (vec![view], None)
 }
 
 /// Longest read piece kept (longer ones are cut), so a span's overlapping

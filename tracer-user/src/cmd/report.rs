@@ -6,23 +6,13 @@
 
 use std::{io::Write, path::Path};
 
-use anyhow::{Context, Result};
-use serde::Serialize;
-
 use crate::{
-    analyze::{self, Analysis, stats::Stats, summary::Summary},
+    analyze::{self, Analysis, report::Document, summary::Summary},
     cli::ReportArgs,
     export::{self, summary},
     format::{TraceReader, WriterStats},
 };
-
-#[derive(Serialize)]
-struct Report<'a> {
-    #[serde(flatten)]
-    analysis: &'a Analysis,
-    summary: &'a Summary,
-    stats: &'a Stats,
-}
+use anyhow::{Context, Result};
 
 pub fn run(args: ReportArgs) -> Result<()> {
     let analysis = read_analysis(&args.file)?;
@@ -43,7 +33,7 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &Report { analysis: &analysis, summary: &overview, stats: &stats })
+        serde_json::to_writer_pretty(&mut out, &Document { analysis: &analysis, summary: &overview, stats: &stats })
             .map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {

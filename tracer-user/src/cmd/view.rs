@@ -1,0 +1,155 @@
+//! `ttrace view [TRACE]`: index the trace, then serve it until Ctrl-C.
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::Instant,
+};
+
+use anyhow::{Context, Result};
+
+use crate::{
+    cli::ViewArgs,
+    view::{assets, index::Index, server},
+};
+
+pub fn run(args: ViewArgs) -> Result<()> {
+    let started = Instant::now();
+    let ip = parse_host(&args.host)?;
+    // Bound before loading, so a port in use fails at once.
+    let listener = std::net::TcpListener::bind(SocketAddr::new(ip, args.port))
+        .with_context(|| format!("cannot listen on {}:{} (pass --port 0 for any free port)", args.host, args.port))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let token = if ip.is_loopback() { None } else { Some(random_token()?) };
+    let index = Index::load(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    if index.analysis.truncated {
+        eprintln!(
+            "ttrace: {} ends without its end frame (still being written, or cut short): showing it up to its last \
+             complete frame",
+            args.file.display()
+        );
+    }
+    if !assets::built() {
+        eprintln!("ttrace: {}", assets::HOW_TO_BUILD);
+    }
+    let url = url(addr, token.as_deref());
+    eprintln!(
+        "ttrace: {} indexed in {:.1} s: {} ubatches, {} ops",
+        args.file.display(),
+        started.elapsed().as_secs_f64(),
+        index.analysis.ubatches.len(),
+        index.ops.len()
+    );
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ttrace view: {url}  (Ctrl-C stops)")?;
+    out.flush()?;
+    drop(out);
+    if !args.no_open {
+        open_browser(&url);
+    }
+    let index = Arc::new(index);
+    let warm = index.clone();
+    std::thread::spawn(move || warm.ops.warm());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        axum::serve(listener, server::router(index, token)).with_graceful_shutdown(stopped()).await
+    })?;
+    eprintln!("ttrace: view stopped");
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stopped() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn parse_host(host: &str) -> Result<IpAddr> {
+    if host == "localhost" {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    host.parse().with_context(|| format!("--host {host} is not an IP address (e.g. 127.0.0.1, 0.0.0.0, ::1)"))
+}
+
+fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the access token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn url(addr: SocketAddr, token: Option<&str>) -> String {
+    let host = match addr.ip() {
+        // Listening everywhere: the machine's name is what others can reach.
+        ip if ip.is_unspecified() => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| ip.to_string()),
+        IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    match token {
+        Some(t) => format!("http://{host}:{}/?token={t}", addr.port()),
+        None => format!("http://{host}:{}/", addr.port()),
+    }
+}
+
+/// Best effort: a desktop session's browser; silent where there is none.
+fn open_browser(url: &str) {
+    if std::env::var_os("DISPLAY").is_none() && std::env::var_os("WAYLAND_DISPLAY").is_none() {
+        return;
+    }
+    let spawned = std::process::Command::new("xdg-open")
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    if spawned.is_err() {
+        eprintln!("ttrace: could not run xdg-open: open the URL yourself");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_and_urls() {
+        assert!(parse_host("localhost").unwrap().is_loopback());
+        assert!(parse_host("::1").unwrap().is_loopback());
+        assert!(!parse_host("0.0.0.0").unwrap().is_loopback());
+        assert!(parse_host("example.org").is_err());
+        let a: SocketAddr = "127.0.0.1:7575".parse().unwrap();
+        assert_eq!(url(a, None), "http://127.0.0.1:7575/");
+        assert_eq!(url("[::1]:80".parse().unwrap(), Some("ab")), "http://[::1]:80/?token=ab");
+        assert_eq!(random_token().unwrap().len(), 32);
+    }
+
+    #[test]
+    fn missing_trace_is_one_error() {
+        let err = Index::load(std::path::Path::new("/nonexistent/x.data")).err().expect("an error");
+        assert!(err.to_string().contains("/nonexistent/x.data"), "{err}");
+    }
+}

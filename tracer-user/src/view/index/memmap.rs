@@ -1,0 +1,692 @@
+//! The memory map (docs/VIEW_API.md "Memory map"): bytes by position (disk
+//! track: the model files; buffer track: copies and anonymous memory) and
+//! by ubatch or time. Reads are the exact ranges each op read, kept in time
+//! order; a grid sums their overlap with each cell.
+
+use std::{collections::BTreeSet, sync::OnceLock};
+
+use serde_json::{Value, json};
+
+use super::{
+    Tensors,
+    buffer::BufferTrack,
+    lod::Bins,
+    pyramid::{Entry, Pyramid},
+};
+use crate::analyze::Analysis;
+
+pub use super::buffer::BufferBuilder;
+
+pub const NO_UBATCH: u32 = u32::MAX;
+pub const NO_PHASE: u8 = u8::MAX;
+
+/// One op's read of one contiguous range of a model tensor.
+#[derive(Clone, Copy, Debug)]
+pub struct Read {
+    /// The op's start, since the trace's start.
+    pub t: u64,
+    /// Disk-track position.
+    pub y0: u64,
+    pub len: u32,
+    pub ubatch: u32,
+    pub tensor: u32,
+    /// Through a copy (repacked, or loaded without mmap), not the mapping.
+    pub copy: bool,
+    /// Op-name id.
+    pub op: u16,
+    /// The op's row in [`super::ops::Ops`] (its arrival index while building).
+    pub row: u32,
+    pub phase: u8,
+}
+
+/// A read's tensor, with [`COPY`] set when through a copy.
+fn tag(r: &Read) -> u32 {
+    r.tensor | if r.copy { COPY } else { 0 }
+}
+
+pub const COPY: u32 = 1 << 31;
+
+/// Adds `r` covering `len` bytes, cut into pieces that fit `Read::len`.
+pub fn push_read(reads: &mut Vec<Read>, r: Read, len: u64) {
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(u64::from(u32::MAX));
+        reads.push(Read { y0: r.y0 + at, len: n as u32, ..r });
+        at += n;
+    }
+}
+
+/// A fault, page-cache fill or block read, on the disk track.
+#[derive(Clone, Copy, Debug)]
+pub struct IoEvent {
+    pub t: u64,
+    pub ubatch: u32,
+    pub y0: u64,
+    pub len: u64,
+}
+
+pub struct IoEvents {
+    pub fault_major: Vec<IoEvent>,
+    pub fault_minor: Vec<IoEvent>,
+    pub cache_fill: Vec<IoEvent>,
+    pub block_read: Vec<IoEvent>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Track {
+    Disk,
+    Buffer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XAxis {
+    Ubatch,
+    Time,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    Read,
+    FaultMajor,
+    FaultMinor,
+    CacheFill,
+    BlockRead,
+    Unused,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryFilter {
+    File,
+    Copy,
+    All,
+}
+
+/// Which reads count (the `read` metric).
+#[derive(Clone, Debug)]
+pub struct ReadFilter {
+    pub memory: MemoryFilter,
+    pub ops: Vec<u16>,
+    pub layers: Vec<u32>,
+    pub phases: Vec<u8>,
+}
+
+impl ReadFilter {
+    /// Whether the pyramid (which keeps tensors and copies apart, nothing
+    /// else) can answer.
+    fn by_pyramid(&self) -> bool {
+        self.ops.is_empty() && self.layers.is_empty() && self.phases.is_empty()
+    }
+
+    fn keeps_tag(&self, tag: u32) -> bool {
+        match self.memory {
+            MemoryFilter::All => true,
+            MemoryFilter::File => tag & COPY == 0,
+            MemoryFilter::Copy => tag & COPY != 0,
+        }
+    }
+
+    fn keeps(&self, r: &Read, layer_of: &[Option<u32>]) -> bool {
+        (match self.memory {
+            MemoryFilter::All => true,
+            MemoryFilter::File => !r.copy,
+            MemoryFilter::Copy => r.copy,
+        }) && (self.ops.is_empty() || self.ops.contains(&r.op))
+            && (self.phases.is_empty() || self.phases.contains(&r.phase))
+            && (self.layers.is_empty()
+                || layer_of.get(r.tensor as usize).copied().flatten().is_some_and(|l| self.layers.contains(&l)))
+    }
+}
+
+/// An x range: ubatches or nanoseconds, `[from, to)`.
+#[derive(Clone, Copy, Debug)]
+pub struct XRange {
+    pub axis: XAxis,
+    pub from: u64,
+    pub to: u64,
+}
+
+pub struct Grid {
+    pub x: Bins,
+    pub y: Bins,
+    /// Row-major by x: `values[ix * ny + iy]`.
+    pub values: Vec<f32>,
+}
+
+pub struct MemoryMap {
+    /// By time.
+    reads: Vec<Read>,
+    io: IoEvents,
+    pub buffer: BufferTrack,
+    /// Per ubatch: `(start, end)` since the trace's start.
+    pub ubatch_time: Vec<(u64, u64)>,
+    pub duration: u64,
+    layer_of: Vec<Option<u32>>,
+    /// Per ubatch: `[first, end)` of its reads (empty: `(0, 0)`).
+    ubatch_reads: Vec<(u32, u32)>,
+    /// Reads outside any ubatch.
+    outside: Vec<u32>,
+    /// Reads, and buffer accesses, of groups of ubatches.
+    read_pyramid: Pyramid,
+    buffer_pyramid: Pyramid,
+    /// The token × tensor matrix: per ubatch, `(tensor | COPY, bytes)`.
+    matrix: Vec<Vec<(u32, u64)>>,
+    /// Loaded and never read, by fill time (built at first use).
+    unused: OnceLock<Vec<IoEvent>>,
+}
+
+/// Largest grid answered, in cells.
+pub const MAX_CELLS: u64 = 4 << 20;
+
+impl MemoryMap {
+    pub fn new(
+        a: &Analysis,
+        tensors: &Tensors,
+        mut reads: Vec<Read>,
+        buffer: BufferBuilder,
+        mut io: IoEvents,
+        row_of_arrival: &[u32],
+    ) -> MemoryMap {
+        // Nearly sorted already: ops arrive as they end.
+        reads.sort_by_key(|r| r.t);
+        for r in &mut reads {
+            r.row = row_of_arrival[r.row as usize];
+        }
+        for v in [&mut io.fault_major, &mut io.fault_minor, &mut io.cache_fill, &mut io.block_read] {
+            v.sort_by_key(|e| e.t);
+        }
+        let base = a.header.start_monotonic_ns;
+        let ubatch_time: Vec<(u64, u64)> = a
+            .ubatches
+            .iter()
+            .map(|u| {
+                let s = u.start_ns.saturating_sub(base);
+                (s, u.end_ns.map_or(s, |e| e.saturating_sub(base)).max(s))
+            })
+            .collect();
+        let mut ubatch_reads = vec![(u32::MAX, 0u32); a.ubatches.len()];
+        for (i, r) in reads.iter().enumerate() {
+            if let Some(span) = ubatch_reads.get_mut(r.ubatch as usize) {
+                *span = (span.0.min(i as u32), span.1.max(i as u32 + 1));
+            }
+        }
+        for span in &mut ubatch_reads {
+            if span.0 > span.1 {
+                *span = (0, 0);
+            }
+        }
+        let last =
+            [reads.last().map(|r| r.t), ubatch_time.last().map(|u| u.1), a.last_ts_ns.map(|t| t.saturating_sub(base))];
+        let of_ubatch = |u: u32| {
+            let (a, b) = ubatch_reads[u as usize];
+            reads[a as usize..b as usize].iter().filter(move |r| r.ubatch == u)
+        };
+        let read_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
+            out.extend(of_ubatch(u).map(|r| Entry { y0: r.y0, len: r.len, tag: tag(r), count: 1 }));
+        });
+        let matrix = (0..ubatch_time.len() as u32)
+            .map(|u| {
+                let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(r), u64::from(r.len))).collect();
+                row.sort_unstable_by_key(|c| c.0);
+                row.dedup_by(|next, kept| {
+                    let same = next.0 == kept.0;
+                    if same {
+                        kept.1 += next.1;
+                    }
+                    same
+                });
+                row
+            })
+            .collect();
+        let buffer = buffer.finish();
+        let buffer_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
+            for (_, s) in buffer.segments_of(u, u + 1) {
+                let mut at = s.start;
+                while at < s.end {
+                    let len = (s.end - at).min(u64::from(u32::MAX));
+                    out.push(Entry { y0: at, len: len as u32, tag: 0, count: s.count });
+                    at += len;
+                }
+            }
+        });
+        let outside = (0..reads.len() as u32).filter(|&i| reads[i as usize].ubatch == NO_UBATCH).collect();
+        MemoryMap {
+            outside,
+            read_pyramid,
+            buffer_pyramid,
+            matrix,
+            reads,
+            io,
+            buffer,
+            duration: last.into_iter().flatten().max().unwrap_or(0) + 1,
+            ubatch_time,
+            layer_of: tensors.rows.iter().map(|t| t.layer).collect(),
+            ubatch_reads,
+            unused: OnceLock::new(),
+        }
+    }
+
+    pub fn reads(&self) -> usize {
+        self.reads.len()
+    }
+
+    /// The reads of op row `row`, which started at `start`.
+    pub fn reads_of_op(&self, row: u32, start: u64) -> impl Iterator<Item = &Read> + '_ {
+        let first = self.reads.partition_point(|r| r.t < start);
+        self.reads[first..].iter().take_while(move |r| r.t == start).filter(move |r| r.row == row)
+    }
+
+    pub fn x_extent(&self, axis: XAxis) -> u64 {
+        match axis {
+            XAxis::Ubatch => self.ubatch_time.len() as u64,
+            XAxis::Time => self.duration,
+        }
+    }
+
+    pub fn y_extent(&self, track: Track, tensors: &Tensors) -> u64 {
+        match track {
+            Track::Disk => tensors.disk_size,
+            Track::Buffer => self.buffer.size,
+        }
+    }
+
+    /// The ubatches `[from, to)` whose x can fall in `x`: the buffer track
+    /// places a ubatch's accesses at its start.
+    fn ubatches_of(&self, x: XRange) -> (u32, u32) {
+        match x.axis {
+            XAxis::Ubatch => (x.from.min(u64::from(u32::MAX)) as u32, x.to.min(u64::from(u32::MAX)) as u32),
+            XAxis::Time => {
+                let a = self.ubatch_time.partition_point(|u| u.0 < x.from);
+                let b = self.ubatch_time.partition_point(|u| u.0 < x.to);
+                (a as u32, b as u32)
+            }
+        }
+    }
+
+    /// Reads whose x falls in `x`, with their x coordinate.
+    fn reads_in(&self, x: XRange) -> impl Iterator<Item = (u64, &Read)> + '_ {
+        let slice: &[Read] = match x.axis {
+            XAxis::Time => {
+                let a = self.reads.partition_point(|r| r.t < x.from);
+                let b = self.reads.partition_point(|r| r.t < x.to);
+                &self.reads[a..b.max(a)]
+            }
+            XAxis::Ubatch => {
+                let spans = &self.ubatch_reads
+                    [(x.from as usize).min(self.ubatch_reads.len())..(x.to as usize).min(self.ubatch_reads.len())];
+                let a = spans.iter().filter(|s| s.1 > s.0).map(|s| s.0).min().unwrap_or(0) as usize;
+                let b = spans.iter().map(|s| s.1).max().unwrap_or(0) as usize;
+                &self.reads[a..b.max(a)]
+            }
+        };
+        slice.iter().filter_map(move |r| match x.axis {
+            XAxis::Time => Some((r.t, r)),
+            XAxis::Ubatch => (r.ubatch != NO_UBATCH && (x.from..x.to).contains(&u64::from(r.ubatch)))
+                .then_some((u64::from(r.ubatch), r)),
+        })
+    }
+
+    fn events(&self, metric: Metric) -> &[IoEvent] {
+        match metric {
+            Metric::FaultMajor => &self.io.fault_major,
+            Metric::FaultMinor => &self.io.fault_minor,
+            Metric::CacheFill => &self.io.cache_fill,
+            Metric::BlockRead => &self.io.block_read,
+            Metric::Unused => self.unused.get_or_init(|| self.build_unused()),
+            Metric::Read => &[],
+        }
+    }
+
+    /// Events of `metric` whose x falls in `x`, with their x coordinate.
+    fn events_in(&self, metric: Metric, x: XRange) -> impl Iterator<Item = (u64, &IoEvent)> + '_ {
+        let events = self.events(metric);
+        let (t0, t1) = match x.axis {
+            XAxis::Time => (x.from, x.to),
+            XAxis::Ubatch => {
+                let from = self.ubatch_time.get(x.from as usize).map_or(u64::MAX, |u| u.0);
+                let last = (x.to as usize).min(self.ubatch_time.len()).checked_sub(1);
+                (from, last.and_then(|l| self.ubatch_time.get(l)).map_or(0, |u| u.1 + 1))
+            }
+        };
+        let a = events.partition_point(|e| e.t < t0);
+        let b = events.partition_point(|e| e.t < t1).max(a);
+        events[a..b].iter().filter_map(move |e| match x.axis {
+            XAxis::Time => Some((e.t, e)),
+            XAxis::Ubatch => (e.ubatch != NO_UBATCH && (x.from..x.to).contains(&u64::from(e.ubatch)))
+                .then_some((u64::from(e.ubatch), e)),
+        })
+    }
+
+    /// Page-cache fills, cut to the bytes no op ever read.
+    fn build_unused(&self) -> Vec<IoEvent> {
+        let mut used: Vec<(u64, u64)> = self.reads.iter().map(|r| (r.y0, r.y0 + u64::from(r.len))).collect();
+        used.sort_unstable();
+        used.dedup();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (a, b) in used {
+            match merged.last_mut() {
+                Some(m) if a <= m.1 => m.1 = m.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        let mut out = Vec::new();
+        for e in &self.io.cache_fill {
+            let (mut at, end) = (e.y0, e.y0 + e.len);
+            let mut i = merged.partition_point(|m| m.1 <= at);
+            while at < end {
+                match merged.get(i) {
+                    Some(&(a, b)) if a < end => {
+                        if a > at {
+                            out.push(IoEvent { y0: at, len: a - at, ..*e });
+                        }
+                        at = at.max(b);
+                        i += 1;
+                    }
+                    _ => {
+                        out.push(IoEvent { y0: at, len: end - at, ..*e });
+                        at = end;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The grid of `metric` over `x` × `[y_from, y_to)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grid(&self, track: Track, x: Bins, axis: XAxis, y: Bins, metric: Metric, filter: &ReadFilter) -> Grid {
+        let mut acc = vec![0f64; x.n * y.n];
+        let xr = XRange { axis, from: x.from, to: x.to };
+        let mut add = |xv: u64, y0: u64, len: u64, scale: f64| {
+            let Some(ix) = x.index(xv) else { return };
+            let row = &mut acc[ix * y.n..(ix + 1) * y.n];
+            let (lo, hi) = (y0.max(y.from), (y0 + len).min(y.to));
+            let mut at = lo;
+            while at < hi {
+                let iy = ((at - y.from) / y.bin) as usize;
+                let next = (y.from + (iy as u64 + 1) * y.bin).min(hi);
+                row[iy] += (next - at) as f64 * scale;
+                at = next;
+            }
+        };
+        match (track, metric) {
+            (Track::Disk, Metric::Read) if filter.by_pyramid() => {
+                let keep = |e: &Entry| filter.keeps_tag(e.tag);
+                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                    for (xv, r) in self.reads_in(XRange { axis: XAxis::Ubatch, from: from.into(), to: to.into() }) {
+                        if filter.keeps(r, &self.layer_of) {
+                            add(if axis == XAxis::Time { r.t } else { xv }, r.y0, u64::from(r.len), 1.0);
+                        }
+                    }
+                };
+                self.pyramid_grid(&self.read_pyramid, &x, axis, &keep, &raw, &mut add);
+                if axis == XAxis::Time {
+                    for &i in &self.outside {
+                        let r = &self.reads[i as usize];
+                        if filter.keeps(r, &self.layer_of) {
+                            add(r.t, r.y0, u64::from(r.len), 1.0);
+                        }
+                    }
+                }
+            }
+            (Track::Disk, Metric::Read) => {
+                for (xv, r) in self.reads_in(xr) {
+                    if filter.keeps(r, &self.layer_of) {
+                        add(xv, r.y0, u64::from(r.len), 1.0);
+                    }
+                }
+            }
+            (Track::Disk, m) => {
+                for (xv, e) in self.events_in(m, xr) {
+                    add(xv, e.y0, e.len, 1.0);
+                }
+            }
+            (Track::Buffer, _) => {
+                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                    for (u, seg) in self.buffer.segments_of(from, to) {
+                        let xv = match axis {
+                            XAxis::Ubatch => u64::from(u),
+                            XAxis::Time => self.ubatch_time[u as usize].0,
+                        };
+                        add(xv, seg.start, seg.end - seg.start, f64::from(seg.count));
+                    }
+                };
+                self.pyramid_grid(&self.buffer_pyramid, &x, axis, &|_| true, &raw, &mut add);
+            }
+        }
+        Grid { x, y, values: acc.into_iter().map(|v| v as f32).collect() }
+    }
+
+    /// Adds a pyramid's groups to the grid where a group falls in one x
+    /// bucket, and `raw` (ubatches `[from, to)` one by one) elsewhere.
+    fn pyramid_grid(
+        &self,
+        p: &Pyramid,
+        x: &Bins,
+        axis: XAxis,
+        keep: &dyn Fn(&Entry) -> bool,
+        raw: &dyn Fn(u32, u32, &mut dyn FnMut(u64, u64, u64, f64)),
+        add: &mut dyn FnMut(u64, u64, u64, f64),
+    ) {
+        let n = self.ubatch_time.len();
+        let add_group = |entries: &[Entry], xv: u64, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+            for e in entries.iter().filter(|e| keep(e)) {
+                add(xv, e.y0, u64::from(e.len), f64::from(e.count));
+            }
+        };
+        match axis {
+            XAxis::Ubatch => {
+                let (from, to) = (x.from.min(n as u64) as usize, x.to.min(n as u64) as usize);
+                match p.level_for(x.bin) {
+                    // Buckets are aligned to the bucket size, a multiple of the group size.
+                    Some(level) => {
+                        for g in from >> level.shift..to.div_ceil(1 << level.shift) {
+                            add_group(level.entries(g), (g as u64) << level.shift, add);
+                        }
+                    }
+                    None => raw(from as u32, to as u32, add),
+                }
+            }
+            XAxis::Time => {
+                let levels = p.levels();
+                let first = self.ubatch_time.partition_point(|u| u.1 < x.from);
+                let last = self.ubatch_time.partition_point(|u| u.0 < x.to);
+                let Some(top) = levels.len().checked_sub(1) else {
+                    raw(first as u32, last as u32, add);
+                    return;
+                };
+                let mut stack: Vec<(usize, usize)> =
+                    (first >> levels[top].shift..last.div_ceil(1 << levels[top].shift)).map(|g| (top, g)).collect();
+                while let Some((li, g)) = stack.pop() {
+                    let shift = levels[li].shift;
+                    let (u0, u1) = (g << shift, ((g + 1) << shift).min(n));
+                    let (t0, t1) = (self.ubatch_time[u0].0, self.ubatch_time[u1 - 1].1);
+                    if t1 < x.from || t0 >= x.to {
+                        continue;
+                    }
+                    match (x.index(t0), x.index(t1)) {
+                        (Some(a), Some(b)) if a == b => add_group(levels[li].entries(g), t0, add),
+                        _ if li > 0 => {
+                            let per = 1usize << (shift - levels[li - 1].shift);
+                            stack.extend((g * per..((g + 1) * per).min(levels[li - 1].groups())).map(|c| (li - 1, c)));
+                        }
+                        _ => raw(u0 as u32, u1 as u32, add),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Per x bucket and tensor: bytes read (the token × tensor matrix),
+    /// from the per-ubatch matrix unless an op filter needs the reads.
+    pub fn tensor_matrix(&self, x: Bins, axis: XAxis, filter: &ReadFilter, phases: &[u8]) -> Vec<(u32, u32, u64)> {
+        let n_tensors = self.layer_of.len();
+        let mut dense = vec![0u64; x.n * n_tensors];
+        let mut add = |ix: usize, tensor: u32, bytes: u64| {
+            if let Some(c) = dense.get_mut(ix * n_tensors + tensor as usize) {
+                *c += bytes;
+            }
+        };
+        if axis == XAxis::Ubatch && filter.ops.is_empty() {
+            let n = self.matrix.len() as u64;
+            for u in x.from.min(n)..x.to.min(n) {
+                let Some(ix) = x.index(u) else { continue };
+                if !filter.phases.is_empty() && !phases.get(u as usize).is_some_and(|p| filter.phases.contains(p)) {
+                    continue;
+                }
+                for &(tag, bytes) in &self.matrix[u as usize] {
+                    let tensor = tag & !COPY;
+                    let layer_ok = filter.layers.is_empty()
+                        || self.layer_of[tensor as usize].is_some_and(|l| filter.layers.contains(&l));
+                    if layer_ok && filter.keeps_tag(tag) {
+                        add(ix, tensor, bytes);
+                    }
+                }
+            }
+        } else {
+            for (xv, r) in self.reads_in(XRange { axis, from: x.from, to: x.to }) {
+                if filter.keeps(r, &self.layer_of)
+                    && let Some(ix) = x.index(xv)
+                {
+                    add(ix, r.tensor, u64::from(r.len));
+                }
+            }
+        }
+        dense
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b > 0)
+            .map(|(i, &b)| ((i / n_tensors) as u32, (i % n_tensors) as u32, b))
+            .collect()
+    }
+
+    /// What a cell of the disk track holds, per tensor it overlaps.
+    pub fn disk_cell(
+        &self,
+        a: &Analysis,
+        tensors: &Tensors,
+        x: XRange,
+        (y0, y1): (u64, u64),
+        filter: &ReadFilter,
+    ) -> Value {
+        let ids: Vec<u32> = tensors.overlapping(y0, y1).take(64).collect();
+        let mut out = Vec::new();
+        for id in ids {
+            let t = &tensors.rows[id as usize];
+            let (lo, hi) = (y0.max(t.y0), y1.min(t.y0 + t.size));
+            let overlap = |a: u64, len: u64| (a + len).min(hi).saturating_sub(a.max(lo));
+            let (mut read, mut reads) = (0u64, 0u64);
+            let mut ubatches = BTreeSet::new();
+            let mut op_rows = BTreeSet::new();
+            for (_, r) in self.reads_in(x) {
+                if r.tensor == id && filter.keeps(r, &self.layer_of) {
+                    let o = overlap(r.y0, u64::from(r.len));
+                    if o > 0 {
+                        read += o;
+                        reads += 1;
+                        if op_rows.len() < 16 {
+                            op_rows.insert(r.row);
+                        }
+                        if r.ubatch != NO_UBATCH {
+                            ubatches.insert(r.ubatch);
+                        }
+                    }
+                }
+            }
+            let io = |m: Metric| -> u64 { self.events_in(m, x).map(|(_, e)| overlap(e.y0, e.len)).sum() };
+            let report: u64 = ubatches
+                .iter()
+                .filter_map(|&u| a.ubatches.get(u as usize)?.weights.get(&(t.model, t.index)))
+                .map(|w| w.bytes)
+                .sum();
+            let tokens: Vec<i32> = ubatches
+                .iter()
+                .filter_map(|&u| a.ubatches.get(u as usize))
+                .flat_map(|u| u.token_ids.iter().copied())
+                .take(64)
+                .collect();
+            out.push(json!({
+                "tensor": id, "name": t.name, "y0": t.y0, "y1": t.y0 + t.size,
+                "read_bytes": read, "reads": reads, "report_bytes": report, "op_rows": op_rows,
+                "ubatches": ubatches.len(), "first_ubatch": ubatches.first(), "tokens": tokens,
+                "disk_bytes": io(Metric::BlockRead), "faults_major": io(Metric::FaultMajor) / 4096,
+                "faults_minor": io(Metric::FaultMinor) / 4096, "cache_fill_bytes": io(Metric::CacheFill),
+            }));
+        }
+        json!({ "tensors": out })
+    }
+
+    /// What a cell of the buffer track holds.
+    pub fn buffer_cell(&self, x: XRange, (y0, y1): (u64, u64)) -> Value {
+        let (from, to) = self.ubatches_of(x);
+        let mut bytes = 0u64;
+        let mut ubatches = BTreeSet::new();
+        for (u, seg) in self.buffer.segments_of(from, to) {
+            let inside = x.axis == XAxis::Ubatch || (x.from..x.to).contains(&self.ubatch_time[u as usize].0);
+            let overlap = seg.end.min(y1).saturating_sub(seg.start.max(y0));
+            if inside && overlap > 0 {
+                bytes += overlap * u64::from(seg.count);
+                ubatches.insert(u);
+            }
+        }
+        let copies: Vec<u32> =
+            self.buffer.copies.iter().filter(|c| c.1 < y1 && c.2 > y0).map(|c| c.0).take(64).collect();
+        json!({ "accessed_bytes": bytes, "ubatches": ubatches.len(), "copies_of": copies })
+    }
+
+    /// The y layout to label a track with.
+    pub fn bands(&self, track: Track, tensors: &Tensors) -> Value {
+        match track {
+            Track::Disk => {
+                let bands: Vec<Value> = tensors
+                    .rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        json!({"y0": t.y0, "y1": t.y0 + t.size, "tensor": i, "name": t.name, "layer": t.layer,
+                               "component": t.component, "memory": "model_file"})
+                    })
+                    .collect();
+                let mut experts = Vec::new();
+                for (i, t) in tensors.rows.iter().enumerate() {
+                    if let (Some(n), Some(slice)) = (t.n_experts(), t.expert_bytes) {
+                        for e in 0..n {
+                            let y0 = t.y0 + u64::from(e) * slice;
+                            experts
+                                .push(json!({"tensor": i, "layer": t.layer, "expert": e, "y0": y0, "y1": y0 + slice}));
+                        }
+                    }
+                }
+                let mut groups: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+                for t in &tensors.rows {
+                    if let Some(l) = t.layer {
+                        let g = groups.entry(l).or_insert((u64::MAX, 0));
+                        *g = (g.0.min(t.y0), g.1.max(t.y0 + t.size));
+                    }
+                }
+                let groups: Vec<Value> =
+                    groups.into_iter().map(|(l, (a, b))| json!({"layer": l, "y0": a, "y1": b})).collect();
+                json!({"size": tensors.disk_size, "bands": bands, "experts": experts, "groups": groups})
+            }
+            Track::Buffer => {
+                let regions: Vec<Value> = self
+                    .buffer
+                    .regions
+                    .iter()
+                    .map(|r| json!({"y0": r.y0, "y1": r.y0 + (r.end - r.start), "address": r.start}))
+                    .collect();
+                let bands: Vec<Value> = self
+                    .buffer
+                    .copies
+                    .iter()
+                    .map(|&(t, y0, y1)| {
+                        let row = &tensors.rows[t as usize];
+                        json!({"y0": y0, "y1": y1, "tensor": t, "name": row.name, "layer": row.layer,
+                               "component": row.component, "memory": "copy"})
+                    })
+                    .collect();
+                json!({"size": self.buffer.size, "regions": regions,
+                       "bands": bands, "experts": [], "groups": []})
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! What `ttrace view` precomputes at load, so every query of docs/VIEW_API.md
+//! answers from memory: one pass of `analyze::analyze`, then one
+//! `analyze::walk` whose events [`build`] files into columns. The report
+//! document (`summary`) is built by `ttrace report --json`'s own code in a
+//! second thread, so the server is ready before it.
+
+pub mod buffer;
+pub mod build;
+pub mod graph;
+pub mod lod;
+pub mod memmap;
+pub mod moe;
+pub mod ops;
+pub mod pyramid;
+pub mod timeline;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Condvar, Mutex},
+};
+
+use crate::{
+    analyze::{self, Analysis, Phase, walk},
+    format::{ModelTable, TraceError, TraceReader},
+};
+
+/// A model tensor as the views address it (`tensor` id = index here).
+#[derive(Clone, Debug)]
+pub struct TensorRow {
+    pub model: u32,
+    /// Index in its model's table.
+    pub index: u32,
+    pub file: u32,
+    /// Row on the disk track: its file's start there + its file offset.
+    pub y0: u64,
+    pub size: u64,
+    pub layer: Option<u32>,
+    pub name: String,
+    pub component: String,
+    pub type_name: String,
+    pub shape: Vec<u64>,
+    pub expert_bytes: Option<u64>,
+}
+
+impl TensorRow {
+    pub fn n_experts(&self) -> Option<u32> {
+        self.expert_bytes.filter(|&b| b > 0).map(|b| (self.size / b) as u32)
+    }
+}
+
+/// The model tensors of every model, and the disk track's layout: the
+/// model files end to end, in model then file order.
+#[derive(Default)]
+pub struct Tensors {
+    pub rows: Vec<TensorRow>,
+    /// Tensor ids by `y0`.
+    by_y: Vec<u32>,
+    first_of_model: Vec<u32>,
+    /// Per model, per file: where the file starts on the disk track.
+    pub file_y0: Vec<Vec<u64>>,
+    pub disk_size: u64,
+}
+
+impl Tensors {
+    pub fn new(models: &[ModelTable]) -> Tensors {
+        let mut t = Tensors::default();
+        let mut y = 0u64;
+        for m in models {
+            let mut starts = Vec::new();
+            for f in 0..m.files.len() {
+                starts.push(y);
+                // Files of old traces carry no size: the end of their last tensor.
+                let end = m.tensors.iter().filter(|x| x.file as usize == f).map(|x| x.file_offset + x.size_bytes).max();
+                y += m.file_info.get(f).map(|i| i.size).filter(|&s| s > 0).or(end).unwrap_or(0);
+            }
+            t.file_y0.push(starts);
+        }
+        t.disk_size = y;
+        for (mi, m) in models.iter().enumerate() {
+            t.first_of_model.push(t.rows.len() as u32);
+            for (i, x) in m.tensors.iter().enumerate() {
+                let base = t.file_y0[mi].get(x.file as usize).copied().unwrap_or(0);
+                t.rows.push(TensorRow {
+                    model: mi as u32,
+                    index: i as u32,
+                    file: x.file,
+                    y0: base + x.file_offset,
+                    size: x.size_bytes,
+                    layer: x.layer,
+                    name: x.name.clone(),
+                    component: x.component.clone(),
+                    type_name: x.type_name.clone(),
+                    shape: x.shape.clone(),
+                    expert_bytes: x.expert_bytes,
+                });
+            }
+        }
+        t.by_y = (0..t.rows.len() as u32).collect();
+        t.by_y.sort_by_key(|&i| t.rows[i as usize].y0);
+        t
+    }
+
+    /// The id of model `model`'s tensor `tensor`.
+    pub fn id(&self, model: u32, tensor: u32) -> Option<u32> {
+        let id = self.first_of_model.get(model as usize)? + tensor;
+        (self.rows.get(id as usize)?.model == model).then_some(id)
+    }
+
+    /// Disk-track row of byte `offset` of file `file` of model `model`.
+    pub fn y_of(&self, model: u32, file: u32, offset: u64) -> Option<u64> {
+        Some(self.file_y0.get(model as usize)?.get(file as usize)? + offset)
+    }
+
+    /// Tensors overlapping `[y0, y1)` on the disk track, by position.
+    pub fn overlapping(&self, y0: u64, y1: u64) -> impl Iterator<Item = u32> + '_ {
+        // Tensors do not overlap one another, so those starting before y0
+        // can reach into the range only from the one just before.
+        let first = self.by_y.partition_point(|&i| self.rows[i as usize].y0 < y0).saturating_sub(1);
+        self.by_y[first..]
+            .iter()
+            .copied()
+            .take_while(move |&i| self.rows[i as usize].y0 < y1)
+            .filter(move |&i| self.rows[i as usize].y0 + self.rows[i as usize].size > y0)
+    }
+}
+
+/// The report document and its stats, built in the background: `None`
+/// while they are.
+type Report = Option<Result<Reported, String>>;
+
+#[derive(Clone)]
+pub struct Reported {
+    /// `ttrace report --json`'s document, gzipped.
+    pub document_gz: Arc<Vec<u8>>,
+    pub stats: Arc<analyze::stats::Stats>,
+}
+
+/// One trace, indexed.
+pub struct Index {
+    pub path: PathBuf,
+    pub file_bytes: u64,
+    pub analysis: Arc<Analysis>,
+    pub tensors: Tensors,
+    pub tokens: Tokens,
+    pub ops: ops::Ops,
+    pub memmap: memmap::MemoryMap,
+    pub timeline: timeline::Timeline,
+    report: Arc<(Mutex<Report>, Condvar)>,
+    /// Recent grid answers.
+    pub cache: crate::view::cache::Cache,
+    /// `/api/v1/ubatches`'s answer, once asked for.
+    pub ubatches_frame: std::sync::OnceLock<Vec<u8>>,
+    /// `/api/v1/meta`'s answer, once asked for.
+    pub meta: std::sync::OnceLock<Vec<u8>>,
+}
+
+/// Every token of every ubatch, in ubatch then row order.
+#[derive(Default)]
+pub struct Tokens {
+    pub ubatch: Vec<u32>,
+    pub row: Vec<u32>,
+    pub token_id: Vec<i32>,
+    pub seq: Vec<i32>,
+    pub pos: Vec<i32>,
+    /// 1 generated, 0 prompt, 255 unknown.
+    pub generated: Vec<u8>,
+    /// Per ubatch: its first token.
+    pub first_of_ubatch: Vec<u32>,
+}
+
+impl Tokens {
+    fn new(a: &Analysis) -> Tokens {
+        let mut t = Tokens::default();
+        for u in &a.ubatches {
+            t.first_of_ubatch.push(t.ubatch.len() as u32);
+            for (row, &id) in u.token_ids.iter().enumerate() {
+                let info = u.tokens.get(row);
+                t.ubatch.push(u.index);
+                t.row.push(row as u32);
+                t.token_id.push(id);
+                t.seq.push(info.map_or(-1, |i| i.seq));
+                t.pos.push(info.and_then(|i| i.pos).unwrap_or(-1));
+                t.generated.push(match info.map(|i| i.kind) {
+                    Some(analyze::sequences::TokenKind::Generated) => 1,
+                    Some(analyze::sequences::TokenKind::Prompt) => 0,
+                    _ => 255,
+                });
+            }
+        }
+        t
+    }
+
+    pub fn len(&self) -> usize {
+        self.ubatch.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ubatch.is_empty()
+    }
+}
+
+/// `phase` as docs/VIEW_API.md numbers it.
+pub fn phase_code(p: Phase) -> u8 {
+    match p {
+        Phase::Warmup => 0,
+        Phase::Prompt => 1,
+        Phase::Generate => 2,
+        Phase::Aux => 3,
+    }
+}
+
+/// The phase of a docs/VIEW_API.md `phase` code.
+pub fn index_phase(code: u8) -> Phase {
+    match code {
+        0 => Phase::Warmup,
+        1 => Phase::Prompt,
+        2 => Phase::Generate,
+        _ => Phase::Aux,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+}
+
+impl Index {
+    /// Reads and indexes `path`. A file still being written (or cut short)
+    /// is read up to its last complete frame; a malformed one is an error.
+    pub fn load(path: &Path) -> Result<Index, LoadError> {
+        let file_bytes = std::fs::metadata(path)
+            .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?
+            .len();
+        let started = std::time::Instant::now();
+        let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
+        let analysed = started.elapsed();
+        let report = Arc::new((Mutex::new(None), Condvar::new()));
+        spawn_report(path, &analysis, &report);
+        let tensors = Tensors::new(&analysis.models);
+        let tokens = Tokens::new(&analysis);
+        let mut builder = build::Builder::new(&analysis, &tensors);
+        walk::walk(path, &analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
+        let walked = started.elapsed();
+        let built = builder.finish(&analysis, &tensors);
+        log::info!(
+            "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}): {} ops, {} signatures, {} combinations, {} reads, \
+             {} buffer segments",
+            started.elapsed(),
+            walked - analysed,
+            built.ops.len(),
+            built.ops.sigs.len(),
+            built.ops.combos.len(),
+            built.memmap.reads(),
+            built.memmap.buffer.segments.len(),
+        );
+        Ok(Index {
+            path: path.to_path_buf(),
+            file_bytes,
+            tensors,
+            tokens,
+            ops: built.ops,
+            memmap: built.memmap,
+            timeline: built.timeline,
+            analysis,
+            report,
+            meta: std::sync::OnceLock::new(),
+            ubatches_frame: std::sync::OnceLock::new(),
+            cache: Default::default(),
+        })
+    }
+
+    /// The `ttrace report --json` document, waiting for it if need be.
+    pub fn report(&self) -> Result<Reported, String> {
+        let (lock, ready) = &*self.report;
+        let mut state = lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(done) = state.as_ref() {
+                return done.clone();
+            }
+            state = ready.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Whether [`Self::report`] would answer at once.
+    pub fn report_ready(&self) -> bool {
+        self.report.0.lock().map(|s| s.is_some()).unwrap_or(true)
+    }
+
+    pub fn phase_of(&self, ubatch: u32) -> Option<Phase> {
+        self.analysis.ubatches.get(ubatch as usize).map(|u| u.phase)
+    }
+
+    /// Start of ubatch `u` relative to the trace's start (its end for `end`).
+    pub fn ubatch_span(&self, u: u32) -> (u64, u64) {
+        let base = self.analysis.header.start_monotonic_ns;
+        let ub = &self.analysis.ubatches[u as usize];
+        let start = ub.start_ns.saturating_sub(base);
+        (start, ub.end_ns.map_or(start, |e| e.saturating_sub(base)).max(start))
+    }
+}
+
+/// `ttrace report --json`'s document, from the same code, in another thread.
+fn spawn_report(path: &Path, analysis: &Arc<Analysis>, slot: &Arc<(Mutex<Report>, Condvar)>) {
+    let (path, analysis, slot) = (path.to_path_buf(), analysis.clone(), slot.clone());
+    std::thread::spawn(move || {
+        let done = report_document(&path, &analysis).map_err(|e| e.to_string());
+        let (lock, ready) = &*slot;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
+        ready.notify_all();
+    });
+}
+
+fn report_document(path: &Path, a: &Analysis) -> Result<Reported, TraceError> {
+    let stats = analyze::stats::collect(path, a, &indicatif::ProgressBar::hidden())?;
+    let summary = analyze::summary::Summary::new(a, &path.display().to_string(), None);
+    let doc = analyze::report::Document { analysis: a, summary: &summary, stats: &stats };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    serde_json::to_writer(&mut gz, &doc).expect("the report serialises into memory");
+    let document_gz = Arc::new(gz.finish().expect("gzip into memory"));
+    Ok(Reported { document_gz, stats: Arc::new(stats) })
+}

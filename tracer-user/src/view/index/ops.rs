@@ -1,0 +1,454 @@
+//! The op table: every op as columns, in `seq` order. Graphs repeat, so an
+//! op's descriptive fields (name, output, sources, layer, memory class,
+//! weights) are one interned [`Sig`]; a filter is decided once per
+//! signature and then applied by one scan over the columns.
+
+use std::{collections::HashMap, sync::OnceLock};
+
+use tracer_common::ggml::MAX_SRC;
+
+use crate::{
+    analyze::{
+        tensor::{op_layer, weight_of},
+        walk::Tables,
+    },
+    format::{Descriptor, Memory, Op},
+    view::frame::NONE_U32,
+};
+
+/// An op's fields that depend only on its output and sources.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sig {
+    /// Index into [`Ops::op_names`].
+    pub op: u32,
+    /// Indexes into [`Ops::strings`]: the output name, and the source names
+    /// joined by `;` as the exports' `srcs`.
+    pub dst: u32,
+    pub srcs: u32,
+    pub src_names: Vec<u32>,
+    pub layer: Option<u32>,
+    pub memory: MemoryClass,
+    /// Model tensors read (through the mapping or a copy), source order.
+    pub weights: Vec<u32>,
+}
+
+/// docs/VIEW_API.md's `memory` codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum MemoryClass {
+    ModelFile = 0,
+    Copy = 1,
+    Anon = 2,
+    OtherFile = 3,
+    Unmapped = 4,
+}
+
+impl MemoryClass {
+    pub fn of(m: &Memory) -> MemoryClass {
+        match m {
+            Memory::ModelFile { .. } => MemoryClass::ModelFile,
+            Memory::Copy { .. } => MemoryClass::Copy,
+            Memory::Anon => MemoryClass::Anon,
+            Memory::OtherFile => MemoryClass::OtherFile,
+            Memory::Unmapped => MemoryClass::Unmapped,
+        }
+    }
+
+    pub const NAMES: [&str; 5] = ["model_file", "copy", "anon", "other_file", "unmapped"];
+}
+
+/// One (output, sources) descriptor combination: its signature and the
+/// tensor addresses that give the graph's edges.
+#[derive(Clone, Debug)]
+pub struct Combo {
+    pub sig: u32,
+    /// `ggml_tensor` address of the output.
+    pub dst_tensor: u64,
+    /// Per source: its address and the tensor it views (0: none).
+    pub srcs: Vec<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct Interner {
+    ids: HashMap<String, u32>,
+    values: Vec<String>,
+}
+
+impl Interner {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.ids.get(s) {
+            return id;
+        }
+        let id = self.values.len() as u32;
+        self.ids.insert(s.to_string(), id);
+        self.values.push(s.to_string());
+        id
+    }
+}
+
+/// The op columns, in arrival order while building.
+#[derive(Default)]
+struct Columns {
+    seq: Vec<u64>,
+    start: Vec<u64>,
+    dur: Vec<u32>,
+    ubatch: Vec<u32>,
+    combo: Vec<u32>,
+    weight_bytes: Vec<u64>,
+}
+
+#[derive(Default)]
+pub struct OpsBuilder {
+    strings: Interner,
+    op_names: Interner,
+    sigs: HashMap<Sig, u32>,
+    sig_list: Vec<Sig>,
+    /// Per output descriptor id: `(sources key, combination)`. An output
+    /// has one or a few source lists, so a short scan finds it unhashed.
+    combos: Vec<Vec<(Box<[u32]>, u32)>>,
+    combo_list: Vec<Combo>,
+    key: Vec<u32>,
+    rows: Columns,
+}
+
+impl OpsBuilder {
+    /// The combination of `op`'s output and sources, interned.
+    pub fn combo(&mut self, op: &Op, name: &str, tables: &Tables, first_of_model: &[u32]) -> u32 {
+        self.key.clear();
+        for &(slot, id) in &op.srcs {
+            self.key.extend([slot, id]);
+        }
+        let by_dst = op.dst as usize;
+        if let Some(&(_, c)) = self.combos.get(by_dst).and_then(|v| v.iter().find(|(k, _)| **k == *self.key)) {
+            return c;
+        }
+        let dst = tables.descriptor(op.dst);
+        let n = op.srcs.len().min(MAX_SRC);
+        let mut srcs: [&Descriptor; MAX_SRC] = [dst; MAX_SRC];
+        for (i, &(_, id)) in op.srcs.iter().take(n).enumerate() {
+            srcs[i] = tables.descriptor(id);
+        }
+        let srcs = &srcs[..n];
+        let src_names: Vec<u32> = srcs.iter().map(|d| self.strings.id(&d.name)).collect();
+        let joined = srcs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(";");
+        let sig = Sig {
+            op: self.op_names.id(name),
+            dst: self.strings.id(&dst.name),
+            srcs: self.strings.id(&joined),
+            src_names,
+            layer: op_layer(tables.models, dst, srcs),
+            memory: MemoryClass::of(&dst.memory),
+            weights: srcs
+                .iter()
+                .filter_map(|d| weight_of(d))
+                .filter_map(|w| Some(first_of_model.get(w.model as usize)? + w.tensor))
+                .collect(),
+        };
+        let next = self.sig_list.len() as u32;
+        let sig_id = *self.sigs.entry(sig.clone()).or_insert(next);
+        if sig_id == next {
+            self.sig_list.push(sig);
+        }
+        let id = self.combo_list.len() as u32;
+        self.combo_list.push(Combo {
+            sig: sig_id,
+            dst_tensor: dst.tensor,
+            srcs: srcs.iter().map(|d| (d.tensor, d.view_src)).collect(),
+        });
+        if self.combos.len() <= by_dst {
+            self.combos.resize_with(by_dst + 1, Vec::new);
+        }
+        self.combos[by_dst].push((self.key.clone().into_boxed_slice(), id));
+        id
+    }
+
+    pub fn has_weights(&self, combo: u32) -> bool {
+        !self.sig_list[self.combo_list[combo as usize].sig as usize].weights.is_empty()
+    }
+
+    pub fn op_name_id(&self, combo: u32) -> u16 {
+        self.sig_list[self.combo_list[combo as usize].sig as usize].op as u16
+    }
+
+    pub fn push(&mut self, seq: u64, start: u64, dur: Option<u64>, ubatch: Option<u32>, combo: u32, weight_bytes: u64) {
+        let r = &mut self.rows;
+        r.seq.push(seq);
+        r.start.push(start);
+        // Saturating: an op of more than 4.3 s shows as 4.3 s.
+        r.dur.push(dur.map_or(NONE_U32, |d| d.min(u64::from(NONE_U32 - 1)) as u32));
+        r.ubatch.push(ubatch.unwrap_or(NONE_U32));
+        r.combo.push(combo);
+        r.weight_bytes.push(weight_bytes);
+    }
+
+    /// The columns in `seq` order, and for each row its arrival index.
+    pub fn finish(self) -> (Ops, Vec<u32>) {
+        let Columns { seq, start, dur, ubatch, combo, weight_bytes } = self.rows;
+        let mut order: Vec<u32> = (0..seq.len() as u32).collect();
+        // Ops arrive as they end: in start order on one thread, nearly so
+        // with several, and the sort is then near linear.
+        order.sort_by_key(|&i| seq[i as usize]);
+        let sorted = order.iter().enumerate().all(|(i, &j)| i as u32 == j);
+        fn permute<T: Copy>(v: Vec<T>, order: &[u32], sorted: bool) -> Vec<T> {
+            if sorted { v } else { order.iter().map(|&i| v[i as usize]).collect() }
+        }
+        let (seq, start, weight_bytes) =
+            (permute(seq, &order, sorted), permute(start, &order, sorted), permute(weight_bytes, &order, sorted));
+        let (dur, ubatch, combo) =
+            (permute(dur, &order, sorted), permute(ubatch, &order, sorted), permute(combo, &order, sorted));
+        let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
+        for (i, &u) in ubatch.iter().enumerate() {
+            if u == NONE_U32 {
+                continue;
+            }
+            if ubatch_ops.len() <= u as usize {
+                ubatch_ops.resize(u as usize + 1, (u32::MAX, 0));
+            }
+            let r = &mut ubatch_ops[u as usize];
+            *r = (r.0.min(i as u32), r.1.max(i as u32 + 1));
+        }
+        let ops = Ops {
+            seq,
+            start,
+            dur,
+            ubatch,
+            combo,
+            weight_bytes,
+            combos: self.combo_list,
+            sigs: self.sig_list,
+            strings: self.strings.values,
+            op_names: self.op_names.values,
+            ubatch_ops,
+            by_dur: OnceLock::new(),
+            by_weight: OnceLock::new(),
+            by_layer: OnceLock::new(),
+        };
+        (ops, order)
+    }
+}
+
+/// Every op, in `seq` order.
+pub struct Ops {
+    pub seq: Vec<u64>,
+    /// Since the trace's start.
+    pub start: Vec<u64>,
+    /// `NONE_U32`: not timed.
+    pub dur: Vec<u32>,
+    pub ubatch: Vec<u32>,
+    pub combo: Vec<u32>,
+    pub weight_bytes: Vec<u64>,
+    pub combos: Vec<Combo>,
+    pub sigs: Vec<Sig>,
+    pub strings: Vec<String>,
+    pub op_names: Vec<String>,
+    /// Per ubatch: `[first, end)` of its rows (empty: `(MAX, 0)`).
+    pub ubatch_ops: Vec<(u32, u32)>,
+    by_dur: OnceLock<Vec<u32>>,
+    by_weight: OnceLock<Vec<u32>>,
+    by_layer: OnceLock<Vec<u32>>,
+}
+
+/// How the op table is sorted (then by `seq`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SortKey {
+    Seq,
+    Dur,
+    WeightBytes,
+    Layer,
+    Ubatch,
+}
+
+/// Which ops the table shows: each list ORs its values, the lists AND.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub layers: Vec<u32>,
+    pub ops: Vec<u32>,
+    pub tensors: Vec<u32>,
+    pub name: Option<regex_lite::Regex>,
+    pub ubatches: Option<(u32, u32)>,
+    pub phases: Vec<u8>,
+    pub memories: Vec<u8>,
+    pub seqs: Vec<i32>,
+}
+
+/// Ubatch-level facts a filter needs.
+pub struct UbatchFacts<'a> {
+    pub phase: &'a [u8],
+    /// Sequence ids of each ubatch's tokens.
+    pub seqs: &'a [Vec<i32>],
+}
+
+pub struct Page {
+    pub rows: Vec<u32>,
+    pub total: u64,
+}
+
+impl Ops {
+    pub fn len(&self) -> usize {
+        self.seq.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seq.is_empty()
+    }
+
+    pub fn sig_of(&self, row: usize) -> &Sig {
+        &self.sigs[self.combos[self.combo[row] as usize].sig as usize]
+    }
+
+    /// The row of op `seq`.
+    pub fn row_of_seq(&self, seq: u64) -> Option<usize> {
+        self.seq.binary_search(&seq).ok()
+    }
+
+    /// Builds the sorted orders now rather than at the first query.
+    pub fn warm(&self) {
+        for key in [SortKey::Dur, SortKey::WeightBytes, SortKey::Layer] {
+            self.order(key);
+        }
+    }
+
+    fn order(&self, key: SortKey) -> Option<&[u32]> {
+        let n = self.len() as u64;
+        let build = |k: &dyn Fn(usize) -> u64| -> Vec<u32> {
+            // (key, row) packed: an unstable sort of integers, ties by row (= seq).
+            let mut keyed: Vec<u128> = (0..n as usize).map(|i| (u128::from(k(i)) << 64) | i as u128).collect();
+            keyed.sort_unstable();
+            keyed.into_iter().map(|x| x as u32).collect()
+        };
+        Some(match key {
+            SortKey::Seq | SortKey::Ubatch => return None,
+            SortKey::Dur => self.by_dur.get_or_init(|| build(&|i| u64::from(self.dur[i]))),
+            SortKey::WeightBytes => self.by_weight.get_or_init(|| build(&|i| self.weight_bytes[i])),
+            SortKey::Layer => {
+                self.by_layer.get_or_init(|| build(&|i| u64::from(self.sig_of(i).layer.unwrap_or(NONE_U32))))
+            }
+        })
+    }
+
+    /// Which signatures pass the filter's signature-level conditions.
+    fn sig_mask(&self, f: &Filter) -> Vec<bool> {
+        let name_hits: Vec<bool> =
+            f.name.as_ref().map(|re| self.strings.iter().map(|s| re.is_match(s)).collect()).unwrap_or_default();
+        self.sigs
+            .iter()
+            .map(|s| {
+                (f.layers.is_empty() || s.layer.is_some_and(|l| f.layers.contains(&l)))
+                    && (f.ops.is_empty() || f.ops.contains(&s.op))
+                    && (f.tensors.is_empty() || s.weights.iter().any(|w| f.tensors.contains(w)))
+                    && (f.memories.is_empty() || f.memories.contains(&(s.memory as u8)))
+                    && (f.name.is_none()
+                        || name_hits[s.dst as usize]
+                        || s.src_names.iter().any(|&n| name_hits[n as usize]))
+            })
+            .collect()
+    }
+
+    /// One page of the ops matching `f`, sorted, and how many match.
+    ///
+    /// The matching rows are found by one sequential scan into a bitset
+    /// (nothing to scan without a filter); a sorted page then walks the
+    /// precomputed order testing bits, which stay in cache.
+    pub fn query(&self, f: &Filter, facts: &UbatchFacts, sort: SortKey, desc: bool, offset: u64, limit: usize) -> Page {
+        let order = self.order(sort);
+        let Some(mask) = self.mask(f, facts) else {
+            // Everything matches.
+            let n = self.len() as u64;
+            let pick = |k: u64| -> u32 {
+                let k = if desc { n - 1 - k } else { k };
+                order.map_or(k as u32, |o| o[k as usize])
+            };
+            let rows = (offset..n.min(offset.saturating_add(limit as u64))).map(pick).collect();
+            return Page { rows, total: n };
+        };
+        let total: u64 = mask.iter().map(|w| u64::from(w.count_ones())).sum();
+        let hit = |i: u32| mask[i as usize / 64] >> (i % 64) & 1 == 1;
+        let mut rows = Vec::with_capacity(limit);
+        let mut skipped = 0u64;
+        let mut take = |i: u32| {
+            if hit(i) {
+                if skipped < offset {
+                    skipped += 1;
+                } else {
+                    rows.push(i);
+                }
+            }
+            rows.len() < limit
+        };
+        let n = self.len() as u32;
+        match (order, desc) {
+            (None, false) => {
+                for i in 0..n {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (None, true) => {
+                for i in (0..n).rev() {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (Some(order), false) => {
+                for &i in order {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+            (Some(order), true) => {
+                for &i in order.iter().rev() {
+                    if !take(i) {
+                        break;
+                    }
+                }
+            }
+        }
+        Page { rows, total }
+    }
+
+    /// Bit `i` set when row `i` matches `f`; `None` when every row does.
+    fn mask(&self, f: &Filter, facts: &UbatchFacts) -> Option<Vec<u64>> {
+        let by_ubatch = f.ubatches.is_some() || !f.phases.is_empty() || !f.seqs.is_empty();
+        let by_sig = !f.layers.is_empty()
+            || !f.ops.is_empty()
+            || !f.tensors.is_empty()
+            || !f.memories.is_empty()
+            || f.name.is_some();
+        if !by_ubatch && !by_sig {
+            return None;
+        }
+        let sig_ok = self.sig_mask(f);
+        let combo_ok: Vec<bool> = self.combos.iter().map(|c| sig_ok[c.sig as usize]).collect();
+        // Per ubatch, and one more entry for "outside any ubatch".
+        let n_ub = facts.phase.len();
+        let mut ub_ok: Vec<bool> = (0..n_ub)
+            .map(|u| {
+                f.ubatches.is_none_or(|(a, b)| (a..b).contains(&(u as u32)))
+                    && (f.phases.is_empty() || f.phases.contains(&facts.phase[u]))
+                    && (f.seqs.is_empty() || facts.seqs[u].iter().any(|s| f.seqs.contains(s)))
+            })
+            .collect();
+        ub_ok.push(!by_ubatch);
+        // In seq order a ubatch range is a row range (ubatches run one after another).
+        let (lo, hi) = match f.ubatches {
+            Some((a, b)) => {
+                let rows = self.ubatch_ops.get(a as usize..(b as usize).min(self.ubatch_ops.len())).unwrap_or(&[]);
+                let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
+                let hi = rows.iter().map(|r| r.1).max().unwrap_or(0);
+                (lo as usize, hi.max(lo) as usize)
+            }
+            _ => (0, self.len()),
+        };
+        let mut mask = vec![0u64; self.len().div_ceil(64)];
+        for i in lo..hi {
+            let u = (self.ubatch[i] as usize).min(n_ub);
+            if combo_ok[self.combo[i] as usize] && ub_ok[u] {
+                mask[i / 64] |= 1 << (i % 64);
+            }
+        }
+        Some(mask)
+    }
+}
