@@ -155,6 +155,12 @@ fn token_embd_cells_of_a_generated_token_are_its_row() {
         assert_eq!(hit["name"], "token_embd.weight");
         assert_eq!(hit["read_bytes"].as_u64(), Some(row_bytes));
         assert_eq!(hit["tokens"][0].as_u64(), Some(token));
+        // The op that read it, looked up by its id, read that row.
+        let op = server.get(&format!("/api/v1/op/{}", hit["ops"][0])).json();
+        assert_eq!(op["name"], "GET_ROWS");
+        assert_eq!(op["ubatch"].as_u64(), Some(ub));
+        let reads = op["reads"].as_array().unwrap();
+        assert!(reads.iter().any(|r| r["y0"].as_u64() == Some(row) && r["y1"].as_u64() == Some(row + row_bytes)));
         checked += 1;
     }
     assert_eq!(checked, 3);

@@ -51,7 +51,11 @@ pub fn run(args: ViewArgs) -> Result<()> {
     }
     let index = Arc::new(index);
     let warm = index.clone();
-    std::thread::spawn(move || warm.ops.warm());
+    std::thread::spawn(move || {
+        warm.ops.warm();
+        warm.timeline.warm(&warm.ops);
+        log::info!("sort orders and op tracks built");
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -132,7 +132,9 @@ async fn cell(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respon
         let filter = read_filter(&p, idx)?;
         let x = XRange { axis, from: x0, to: x1 };
         Ok(json_value(match track {
-            Track::Disk => idx.memmap.disk_cell(&idx.analysis, &idx.tensors, x, (y0, y1), &filter),
+            Track::Disk => {
+                idx.memmap.disk_cell(&idx.analysis, &idx.tensors, x, (y0, y1), &filter, &|r| idx.ops.seq(r as usize))
+            }
             Track::Buffer => idx.memmap.buffer_cell(x, (y0, y1)),
         }))
     })

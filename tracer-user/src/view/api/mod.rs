@@ -177,7 +177,7 @@ fn ubatches_frame(idx: &Index) -> Frame {
         let ubs = &a.ubatches;
         let u32s = |f: &dyn Fn(usize) -> u32| Column::U32((0..ubs.len()).map(f).collect());
         let u64s = |f: &dyn Fn(usize) -> u64| Column::U64((0..ubs.len()).map(f).collect());
-        let frame = Frame::new(json!({}))
+        Frame::new(json!({}))
             .column("ubatch", u32s(&|i| ubs[i].index))
             .column("decode", u32s(&|i| opt_u32(ubs[i].decode)))
             .column("phase", Column::U8(ubs.iter().map(|u| phase_code(u.phase)).collect()))
@@ -191,8 +191,7 @@ fn ubatches_frame(idx: &Index) -> Frame {
             .column("weight_bytes", u64s(&|i| ubs[i].weights.values().map(|w| w.bytes).sum()))
             .column("disk_bytes", u64s(&|i| ubs[i].disk_bytes))
             .column("faults_major", u64s(&|i| ubs[i].faults_major))
-            .column("faults_minor", u64s(&|i| ubs[i].faults_minor));
-        frame
+            .column("faults_minor", u64s(&|i| ubs[i].faults_minor))
     }
 }
 

@@ -119,7 +119,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
         let dst: Vec<u32> = rows.iter().map(|i| string_id(sig(i).dst)).collect();
         let srcs: Vec<u32> = rows.iter().map(|i| string_id(sig(i).srcs)).collect();
         let frame = Frame::new(json!({"total": page.total, "offset": offset, "strings": strings}))
-            .column("op", Column::U64(rows.iter().map(|&i| ops.seq[i as usize]).collect()))
+            .column("op", Column::U64(rows.iter().map(|&i| ops.seq(i as usize)).collect()))
             .column("ubatch", Column::U32(rows.iter().map(|&i| ops.ubatch[i as usize]).collect()))
             .column("start_ns", Column::U64(rows.iter().map(|&i| ops.start[i as usize]).collect()))
             .column("dur_ns", Column::U64(rows.iter().map(|&i| dur64(ops.dur[i as usize])).collect()))
@@ -132,7 +132,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
                 "weight_tensor",
                 Column::U32(rows.iter().map(|i| sig(i).weights.first().copied().unwrap_or(NONE_U32)).collect()),
             )
-            .column("weight_bytes", Column::U64(rows.iter().map(|&i| ops.weight_bytes[i as usize]).collect()))
+            .column("weight_bytes", Column::U64(rows.iter().map(|&i| ops.weight_bytes(i as usize)).collect()))
             .column(
                 "gen",
                 Column::U32(

@@ -18,7 +18,6 @@ use crate::analyze::Analysis;
 pub use super::buffer::BufferBuilder;
 
 pub const NO_UBATCH: u32 = u32::MAX;
-pub const NO_PHASE: u8 = u8::MAX;
 
 /// One op's read of one contiguous range of a model tensor.
 #[derive(Clone, Copy, Debug)]
@@ -29,22 +28,46 @@ pub struct Read {
     pub y0: u64,
     pub len: u32,
     pub ubatch: u32,
-    pub tensor: u32,
-    /// Through a copy (repacked, or loaded without mmap), not the mapping.
-    pub copy: bool,
-    /// Op-name id.
-    pub op: u16,
+    /// The tensor, the op's name and whether through a copy: see [`Read::new`].
+    tag: u32,
     /// The op's row in [`super::ops::Ops`] (its arrival index while building).
     pub row: u32,
-    pub phase: u8,
+}
+
+/// In a [`Read`]'s tag: read through a copy (repacked, or loaded without
+/// mmap), not the mapping.
+pub const COPY: u32 = 1 << 31;
+const TENSOR_BITS: u32 = 24;
+const TENSOR_MASK: u32 = (1 << TENSOR_BITS) - 1;
+/// Op-name ids a read keeps; later ones share the last.
+const OP_MASK: u32 = 0x7f;
+
+impl Read {
+    pub fn new(t: u64, y0: u64, ubatch: u32, tensor: u32, copy: bool, op: u32, row: u32) -> Read {
+        let tag = (tensor & TENSOR_MASK) | (op.min(OP_MASK) << TENSOR_BITS) | if copy { COPY } else { 0 };
+        Read { t, y0, len: 0, ubatch, tag, row }
+    }
+
+    pub fn tensor(&self) -> u32 {
+        self.tag & TENSOR_MASK
+    }
+
+    pub fn copy(&self) -> bool {
+        self.tag & COPY != 0
+    }
+
+    pub fn op(&self) -> u32 {
+        (self.tag >> TENSOR_BITS) & OP_MASK
+    }
 }
 
 /// A read's tensor, with [`COPY`] set when through a copy.
 fn tag(r: &Read) -> u32 {
-    r.tensor | if r.copy { COPY } else { 0 }
+    r.tag & (TENSOR_MASK | COPY)
 }
 
-pub const COPY: u32 = 1 << 31;
+/// Adds `(x, y0, len, times)` to a grid.
+type AddFn<'a> = dyn FnMut(u64, u64, u64, f64) + 'a;
 
 /// Adds `r` covering `len` bytes, cut into pieces that fit `Read::len`.
 pub fn push_read(reads: &mut Vec<Read>, r: Read, len: u64) {
@@ -125,15 +148,12 @@ impl ReadFilter {
         }
     }
 
-    fn keeps(&self, r: &Read, layer_of: &[Option<u32>]) -> bool {
-        (match self.memory {
-            MemoryFilter::All => true,
-            MemoryFilter::File => !r.copy,
-            MemoryFilter::Copy => r.copy,
-        }) && (self.ops.is_empty() || self.ops.contains(&r.op))
-            && (self.phases.is_empty() || self.phases.contains(&r.phase))
+    fn keeps(&self, r: &Read, layer_of: &[Option<u32>], phase_of: &[u8]) -> bool {
+        self.keeps_tag(r.tag)
+            && (self.ops.is_empty() || self.ops.iter().any(|&o| u32::from(o).min(OP_MASK) == r.op()))
+            && (self.phases.is_empty() || phase_of.get(r.ubatch as usize).is_some_and(|p| self.phases.contains(p)))
             && (self.layers.is_empty()
-                || layer_of.get(r.tensor as usize).copied().flatten().is_some_and(|l| self.layers.contains(&l)))
+                || layer_of.get(r.tensor() as usize).copied().flatten().is_some_and(|l| self.layers.contains(&l)))
     }
 }
 
@@ -161,6 +181,8 @@ pub struct MemoryMap {
     pub ubatch_time: Vec<(u64, u64)>,
     pub duration: u64,
     layer_of: Vec<Option<u32>>,
+    /// Per ubatch: its phase code.
+    phase_of: Vec<u8>,
     /// Per ubatch: `[first, end)` of its reads (empty: `(0, 0)`).
     ubatch_reads: Vec<(u32, u32)>,
     /// Reads outside any ubatch.
@@ -188,6 +210,7 @@ impl MemoryMap {
     ) -> MemoryMap {
         // Nearly sorted already: ops arrive as they end.
         reads.sort_by_key(|r| r.t);
+        reads.shrink_to_fit();
         for r in &mut reads {
             r.row = row_of_arrival[r.row as usize];
         }
@@ -260,6 +283,7 @@ impl MemoryMap {
             duration: last.into_iter().flatten().max().unwrap_or(0) + 1,
             ubatch_time,
             layer_of: tensors.rows.iter().map(|t| t.layer).collect(),
+            phase_of: a.ubatches.iter().map(|u| super::phase_code(u.phase)).collect(),
             ubatch_reads,
             unused: OnceLock::new(),
         }
@@ -267,6 +291,11 @@ impl MemoryMap {
 
     pub fn reads(&self) -> usize {
         self.reads.len()
+    }
+
+    /// Entries of the disk and buffer pyramids.
+    pub fn pyramid_entries(&self) -> (usize, usize) {
+        (self.read_pyramid.entries(), self.buffer_pyramid.entries())
     }
 
     /// The reads of op row `row`, which started at `start`.
@@ -411,9 +440,9 @@ impl MemoryMap {
         match (track, metric) {
             (Track::Disk, Metric::Read) if filter.by_pyramid() => {
                 let keep = |e: &Entry| filter.keeps_tag(e.tag);
-                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                let raw = |from: u32, to: u32, add: &mut AddFn| {
                     for (xv, r) in self.reads_in(XRange { axis: XAxis::Ubatch, from: from.into(), to: to.into() }) {
-                        if filter.keeps(r, &self.layer_of) {
+                        if filter.keeps(r, &self.layer_of, &self.phase_of) {
                             add(if axis == XAxis::Time { r.t } else { xv }, r.y0, u64::from(r.len), 1.0);
                         }
                     }
@@ -422,7 +451,7 @@ impl MemoryMap {
                 if axis == XAxis::Time {
                     for &i in &self.outside {
                         let r = &self.reads[i as usize];
-                        if filter.keeps(r, &self.layer_of) {
+                        if filter.keeps(r, &self.layer_of, &self.phase_of) {
                             add(r.t, r.y0, u64::from(r.len), 1.0);
                         }
                     }
@@ -430,7 +459,7 @@ impl MemoryMap {
             }
             (Track::Disk, Metric::Read) => {
                 for (xv, r) in self.reads_in(xr) {
-                    if filter.keeps(r, &self.layer_of) {
+                    if filter.keeps(r, &self.layer_of, &self.phase_of) {
                         add(xv, r.y0, u64::from(r.len), 1.0);
                     }
                 }
@@ -441,7 +470,7 @@ impl MemoryMap {
                 }
             }
             (Track::Buffer, _) => {
-                let raw = |from: u32, to: u32, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+                let raw = |from: u32, to: u32, add: &mut AddFn| {
                     for (u, seg) in self.buffer.segments_of(from, to) {
                         let xv = match axis {
                             XAxis::Ubatch => u64::from(u),
@@ -464,11 +493,11 @@ impl MemoryMap {
         x: &Bins,
         axis: XAxis,
         keep: &dyn Fn(&Entry) -> bool,
-        raw: &dyn Fn(u32, u32, &mut dyn FnMut(u64, u64, u64, f64)),
-        add: &mut dyn FnMut(u64, u64, u64, f64),
+        raw: &dyn Fn(u32, u32, &mut AddFn),
+        add: &mut AddFn,
     ) {
         let n = self.ubatch_time.len();
-        let add_group = |entries: &[Entry], xv: u64, add: &mut dyn FnMut(u64, u64, u64, f64)| {
+        let add_group = |entries: &[Entry], xv: u64, add: &mut AddFn| {
             for e in entries.iter().filter(|e| keep(e)) {
                 add(xv, e.y0, u64::from(e.len), f64::from(e.count));
             }
@@ -544,10 +573,10 @@ impl MemoryMap {
             }
         } else {
             for (xv, r) in self.reads_in(XRange { axis, from: x.from, to: x.to }) {
-                if filter.keeps(r, &self.layer_of)
+                if filter.keeps(r, &self.layer_of, &self.phase_of)
                     && let Some(ix) = x.index(xv)
                 {
-                    add(ix, r.tensor, u64::from(r.len));
+                    add(ix, r.tensor(), u64::from(r.len));
                 }
             }
         }
@@ -560,6 +589,7 @@ impl MemoryMap {
     }
 
     /// What a cell of the disk track holds, per tensor it overlaps.
+    /// `seq_of` names an op row by its `seq`.
     pub fn disk_cell(
         &self,
         a: &Analysis,
@@ -567,6 +597,7 @@ impl MemoryMap {
         x: XRange,
         (y0, y1): (u64, u64),
         filter: &ReadFilter,
+        seq_of: &dyn Fn(u32) -> u64,
     ) -> Value {
         let ids: Vec<u32> = tensors.overlapping(y0, y1).take(64).collect();
         let mut out = Vec::new();
@@ -578,7 +609,7 @@ impl MemoryMap {
             let mut ubatches = BTreeSet::new();
             let mut op_rows = BTreeSet::new();
             for (_, r) in self.reads_in(x) {
-                if r.tensor == id && filter.keeps(r, &self.layer_of) {
+                if r.tensor() == id && filter.keeps(r, &self.layer_of, &self.phase_of) {
                     let o = overlap(r.y0, u64::from(r.len));
                     if o > 0 {
                         read += o;
@@ -606,7 +637,8 @@ impl MemoryMap {
                 .collect();
             out.push(json!({
                 "tensor": id, "name": t.name, "y0": t.y0, "y1": t.y0 + t.size,
-                "read_bytes": read, "reads": reads, "report_bytes": report, "op_rows": op_rows,
+                "read_bytes": read, "reads": reads, "report_bytes": report,
+                "ops": op_rows.iter().map(|&r| seq_of(r)).collect::<Vec<u64>>(),
                 "ubatches": ubatches.len(), "first_ubatch": ubatches.first(), "tokens": tokens,
                 "disk_bytes": io(Metric::BlockRead), "faults_major": io(Metric::FaultMajor) / 4096,
                 "faults_minor": io(Metric::FaultMinor) / 4096, "cache_fill_bytes": io(Metric::CacheFill),
