@@ -367,3 +367,38 @@ fn pyramid_grids_equal_raw_reads() {
     }
     server.stop();
 }
+
+/// Per tensor, the memory map's loaded-but-never-used bytes and disk reads
+/// over the whole run are the report's own (`stats.loaded_vs_used`, `io`).
+#[test]
+fn unused_and_disk_cells_equal_the_reports_tensor_figures() {
+    let t = trace("tiny");
+    let rep = report(&t);
+    let server = Server::start(&t, &[]);
+    let meta = server.get("/api/v1/meta").json();
+    let end = meta["trace"]["duration_ns"].as_u64().unwrap();
+    let usage = rep["stats"]["loaded_vs_used"]["tensors"].as_array().expect("loaded vs used per tensor");
+    let io = rep["io"]["tensors"].as_array().unwrap();
+    let (mut unused_seen, mut disk_seen) = (0, 0);
+    for tensor in meta["tensors"].as_array().unwrap() {
+        let (y0, size) = (tensor["y0"].as_u64().unwrap(), tensor["size"].as_u64().unwrap());
+        let name = tensor["name"].as_str().unwrap();
+        let cell = server
+            .get(&format!("/api/v1/memmap/cell?track=disk&x=time&x_from=0&x_to={end}&y_from={y0}&y_to={}", y0 + size))
+            .json();
+        let hit = cell["tensors"].as_array().unwrap().iter().find(|x| x["name"] == name).unwrap().clone();
+        let u = usage.iter().find(|u| u["name"] == name).unwrap();
+        assert_eq!(hit["unused_bytes"], u["loaded_unused"], "{name} loaded, never used");
+        unused_seen += usize::from(u["loaded_unused"].as_u64() > Some(0));
+        let read = io
+            .iter()
+            .find(|x| x["model"] == tensor["model"] && x["tensor"] == tensor["id"])
+            .map_or(0, |x| x["bytes_read"].as_u64().unwrap());
+        assert_eq!(hit["disk_bytes"].as_u64(), Some(read), "{name} read from disk");
+        disk_seen += usize::from(read > 0);
+    }
+    // A cold run: tensors were read from disk, and the page cache brought in
+    // bytes no op read.
+    assert!(disk_seen > 0 && unused_seen > 0, "disk {disk_seen}, unused {unused_seen}");
+    server.stop();
+}

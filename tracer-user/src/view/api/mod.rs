@@ -47,6 +47,16 @@ pub fn columns(frame: Frame) -> Response {
     ([(header::CONTENT_TYPE, frame::CONTENT_TYPE)], frame.encode()).into_response()
 }
 
+/// Cells `(a, b, n)` as three columns (a grid's sparse form).
+pub fn triples(meta: Value, names: [&'static str; 3], cells: &[(u32, u32, u64)]) -> Response {
+    columns(
+        Frame::new(meta)
+            .column(names[0], Column::U32(cells.iter().map(|c| c.0).collect()))
+            .column(names[1], Column::U32(cells.iter().map(|c| c.1).collect()))
+            .column(names[2], Column::U64(cells.iter().map(|c| c.2).collect())),
+    )
+}
+
 pub fn json_value(v: Value) -> Response {
     Json(v).into_response()
 }
