@@ -5,6 +5,7 @@
 mod overhead;
 mod parts;
 mod server;
+mod viewer;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command};
 
@@ -97,6 +98,8 @@ pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
     let size = summary.as_deref().map(|s| parts::size(&ctx, s, &ctx.out_dir.join("overhead-B.data"))).transpose()?;
     eprintln!("bench: export speed");
     let export = parts::export(&ctx)?;
+    eprintln!("bench: viewer");
+    let viewer = viewer::run(&ctx, &model)?;
 
     let mut csv = String::from("part,key,round,value\n");
     for s in &samples {
@@ -136,11 +139,13 @@ pub fn run(rounds: usize, quick: bool, server_only: bool) -> Result<()> {
         writeln!(csv, "profile_bpf_run_cnt,{name},,{cnt}")?;
         writeln!(csv, "profile_bpf_run_time_ns,{name},,{ns}")?;
     }
+    viewer::csv(&mut csv, &viewer)?;
     std::fs::create_dir_all(root.join("docs"))?;
     std::fs::write(root.join("docs/benchmarks.csv"), csv)?;
 
     let mut md = render(&ctx, &samples, &profile, &ingest, size.as_ref(), *export_trace_bytes, exports)?;
     server_section(&mut md, &ctx, &served)?;
+    viewer::section(&mut md, &viewer)?;
     std::fs::write(root.join("docs/BENCHMARKS.md"), md)?;
     println!("bench: wrote docs/BENCHMARKS.md and docs/benchmarks.csv");
     Ok(())
