@@ -51,7 +51,9 @@ pub fn run(args: ViewArgs) -> Result<()> {
     }
     let index = Arc::new(index);
     let warm = index.clone();
+    // After the report's pass, not beside it: their peaks would add up.
     std::thread::spawn(move || {
+        let _ = warm.report();
         warm.ops.warm();
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");
