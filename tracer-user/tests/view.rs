@@ -136,7 +136,7 @@ fn token_embd_cells_of_a_generated_token_are_its_row() {
             y0 + size
         )));
         let (bin, from) = (grid.meta["y_bin"].as_u64().unwrap(), grid.meta["y_from"].as_u64().unwrap());
-        assert!(row_bytes % bin == 0, "bins of {bin} bytes do not tile rows of {row_bytes}");
+        assert!(row_bytes.is_multiple_of(bin), "bins of {bin} bytes do not tile rows of {row_bytes}");
         let v = grid.f32s("v").unwrap();
         let lit: Vec<u64> = (0..v.len() as u64).filter(|&i| v[i as usize] > 0.0).collect();
         let row = y0 + token * row_bytes;
