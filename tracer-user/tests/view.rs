@@ -136,7 +136,7 @@ fn token_embd_cells_of_a_generated_token_are_its_row() {
             y0 + size
         )));
         let (bin, from) = (grid.meta["y_bin"].as_u64().unwrap(), grid.meta["y_from"].as_u64().unwrap());
-        assert!(row_bytes % bin == 0, "bins of {bin} bytes do not tile rows of {row_bytes}");
+        assert!(row_bytes.is_multiple_of(bin), "bins of {bin} bytes do not tile rows of {row_bytes}");
         let v = grid.f32s("v").unwrap();
         let lit: Vec<u64> = (0..v.len() as u64).filter(|&i| v[i as usize] > 0.0).collect();
         let row = y0 + token * row_bytes;
@@ -155,6 +155,12 @@ fn token_embd_cells_of_a_generated_token_are_its_row() {
         assert_eq!(hit["name"], "token_embd.weight");
         assert_eq!(hit["read_bytes"].as_u64(), Some(row_bytes));
         assert_eq!(hit["tokens"][0].as_u64(), Some(token));
+        // The op that read it, looked up by its id, read that row.
+        let op = server.get(&format!("/api/v1/op/{}", hit["ops"][0])).json();
+        assert_eq!(op["name"], "GET_ROWS");
+        assert_eq!(op["ubatch"].as_u64(), Some(ub));
+        let reads = op["reads"].as_array().unwrap();
+        assert!(reads.iter().any(|r| r["y0"].as_u64() == Some(row) && r["y1"].as_u64() == Some(row + row_bytes)));
         checked += 1;
     }
     assert_eq!(checked, 3);
@@ -359,5 +365,40 @@ fn pyramid_grids_equal_raw_reads() {
         let coarse: f64 = grid(&format!("track=buffer&x={x}&w=1&h=64")).iter().map(|&v| f64::from(v)).sum();
         assert!(fine > 0.0 && (fine - coarse).abs() <= 1e-5 * fine, "buffer x={x}: {fine} vs {coarse}");
     }
+    server.stop();
+}
+
+/// Per tensor, the memory map's loaded-but-never-used bytes and disk reads
+/// over the whole run are the report's own (`stats.loaded_vs_used`, `io`).
+#[test]
+fn unused_and_disk_cells_equal_the_reports_tensor_figures() {
+    let t = trace("tiny");
+    let rep = report(&t);
+    let server = Server::start(&t, &[]);
+    let meta = server.get("/api/v1/meta").json();
+    let end = meta["trace"]["duration_ns"].as_u64().unwrap();
+    let usage = rep["stats"]["loaded_vs_used"]["tensors"].as_array().expect("loaded vs used per tensor");
+    let io = rep["io"]["tensors"].as_array().unwrap();
+    let (mut unused_seen, mut disk_seen) = (0, 0);
+    for tensor in meta["tensors"].as_array().unwrap() {
+        let (y0, size) = (tensor["y0"].as_u64().unwrap(), tensor["size"].as_u64().unwrap());
+        let name = tensor["name"].as_str().unwrap();
+        let cell = server
+            .get(&format!("/api/v1/memmap/cell?track=disk&x=time&x_from=0&x_to={end}&y_from={y0}&y_to={}", y0 + size))
+            .json();
+        let hit = cell["tensors"].as_array().unwrap().iter().find(|x| x["name"] == name).unwrap().clone();
+        let u = usage.iter().find(|u| u["name"] == name).unwrap();
+        assert_eq!(hit["unused_bytes"], u["loaded_unused"], "{name} loaded, never used");
+        unused_seen += usize::from(u["loaded_unused"].as_u64() > Some(0));
+        let read = io
+            .iter()
+            .find(|x| x["model"] == tensor["model"] && x["tensor"] == tensor["id"])
+            .map_or(0, |x| x["bytes_read"].as_u64().unwrap());
+        assert_eq!(hit["disk_bytes"].as_u64(), Some(read), "{name} read from disk");
+        disk_seen += usize::from(read > 0);
+    }
+    // A cold run: tensors were read from disk, and the page cache brought in
+    // bytes no op read.
+    assert!(disk_seen > 0 && unused_seen > 0, "disk {disk_seen}, unused {unused_seen}");
     server.stop();
 }

@@ -288,7 +288,11 @@ impl Collector {
                     let Some(w) = weight_of(d) else { continue };
                     let Some(t) = model_tensor(tables.models, w.model, w.tensor) else { continue };
                     let start = t.file_offset + w.offset;
-                    let ranges = self.used_ranges(&name, slot, d, t, start, &e.op.token_ids, e.ctx.ubatch);
+                    let routed = t.layer.zip(e.ctx.ubatch).and_then(|(layer, u)| self.routed.get(&(u, layer)));
+                    let (ranges, whole) = source_ranges(&name, slot, d, t, start, &e.op.token_ids, routed);
+                    if let Some(whole) = whole {
+                        self.notes.insert(whole.note(&t.name));
+                    }
                     let f = self.files.entry((w.model, t.file)).or_default();
                     for r in ranges {
                         f.used[period.index()].insert(r);
@@ -297,34 +301,6 @@ impl Collector {
             }
             _ => {}
         }
-    }
-
-    /// The file ranges one op source reads ([`source_ranges`]), noting
-    /// the sources that count whole.
-    #[allow(clippy::too_many_arguments)]
-    fn used_ranges(
-        &mut self,
-        op_name: &str,
-        slot: u32,
-        d: &Descriptor,
-        t: &ModelTensor,
-        start: u64,
-        ids: &[i32],
-        ubatch: Option<u32>,
-    ) -> Vec<std::ops::Range<u64>> {
-        let routed = t.layer.zip(ubatch).and_then(|(layer, u)| self.routed.get(&(u, layer)));
-        let (ranges, whole) = source_ranges(op_name, slot, d, t, start, ids, routed);
-        match whole {
-            Some(Whole::RowsUnrecorded) => self.notes.insert(format!(
-                "{}: the rows GET_ROWS read were not recorded, so its whole view counts as used",
-                t.name
-            )),
-            Some(Whole::RoutingUnrecorded) => {
-                self.notes.insert(format!("{}: its routing was not recorded, so it counts as used whole", t.name))
-            }
-            None => false,
-        };
-        ranges
     }
 
     pub fn finish(self, a: &Analysis) -> Usage {
@@ -411,6 +387,18 @@ pub enum Whole {
     RowsUnrecorded,
     /// An MoE expert tensor whose ubatch's routing was not recorded.
     RoutingUnrecorded,
+}
+
+impl Whole {
+    /// The report's note on `tensor`.
+    pub fn note(self, tensor: &str) -> String {
+        match self {
+            Whole::RowsUnrecorded => {
+                format!("{tensor}: the rows GET_ROWS read were not recorded, so its whole view counts as used")
+            }
+            Whole::RoutingUnrecorded => format!("{tensor}: its routing was not recorded, so it counts as used whole"),
+        }
+    }
 }
 
 /// The model-file ranges op source `slot` (descriptor `d`, model tensor `t`,

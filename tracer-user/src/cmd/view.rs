@@ -51,7 +51,13 @@ pub fn run(args: ViewArgs) -> Result<()> {
     }
     let index = Arc::new(index);
     let warm = index.clone();
-    std::thread::spawn(move || warm.ops.warm());
+    // After the report's pass, not beside it: their peaks would add up.
+    std::thread::spawn(move || {
+        let _ = warm.report();
+        warm.ops.warm();
+        warm.timeline.warm(&warm.ops);
+        log::info!("sort orders and op tracks built");
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

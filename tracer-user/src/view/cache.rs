@@ -6,7 +6,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+/// Kept answers at most, and their bytes at most (a full-screen grid is
+/// about 5 MB).
 const CAPACITY: usize = 64;
+const CAPACITY_BYTES: usize = 64 << 20;
 
 #[derive(Default)]
 pub struct Cache {
@@ -29,6 +32,13 @@ impl Cache {
         let mut recent = self.lock();
         recent.push_front((key, value.clone()));
         recent.truncate(CAPACITY);
+        let mut bytes = 0;
+        let keep = recent.iter().take_while(|(_, v)| {
+            bytes += v.len();
+            bytes <= CAPACITY_BYTES
+        });
+        let keep = keep.count().max(1);
+        recent.truncate(keep);
         Ok(value)
     }
 
@@ -57,5 +67,10 @@ mod tests {
         }
         cache.get_or("a".into(), make).unwrap();
         assert_eq!(made.get(), 2 + CAPACITY);
+        // Large answers: fewer kept.
+        let big = || Ok::<_, ()>(vec![0u8; CAPACITY_BYTES / 2 + 1]);
+        cache.get_or("b1".into(), big).unwrap();
+        cache.get_or("b2".into(), big).unwrap();
+        assert_eq!(cache.lock().len(), 1);
     }
 }

@@ -75,8 +75,10 @@ export interface CellTensor {
   y1: number;
   read_bytes: number;
   report_bytes: number;
-  ops: number;
-  op_sample: number[];
+  /** How many reads, and how many distinct ops, fall in the cell; `ops` holds the first 16 op ids. */
+  reads: number;
+  op_count: number;
+  ops: number[];
   ubatches: number;
   tokens: number[];
   disk_bytes: number;

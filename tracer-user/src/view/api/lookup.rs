@@ -55,7 +55,7 @@ async fn ubatch(
         let ub = idx.analysis.ubatches.get(u as usize).ok_or_else(|| not_found("ubatch", u))?;
         let mut v = serde_json::to_value(ub).map_err(|e| ApiError::Internal(e.to_string()))?;
         let rows = idx.ops.ubatch_ops.get(u as usize).filter(|r| r.0 < r.1);
-        v["op_seq_range"] = json!(rows.map(|r| [idx.ops.seq[r.0 as usize], idx.ops.seq[r.1 as usize - 1]]));
+        v["op_seq_range"] = json!(rows.map(|r| [idx.ops.seq(r.0 as usize), idx.ops.seq(r.1 as usize - 1)]));
         v["first_token"] = json!(idx.tokens.first_of_ubatch.get(u as usize));
         let (start, end) = idx.ubatch_span(u);
         v["start_rel_ns"] = json!(start);
@@ -96,7 +96,7 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
         let reads: Vec<Value> = idx
             .memmap
             .reads_of_op(i as u32, ops.start[i])
-            .map(|r| json!({"tensor": r.tensor, "y0": r.y0, "y1": r.y0 + u64::from(r.len), "copy": r.copy}))
+            .map(|r| json!({"tensor": r.tensor(), "y0": r.y0, "y1": r.y0 + u64::from(r.len), "copy": r.copy()}))
             .collect();
         let weights: Vec<Value> = sig
             .weights
@@ -110,7 +110,7 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
             "dur_ns": (ops.dur[i] != NONE_U32).then_some(ops.dur[i]), "layer": sig.layer,
             "dst": ops.strings[sig.dst as usize], "dst_memory": MemoryClass::NAMES[sig.memory as usize],
             "srcs": sig.src_names.iter().map(|&n| ops.strings[n as usize].as_str()).collect::<Vec<_>>(),
-            "weight_bytes": ops.weight_bytes[i], "weights": weights, "reads": reads,
+            "weight_bytes": ops.weight_bytes(i), "weights": weights, "reads": reads,
         }))
     })
     .await

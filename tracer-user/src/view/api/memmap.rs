@@ -10,7 +10,7 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{Shared, blocking, columns, json_value};
+use super::{Shared, blocking, json_value, triples};
 use crate::view::{
     frame::{self, Column, Frame},
     index::{
@@ -132,7 +132,9 @@ async fn cell(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respon
         let filter = read_filter(&p, idx)?;
         let x = XRange { axis, from: x0, to: x1 };
         Ok(json_value(match track {
-            Track::Disk => idx.memmap.disk_cell(&idx.analysis, &idx.tensors, x, (y0, y1), &filter),
+            Track::Disk => {
+                idx.memmap.disk_cell(&idx.analysis, &idx.tensors, x, (y0, y1), &filter, &|r| idx.ops.seq(r as usize))
+            }
             Track::Buffer => idx.memmap.buffer_cell(x, (y0, y1)),
         }))
     })
@@ -159,12 +161,7 @@ async fn tensors(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Res
         let cells = idx.memmap.tensor_matrix(x, axis, &filter, &phases);
         let mut meta = serde_json::Map::new();
         meta.extend(x.meta("x"));
-        Ok(columns(
-            Frame::new(meta.into())
-                .column("ix", Column::U32(cells.iter().map(|c| c.0).collect()))
-                .column("tensor", Column::U32(cells.iter().map(|c| c.1).collect()))
-                .column("bytes", Column::U64(cells.iter().map(|c| c.2).collect())),
-        ))
+        Ok(triples(meta.into(), ["ix", "tensor", "bytes"], &cells))
     })
     .await
 }

@@ -47,6 +47,16 @@ pub fn columns(frame: Frame) -> Response {
     ([(header::CONTENT_TYPE, frame::CONTENT_TYPE)], frame.encode()).into_response()
 }
 
+/// Cells `(a, b, n)` as three columns (a grid's sparse form).
+pub fn triples(meta: Value, names: [&'static str; 3], cells: &[(u32, u32, u64)]) -> Response {
+    columns(
+        Frame::new(meta)
+            .column(names[0], Column::U32(cells.iter().map(|c| c.0).collect()))
+            .column(names[1], Column::U32(cells.iter().map(|c| c.1).collect()))
+            .column(names[2], Column::U64(cells.iter().map(|c| c.2).collect())),
+    )
+}
+
 pub fn json_value(v: Value) -> Response {
     Json(v).into_response()
 }
@@ -177,7 +187,7 @@ fn ubatches_frame(idx: &Index) -> Frame {
         let ubs = &a.ubatches;
         let u32s = |f: &dyn Fn(usize) -> u32| Column::U32((0..ubs.len()).map(f).collect());
         let u64s = |f: &dyn Fn(usize) -> u64| Column::U64((0..ubs.len()).map(f).collect());
-        let frame = Frame::new(json!({}))
+        Frame::new(json!({}))
             .column("ubatch", u32s(&|i| ubs[i].index))
             .column("decode", u32s(&|i| opt_u32(ubs[i].decode)))
             .column("phase", Column::U8(ubs.iter().map(|u| phase_code(u.phase)).collect()))
@@ -191,8 +201,7 @@ fn ubatches_frame(idx: &Index) -> Frame {
             .column("weight_bytes", u64s(&|i| ubs[i].weights.values().map(|w| w.bytes).sum()))
             .column("disk_bytes", u64s(&|i| ubs[i].disk_bytes))
             .column("faults_major", u64s(&|i| ubs[i].faults_major))
-            .column("faults_minor", u64s(&|i| ubs[i].faults_minor));
-        frame
+            .column("faults_minor", u64s(&|i| ubs[i].faults_minor))
     }
 }
 

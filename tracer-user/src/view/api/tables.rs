@@ -8,7 +8,7 @@ use axum::{
 };
 use serde_json::json;
 
-use super::{Shared, blocking, columns, json_value, memmap::PHASES};
+use super::{Shared, blocking, columns, json_value, memmap::PHASES, triples};
 use crate::{
     analyze::Phase,
     view::{
@@ -119,7 +119,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
         let dst: Vec<u32> = rows.iter().map(|i| string_id(sig(i).dst)).collect();
         let srcs: Vec<u32> = rows.iter().map(|i| string_id(sig(i).srcs)).collect();
         let frame = Frame::new(json!({"total": page.total, "offset": offset, "strings": strings}))
-            .column("op", Column::U64(rows.iter().map(|&i| ops.seq[i as usize]).collect()))
+            .column("op", Column::U64(rows.iter().map(|&i| ops.seq(i as usize)).collect()))
             .column("ubatch", Column::U32(rows.iter().map(|&i| ops.ubatch[i as usize]).collect()))
             .column("start_ns", Column::U64(rows.iter().map(|&i| ops.start[i as usize]).collect()))
             .column("dur_ns", Column::U64(rows.iter().map(|&i| dur64(ops.dur[i as usize])).collect()))
@@ -132,7 +132,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
                 "weight_tensor",
                 Column::U32(rows.iter().map(|i| sig(i).weights.first().copied().unwrap_or(NONE_U32)).collect()),
             )
-            .column("weight_bytes", Column::U64(rows.iter().map(|&i| ops.weight_bytes[i as usize]).collect()))
+            .column("weight_bytes", Column::U64(rows.iter().map(|&i| ops.weight_bytes(i as usize)).collect()))
             .column(
                 "gen",
                 Column::U32(
@@ -247,12 +247,7 @@ async fn moe_grid(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Re
         let p = Params::parse(q.as_deref(), &["phase", "from_ubatch", "to_ubatch"])?;
         let (a, b, phases) = moe_range(&p, idx.analysis.ubatches.len())?;
         let cells = moe::grid(&idx.analysis, a, b, &phases);
-        Ok(columns(
-            Frame::new(json!({}))
-                .column("layer", Column::U32(cells.iter().map(|c| c.0).collect()))
-                .column("expert", Column::U32(cells.iter().map(|c| c.1).collect()))
-                .column("tokens", Column::U64(cells.iter().map(|c| c.2).collect())),
-        ))
+        Ok(triples(json!({}), ["layer", "expert", "tokens"], &cells))
     })
     .await
 }
@@ -262,13 +257,8 @@ async fn moe_coactivation(State(idx): State<Shared>, RawQuery(q): RawQuery) -> R
         let p = Params::parse(q.as_deref(), &["layer", "phase", "from_ubatch", "to_ubatch"])?;
         let layer: u32 = p.required("layer")?;
         let (a, b, phases) = moe_range(&p, idx.analysis.ubatches.len())?;
-        let pairs = moe::coactivation(&idx.analysis, layer, a, b, &phases);
-        Ok(columns(
-            Frame::new(json!({}))
-                .column("a", Column::U32(pairs.iter().map(|c| c.0).collect()))
-                .column("b", Column::U32(pairs.iter().map(|c| c.1).collect()))
-                .column("tokens", Column::U64(pairs.iter().map(|c| c.2).collect())),
-        ))
+        let cells = moe::coactivation(&idx.analysis, layer, a, b, &phases);
+        Ok(triples(json!({}), ["a", "b", "tokens"], &cells))
     })
     .await
 }
@@ -283,12 +273,7 @@ async fn moe_tokens(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<
         let cells = moe::over_tokens(&idx.analysis, &idx.tokens, layer, x);
         let mut meta = serde_json::Map::new();
         meta.extend(x.meta("x"));
-        Ok(columns(
-            Frame::new(meta.into())
-                .column("ix", Column::U32(cells.iter().map(|c| c.0).collect()))
-                .column("expert", Column::U32(cells.iter().map(|c| c.1).collect()))
-                .column("tokens", Column::U32(cells.iter().map(|c| c.2).collect())),
-        ))
+        Ok(triples(meta.into(), ["ix", "expert", "tokens"], &cells))
     })
     .await
 }

@@ -189,10 +189,12 @@ mod tests {
 
     #[test]
     fn segments_count_overlapping_accesses() {
-        let mut b = BufferBuilder::default();
-        b.descs = vec![Some((1000, 100)), Some((1050, 100)), Some((5_000_000, 10))];
-        b.counts = vec![0; 3];
-        b.current = Some(0);
+        let mut b = BufferBuilder {
+            descs: vec![Some((1000, 100)), Some((1050, 100)), Some((5_000_000, 10))],
+            counts: vec![0; 3],
+            current: Some(0),
+            ..Default::default()
+        };
         for id in [0, 1, 1, 2] {
             if b.counts[id] == 0 {
                 b.touched.push(id as u32);

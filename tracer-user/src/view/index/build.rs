@@ -59,6 +59,8 @@ impl Builder {
             first_of_model.push(n);
             n += m.tensors.len() as u32;
         }
+        let mut ops = OpsBuilder::default();
+        ops.reserve(usize::try_from(a.ops).unwrap_or(0));
         Builder {
             base_ns: a.header.start_monotonic_ns,
             file_y0: tensors.file_y0.clone(),
@@ -66,12 +68,12 @@ impl Builder {
             routed: usage::routed_experts(a),
             io,
             in_flight: HashSet::new(),
-            ops: OpsBuilder::default(),
+            ops,
             reads: Vec::new(),
             buffer: BufferBuilder::default(),
             cache_fills: Vec::new(),
             block_reads: Vec::new(),
-            tids: Vec::new(),
+            tids: Vec::with_capacity(usize::try_from(a.ops).unwrap_or(0)),
         }
     }
 
@@ -93,7 +95,7 @@ impl Builder {
             let slotted: Vec<(u32, &Descriptor)> =
                 e.op.srcs.iter().map(|&(s, id)| (s, tables.descriptor(id))).collect();
             let op_name = self.ops.op_name_id(combo);
-            let phase = tables.phase(ubatch).map_or(memmap::NO_PHASE, super::phase_code);
+            let u = ubatch.unwrap_or(memmap::NO_UBATCH);
             for &(slot, d) in &slotted {
                 let Some(w) = tables.weight_read(&name, ubatch, (slot, d), &slotted) else { continue };
                 weight_bytes += w.bytes;
@@ -104,21 +106,9 @@ impl Builder {
                 let Some(base) = self.y_of(w.weight.model, t.file, 0) else { continue };
                 let tensor = self.first_of_model[w.weight.model as usize] + w.weight.tensor;
                 for r in ranges {
-                    memmap::push_read(
-                        &mut self.reads,
-                        Read {
-                            t: start,
-                            y0: base + r.start,
-                            len: 0,
-                            ubatch: ubatch.unwrap_or(memmap::NO_UBATCH),
-                            tensor,
-                            copy: w.weight.copy,
-                            op: op_name,
-                            row: self.tids.len() as u32,
-                            phase,
-                        },
-                        r.end - r.start,
-                    );
+                    let read =
+                        Read::new(start, base + r.start, u, tensor, w.weight.copy, op_name, self.tids.len() as u32);
+                    memmap::push_read(&mut self.reads, read, r.end - r.start);
                 }
             }
         }
@@ -162,16 +152,20 @@ impl Builder {
         for (row, &arrival) in order.iter().enumerate() {
             row_of_arrival[arrival as usize] = row as u32;
         }
-        let timeline =
-            Timeline::new(a, &ops, &tids, [&fault_major, &fault_minor, &self.cache_fills, &self.block_reads]);
-        let memmap = MemoryMap::new(
-            a,
-            tensors,
-            self.reads,
-            self.buffer,
-            memmap::IoEvents { fault_major, fault_minor, cache_fill: self.cache_fills, block_read: self.block_reads },
-            &row_of_arrival,
-        );
+        let io =
+            memmap::IoEvents { fault_major, fault_minor, cache_fill: self.cache_fills, block_read: self.block_reads };
+        // Two cores: the timeline beside the memory map (with its own copy
+        // of the I/O events, a small fraction of the ops).
+        let counted = [io.fault_major.clone(), io.fault_minor.clone(), io.cache_fill.clone(), io.block_read.clone()];
+        let (timeline, memmap) = std::thread::scope(|scope| {
+            let (ops, tids) = (&ops, &tids);
+            let timeline = scope.spawn(move || {
+                let [a0, a1, a2, a3] = &counted;
+                Timeline::new(a, ops, tids, [a0, a1, a2, a3])
+            });
+            let memmap = MemoryMap::new(a, tensors, self.reads, self.buffer, io, &row_of_arrival);
+            (timeline.join().expect("the timeline thread does not panic"), memmap)
+        });
         Built { ops, memmap, timeline }
     }
 }

@@ -38,7 +38,7 @@ pub fn graph(ops: &Ops, ubatch: u32) -> Option<Value> {
         combo.sig.hash(&mut shape);
         from.hash(&mut shape);
         nodes.push(json!({
-            "op": ops.seq[i],
+            "op": ops.seq(i),
             "name": ops.op_names[sig.op as usize],
             "dst": ops.strings[sig.dst as usize],
             "layer": sig.layer,

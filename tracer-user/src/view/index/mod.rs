@@ -6,6 +6,7 @@
 
 pub mod buffer;
 pub mod build;
+pub mod column;
 pub mod graph;
 pub mod lod;
 pub mod memmap;
@@ -235,25 +236,34 @@ impl Index {
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();
-        let report = Arc::new((Mutex::new(None), Condvar::new()));
-        spawn_report(path, &analysis, &report);
+        log::info!("analysed in {analysed:.2?} (CPU {:.2} s), RSS {} MiB", cpu_s(), rss_mib());
         let tensors = Tensors::new(&analysis.models);
         let tokens = Tokens::new(&analysis);
         let mut builder = build::Builder::new(&analysis, &tensors);
         walk::walk(path, &analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
         let walked = started.elapsed();
+        log::info!("walked in {:.2?} (CPU so far {:.2} s), RSS {} MiB", walked - analysed, cpu_s(), rss_mib());
         let built = builder.finish(&analysis, &tensors);
+        give_back_memory();
         log::info!(
-            "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}): {} ops, {} signatures, {} combinations, {} reads, \
-             {} buffer segments",
+            "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}, CPU {:.2} s), RSS {} MiB: {} ops, {} signatures, {} \
+             combinations, {} reads, {} buffer segments, {} + {} pyramid entries",
             started.elapsed(),
             walked - analysed,
+            cpu_s(),
+            rss_mib(),
             built.ops.len(),
             built.ops.sigs.len(),
             built.ops.combos.len(),
             built.memmap.reads(),
             built.memmap.buffer.segments.len(),
+            built.memmap.pyramid_entries().0,
+            built.memmap.pyramid_entries().1,
         );
+        // The report's own pass starts now, not beside the index's: on a
+        // small machine that would only slow both.
+        let report = Arc::new((Mutex::new(None), Condvar::new()));
+        spawn_report(path, &analysis, &report);
         Ok(Index {
             path: path.to_path_buf(),
             file_bytes,
@@ -300,11 +310,38 @@ impl Index {
     }
 }
 
+/// Returns the freed heap of the passes to the system (glibc keeps it
+/// otherwise, in every thread's arena).
+fn give_back_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// CPU time of this thread, for the load's log lines.
+fn cpu_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Resident memory, for the load's log lines.
+fn rss_mib() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    (pages * 4096) >> 20
+}
+
 /// `ttrace report --json`'s document, from the same code, in another thread.
 fn spawn_report(path: &Path, analysis: &Arc<Analysis>, slot: &Arc<(Mutex<Report>, Condvar)>) {
     let (path, analysis, slot) = (path.to_path_buf(), analysis.clone(), slot.clone());
     std::thread::spawn(move || {
+        let started = std::time::Instant::now();
         let done = report_document(&path, &analysis).map_err(|e| e.to_string());
+        give_back_memory();
+        log::info!("report document built in {:.2?} (CPU {:.2} s), RSS {} MiB", started.elapsed(), cpu_s(), rss_mib());
         let (lock, ready) = &*slot;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) = Some(done);
         ready.notify_all();
@@ -315,8 +352,14 @@ fn report_document(path: &Path, a: &Analysis) -> Result<Reported, TraceError> {
     let stats = analyze::stats::collect(path, a, &indicatif::ProgressBar::hidden())?;
     let summary = analyze::summary::Summary::new(a, &path.display().to_string(), None);
     let doc = analyze::report::Document { analysis: a, summary: &summary, stats: &stats };
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    // serde_json writes a few bytes at a time; gzip wants large blocks.
+    let mut gz = std::io::BufWriter::with_capacity(
+        1 << 20,
+        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()),
+    );
     serde_json::to_writer(&mut gz, &doc).expect("the report serialises into memory");
+    let gz = gz.into_inner().map_err(|e| e.into_error()).expect("gzip into memory");
     let document_gz = Arc::new(gz.finish().expect("gzip into memory"));
+    log::info!("report document: {} MB gzipped", document_gz.len() >> 20);
     Ok(Reported { document_gz, stats: Arc::new(stats) })
 }

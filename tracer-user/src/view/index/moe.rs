@@ -38,8 +38,8 @@ pub fn coactivation(a: &Analysis, layer: u32, from: usize, to: usize, phases: &[
 /// Layer `layer`'s activations over tokens: `(bucket, expert, tokens)` with
 /// x in token ids of `/api/v1/tokens` (a prompt's last layer, which keeps
 /// only its outputs, counts them from the ubatch's first token).
-pub fn over_tokens(a: &Analysis, tokens: &Tokens, layer: u32, x: Bins) -> Vec<(u32, u32, u32)> {
-    let mut cells: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+pub fn over_tokens(a: &Analysis, tokens: &Tokens, layer: u32, x: Bins) -> Vec<(u32, u32, u64)> {
+    let mut cells: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     for u in a.ubatches.iter().filter(|u| matches!(u.phase, Phase::Prompt | Phase::Generate)) {
         let first = u64::from(tokens.first_of_ubatch[u.index as usize]);
         for r in u.routing.iter().filter(|r| r.layer == Some(layer)) {

@@ -7,6 +7,7 @@ use std::{collections::HashMap, sync::OnceLock};
 
 use tracer_common::ggml::MAX_SRC;
 
+use super::column::{Narrow, Rising};
 use crate::{
     analyze::{
         tensor::{op_layer, weight_of},
@@ -94,7 +95,7 @@ struct Columns {
     dur: Vec<u32>,
     ubatch: Vec<u32>,
     combo: Vec<u32>,
-    weight_bytes: Vec<u64>,
+    weight_bytes: Narrow,
 }
 
 #[derive(Default)]
@@ -166,8 +167,19 @@ impl OpsBuilder {
         !self.sig_list[self.combo_list[combo as usize].sig as usize].weights.is_empty()
     }
 
-    pub fn op_name_id(&self, combo: u32) -> u16 {
-        self.sig_list[self.combo_list[combo as usize].sig as usize].op as u16
+    pub fn op_name_id(&self, combo: u32) -> u32 {
+        self.sig_list[self.combo_list[combo as usize].sig as usize].op
+    }
+
+    /// Room for `n` ops: the columns then never grow by doubling.
+    pub fn reserve(&mut self, n: usize) {
+        let r = &mut self.rows;
+        r.seq.reserve_exact(n);
+        r.start.reserve_exact(n);
+        r.dur.reserve_exact(n);
+        r.ubatch.reserve_exact(n);
+        r.combo.reserve_exact(n);
+        r.weight_bytes = Narrow::with_capacity(n);
     }
 
     pub fn push(&mut self, seq: u64, start: u64, dur: Option<u64>, ubatch: Option<u32>, combo: u32, weight_bytes: u64) {
@@ -192,8 +204,8 @@ impl OpsBuilder {
         fn permute<T: Copy>(v: Vec<T>, order: &[u32], sorted: bool) -> Vec<T> {
             if sorted { v } else { order.iter().map(|&i| v[i as usize]).collect() }
         }
-        let (seq, start, weight_bytes) =
-            (permute(seq, &order, sorted), permute(start, &order, sorted), permute(weight_bytes, &order, sorted));
+        let weight_bytes = if sorted { weight_bytes } else { weight_bytes.permute(&order) };
+        let (seq, start) = (Rising::new(&permute(seq, &order, sorted)), permute(start, &order, sorted));
         let (dur, ubatch, combo) =
             (permute(dur, &order, sorted), permute(ubatch, &order, sorted), permute(combo, &order, sorted));
         let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
@@ -229,14 +241,14 @@ impl OpsBuilder {
 
 /// Every op, in `seq` order.
 pub struct Ops {
-    pub seq: Vec<u64>,
+    seq: Rising,
     /// Since the trace's start.
     pub start: Vec<u64>,
     /// `NONE_U32`: not timed.
     pub dur: Vec<u32>,
     pub ubatch: Vec<u32>,
     pub combo: Vec<u32>,
-    pub weight_bytes: Vec<u64>,
+    weight_bytes: Narrow,
     pub combos: Vec<Combo>,
     pub sigs: Vec<Sig>,
     pub strings: Vec<String>,
@@ -292,13 +304,22 @@ impl Ops {
         self.seq.is_empty()
     }
 
+    /// Op `row`'s `seq` (its id, as in the exports).
+    pub fn seq(&self, row: usize) -> u64 {
+        self.seq.get(row)
+    }
+
+    pub fn weight_bytes(&self, row: usize) -> u64 {
+        self.weight_bytes.get(row)
+    }
+
     pub fn sig_of(&self, row: usize) -> &Sig {
         &self.sigs[self.combos[self.combo[row] as usize].sig as usize]
     }
 
     /// The row of op `seq`.
     pub fn row_of_seq(&self, seq: u64) -> Option<usize> {
-        self.seq.binary_search(&seq).ok()
+        self.seq.find(seq)
     }
 
     /// Builds the sorted orders now rather than at the first query.
@@ -309,17 +330,16 @@ impl Ops {
     }
 
     fn order(&self, key: SortKey) -> Option<&[u32]> {
-        let n = self.len() as u64;
         let build = |k: &dyn Fn(usize) -> u64| -> Vec<u32> {
-            // (key, row) packed: an unstable sort of integers, ties by row (= seq).
-            let mut keyed: Vec<u128> = (0..n as usize).map(|i| (u128::from(k(i)) << 64) | i as u128).collect();
-            keyed.sort_unstable();
-            keyed.into_iter().map(|x| x as u32).collect()
+            // In place, ties by row (= seq): no copy of the keys.
+            let mut rows: Vec<u32> = (0..self.len() as u32).collect();
+            rows.sort_unstable_by_key(|&i| (k(i as usize), i));
+            rows
         };
         Some(match key {
             SortKey::Seq | SortKey::Ubatch => return None,
             SortKey::Dur => self.by_dur.get_or_init(|| build(&|i| u64::from(self.dur[i]))),
-            SortKey::WeightBytes => self.by_weight.get_or_init(|| build(&|i| self.weight_bytes[i])),
+            SortKey::WeightBytes => self.by_weight.get_or_init(|| build(&|i| self.weight_bytes.get(i))),
             SortKey::Layer => {
                 self.by_layer.get_or_init(|| build(&|i| u64::from(self.sig_of(i).layer.unwrap_or(NONE_U32))))
             }

@@ -1,5 +1,5 @@
 //! The memory map's offset × time pyramid: for groups of 2^k consecutive
-//! ubatches (k = 3, 6, 9, …), the byte ranges their ops touched with equal
+//! ubatches (k = 2, 4, 6, …), the byte ranges their ops touched with equal
 //! ranges merged and counted. Token after token reads the same weights, so
 //! a group holds about as many ranges as one ubatch: a whole-run grid sums a
 //! few hundred ranges per column whatever the run's length.
@@ -37,8 +37,10 @@ pub struct Pyramid {
     levels: Vec<Level>,
 }
 
-const FIRST: u32 = 3;
-const STEP: u32 = 3;
+/// Groups of 4, 16, 64, …: a grid of buckets under 4 ubatches reads ranges
+/// one by one, at most 4 × its pixels of ubatches.
+const FIRST: u32 = 2;
+const STEP: u32 = 2;
 
 /// Sorts and merges equal ranges, adding their counts.
 fn coalesce(v: &mut Vec<Entry>) {
@@ -112,13 +114,15 @@ mod tests {
             out.push(Entry { y0: 100 + u64::from(u), len: 1, tag: 0, count: 1 });
         });
         let l = p.level_for(8).unwrap();
-        assert_eq!((l.shift, l.groups()), (3, 3));
-        assert_eq!(l.entries(0)[0], Entry { y0: 0, len: 10, tag: 0, count: 8 });
-        assert_eq!(l.entries(0).len(), 9);
-        assert_eq!(l.entries(2)[0].count, 4);
+        assert_eq!((l.shift, l.groups()), (2, 5));
+        assert_eq!(l.entries(0)[0], Entry { y0: 0, len: 10, tag: 0, count: 4 });
+        assert_eq!(l.entries(0).len(), 5);
+        let l = p.level_for(16).unwrap();
+        assert_eq!((l.shift, l.groups()), (4, 2));
+        assert_eq!(l.entries(1)[0].count, 4);
         let top = p.level_for(64).unwrap();
         assert_eq!((top.shift, top.groups()), (6, 1));
         assert_eq!(top.entries(0)[0].count, 20);
-        assert!(p.level_for(4).is_none());
+        assert!(p.level_for(2).is_none());
     }
 }

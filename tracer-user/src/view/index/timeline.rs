@@ -2,7 +2,10 @@
 //! ubatch, sequence, layer and thread, and counters of faults and disk
 //! reads, each answered at the level of detail asked for.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, OnceLock},
+};
 
 use super::{
     lod::{Pyramid, Slice},
@@ -78,15 +81,21 @@ struct CounterTrack {
 }
 
 pub struct Timeline {
+    /// Phase, ubatch and sequence tracks.
     slices: BTreeMap<TrackId, Pyramid>,
     counters: BTreeMap<Counter, CounterTrack>,
+    /// Per thread: its timed op rows, until its track is built at first use
+    /// (millions of rows: not before the server is ready).
+    threads: BTreeMap<u32, (Mutex<Vec<u32>>, OnceLock<Pyramid>)>,
+    layer_ids: Vec<u32>,
+    layers: OnceLock<BTreeMap<u32, Pyramid>>,
 }
 
 /// An op row's slice on its thread's track.
 pub fn op_slice(ops: &Ops, row: u32) -> Slice {
     let i = row as usize;
     let dur = if ops.dur[i] == NONE_U32 { 0 } else { u64::from(ops.dur[i]) };
-    Slice { start: ops.start[i], end: ops.start[i] + dur, id: ops.seq[i], name: ops.sig_of(i).op, count: 1 }
+    Slice { start: ops.start[i], end: ops.start[i] + dur, id: ops.seq(i), name: ops.sig_of(i).op, count: 1 }
 }
 
 impl Timeline {
@@ -123,28 +132,6 @@ impl Timeline {
                 seqs.entry(id).or_default().push(*s);
             }
         }
-        // Layer tracks: runs of a ubatch's timed ops on one layer.
-        let mut layers: BTreeMap<u32, Vec<Slice>> = BTreeMap::new();
-        for &(first, end) in &ops.ubatch_ops {
-            let mut run: Option<(u32, Slice)> = None;
-            let rows = first as usize..(end as usize).max(first as usize);
-            for i in rows.filter(|&i| tids[i] != NONE_U32) {
-                let s = op_slice(ops, i as u32);
-                let layer = ops.sig_of(i).layer;
-                match (&mut run, layer) {
-                    (Some((l, r)), Some(layer)) if *l == layer => r.end = r.end.max(s.end),
-                    _ => {
-                        if let Some((l, r)) = run.take() {
-                            layers.entry(l).or_default().push(r);
-                        }
-                        run = layer.map(|l| (l, Slice { name: l, ..s }));
-                    }
-                }
-            }
-            if let Some((l, r)) = run {
-                layers.entry(l).or_default().push(r);
-            }
-        }
         let mut threads: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (i, &tid) in tids.iter().enumerate() {
             if tid != NONE_U32 {
@@ -157,14 +144,14 @@ impl Timeline {
             v.sort_by_key(|s| s.start);
             slices.insert(TrackId::Seq(id), Pyramid::new(v));
         }
-        for (l, mut v) in layers {
-            v.sort_by_key(|s| s.start);
-            slices.insert(TrackId::Layer(l), Pyramid::new(v));
-        }
-        for (tid, mut rows) in threads {
-            rows.sort_by_key(|&r| ops.start[r as usize]);
-            slices.insert(TrackId::Ops(tid), Pyramid::of_rows(rows, &|r| op_slice(ops, r)));
-        }
+        let threads = threads.into_iter().map(|(tid, rows)| (tid, (Mutex::new(rows), OnceLock::new()))).collect();
+        let mut layer_ids: Vec<u32> = if tids.iter().any(|&t| t != NONE_U32) {
+            ops.sigs.iter().filter_map(|s| s.layer).collect()
+        } else {
+            Vec::new()
+        };
+        layer_ids.sort_unstable();
+        layer_ids.dedup();
         let mut counters = BTreeMap::new();
         for (c, events) in Counter::ALL.into_iter().zip(io) {
             let mut sorted: Vec<(u64, u64)> = events
@@ -179,17 +166,76 @@ impl Timeline {
             }
             counters.insert(c, CounterTrack { t: sorted.iter().map(|s| s.0).collect(), prefix });
         }
-        Timeline { slices, counters }
+        Timeline { slices, counters, threads, layer_ids, layers: OnceLock::new() }
     }
 
-    pub fn tracks(&self) -> Vec<(TrackId, usize)> {
-        let mut out: Vec<(TrackId, usize)> = self.slices.iter().map(|(id, p)| (*id, p.len())).collect();
-        out.extend(self.counters.iter().map(|(c, t)| (TrackId::Counter(*c), t.t.len())));
+    /// Builds the op and layer tracks now rather than at their first query.
+    pub fn warm(&self, ops: &Ops) {
+        self.layer_tracks(ops);
+        for tid in self.threads.keys() {
+            self.thread_track(*tid, ops);
+        }
+    }
+
+    fn thread_track(&self, tid: u32, ops: &Ops) -> Option<&Pyramid> {
+        let (rows, built) = self.threads.get(&tid)?;
+        Some(built.get_or_init(|| {
+            let mut rows = std::mem::take(&mut *rows.lock().unwrap_or_else(|e| e.into_inner()));
+            rows.sort_by_key(|&r| ops.start[r as usize]);
+            Pyramid::of_rows(rows, &|r| op_slice(ops, r))
+        }))
+    }
+
+    /// Runs of a ubatch's timed ops on one layer.
+    fn layer_tracks(&self, ops: &Ops) -> &BTreeMap<u32, Pyramid> {
+        self.layers.get_or_init(|| {
+            let mut layers: BTreeMap<u32, Vec<Slice>> = BTreeMap::new();
+            for &(first, end) in &ops.ubatch_ops {
+                let mut run: Option<(u32, Slice)> = None;
+                let rows = first as usize..(end as usize).max(first as usize);
+                for i in rows.filter(|&i| ops.dur[i] != NONE_U32) {
+                    let s = op_slice(ops, i as u32);
+                    let layer = ops.sig_of(i).layer;
+                    match (&mut run, layer) {
+                        (Some((l, r)), Some(layer)) if *l == layer => r.end = r.end.max(s.end),
+                        _ => {
+                            if let Some((l, r)) = run.take() {
+                                layers.entry(l).or_default().push(r);
+                            }
+                            run = layer.map(|l| (l, Slice { name: l, ..s }));
+                        }
+                    }
+                }
+                if let Some((l, r)) = run {
+                    layers.entry(l).or_default().push(r);
+                }
+            }
+            layers
+                .into_iter()
+                .map(|(l, mut v)| {
+                    v.sort_by_key(|s| s.start);
+                    (l, Pyramid::new(v))
+                })
+                .collect()
+        })
+    }
+
+    /// Every track, with its rows when known without building it.
+    pub fn tracks(&self) -> Vec<(TrackId, Option<usize>)> {
+        let mut out: Vec<(TrackId, Option<usize>)> = self.slices.iter().map(|(id, p)| (*id, Some(p.len()))).collect();
+        out.extend(self.layer_ids.iter().map(|&l| (TrackId::Layer(l), None)));
+        out.extend(self.threads.keys().map(|&t| (TrackId::Ops(t), None)));
+        out.extend(self.counters.iter().map(|(c, t)| (TrackId::Counter(*c), Some(t.t.len()))));
         out
     }
 
     pub fn slices(&self, track: TrackId, from: u64, to: u64, bin: u64, ops: &Ops) -> Option<Vec<Slice>> {
-        Some(self.slices.get(&track)?.query(from, to, bin, &|r| op_slice(ops, r)))
+        let p = match track {
+            TrackId::Ops(tid) => self.thread_track(tid, ops)?,
+            TrackId::Layer(l) => self.layer_tracks(ops).get(&l)?,
+            _ => self.slices.get(&track)?,
+        };
+        Some(p.query(from, to, bin, &|r| op_slice(ops, r)))
     }
 
     /// Per bucket of `bin` from `from` (`n` of them): the counter's total.

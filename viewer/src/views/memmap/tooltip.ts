@@ -97,7 +97,7 @@ function field(name: string, label: string, value: number | string, shown?: stri
 
 function tensorBlock(t: CellTensor): HTMLElement {
   const tokens = t.tokens ?? [];
-  const sample = t.op_sample ?? [];
+  const sample = t.ops ?? [];
   return h(
     "div",
     { class: "tt-tensor", "data-tensor": t.tensor },
@@ -105,7 +105,7 @@ function tensorBlock(t: CellTensor): HTMLElement {
     field("range", "bytes", `${t.y0}-${t.y1}`, `${hex(t.y0)}–${hex(t.y1)} (${bytes(t.y1 - t.y0)})`),
     field("read_bytes", "read in this cell", t.read_bytes, `${int(t.read_bytes)} B`),
     field("report_bytes", "read in these ubatches (report)", t.report_bytes, `${int(t.report_bytes)} B`),
-    field("ops", "ops", t.ops, `${int(t.ops)}${sample.length ? ` (${sample.slice(0, 4).join(", ")}${sample.length > 4 ? ", …" : ""})` : ""}`),
+    field("ops", "ops", t.op_count, `${int(t.op_count)}${sample.length ? ` (${sample.slice(0, 4).join(", ")}${sample.length > 4 ? ", …" : ""})` : ""}`),
     field("ubatches", "ubatches", t.ubatches),
     field("tokens", "token ids", tokens.join(","), tokens.length > 12 ? `${tokens.slice(0, 12).join(", ")}, … (${tokens.length})` : tokens.join(", ") || "–"),
     field("disk_bytes", "disk reads", t.disk_bytes, `${int(t.disk_bytes)} B`),

@@ -1,0 +1,328 @@
+//! `ttrace view` at scale: a trace of Gemma generating long with
+//! `--all-threads` (op timing, a record per worker thread and op: ≥ 10 M
+//! ops), served; the time until it answers, its peak RSS, and per query kind
+//! the server's own time (`Server-Timing`) over requests that pan and zoom
+//! as a front end would. First paint and frame times come with the front end.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Ctx, median};
+use crate::shell;
+
+/// Generated tokens: 511 ops each on Gemma 3 270M, twice with two threads,
+/// so ≥ 10 M ops.
+const TOKENS: u32 = 10_000;
+const QUICK_TOKENS: u32 = 1_000;
+/// Requests timed per query kind.
+const REQUESTS: usize = 40;
+
+pub struct Viewer {
+    pub trace_bytes: u64,
+    pub ops: u64,
+    pub ubatches: u64,
+    pub tokens: u32,
+    /// From start until `/api/v1/meta` answered, and until the report
+    /// document (`/api/v1/summary`) did.
+    pub ready_s: f64,
+    pub summary_s: f64,
+    pub peak_rss_kib: u64,
+    /// Per query kind: server times in ms.
+    pub queries: Vec<(&'static str, Vec<f64>)>,
+}
+
+pub fn run(ctx: &Ctx, model: &Path) -> Result<Viewer> {
+    let tokens = if ctx.quick { QUICK_TOKENS } else { TOKENS };
+    let trace = ctx.out_dir.join(format!("viewer-{tokens}.data"));
+    if !trace.exists() {
+        eprintln!("bench: recording {tokens} tokens of Gemma with --all-threads for the viewer (once)");
+        let partial = trace.with_extension("partial");
+        shell::run(
+            Command::new(&ctx.ttrace)
+                .args(["run", "--all-threads", "-o"])
+                .arg(&partial)
+                .arg("--")
+                .arg(&ctx.paths.llama.completion)
+                .arg("-m")
+                .arg(model)
+                .args(["-p", "Once upon a time", "-n", &tokens.to_string(), "-c", &(tokens + 64).to_string()])
+                .args(["--ignore-eos", "-no-cnv", "-t", "2"])
+                .stdout(Stdio::null()),
+        )?;
+        std::fs::rename(&partial, &trace)?;
+    }
+    let mut v = measure(&ctx.ttrace, &trace)?;
+    v.tokens = tokens;
+    Ok(v)
+}
+
+/// Serves `trace` with `ttrace` and times it.
+pub fn measure(ttrace: &Path, trace: &Path) -> Result<Viewer> {
+    let started = Instant::now();
+    let mut child = Command::new(ttrace)
+        .arg("view")
+        .arg(trace)
+        .args(["--port", "0", "--no-open"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting ttrace view")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    let Some(port) = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()) else {
+        let _ = child.kill();
+        bail!("ttrace view printed no URL: {line:?}");
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let meta: serde_json::Value = serde_json::from_slice(&get(&addr, "/api/v1/meta", false)?.1)?;
+    let ready_s = started.elapsed().as_secs_f64();
+    get(&addr, "/api/v1/summary", true)?;
+    let summary_s = started.elapsed().as_secs_f64();
+    let result = queries(&addr, &meta);
+    let peak_rss_kib = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    // Stopped as Ctrl-C stops it.
+    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let _ = child.wait();
+    Ok(Viewer {
+        trace_bytes: std::fs::metadata(trace)?.len(),
+        ops: meta["counts"]["ops"].as_u64().unwrap_or(0),
+        ubatches: meta["counts"]["ubatches"].as_u64().unwrap_or(0),
+        tokens: 0,
+        ready_s,
+        summary_s,
+        peak_rss_kib,
+        queries: result?,
+    })
+}
+
+/// A small deterministic generator for the pans and zooms.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n.max(1)
+    }
+
+    /// A window of `span / 2^k` for a random k in 0..8, anywhere in `[0, span)`.
+    fn window(&mut self, span: u64) -> (u64, u64) {
+        let w = (span >> self.below(8)).max(1);
+        let from = self.below(span - w + 1);
+        (from, from + w)
+    }
+}
+
+fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Vec<f64>)>> {
+    let n_ub = meta["counts"]["ubatches"].as_u64().unwrap_or(1).max(1);
+    let dur = meta["trace"]["duration_ns"].as_u64().unwrap_or(1).max(1);
+    let disk = meta["tracks"]["disk"]["size"].as_u64().unwrap_or(1).max(1);
+    let n_tensors = meta["tensors"].as_array().map_or(1, |t| t.len() as u64).max(1);
+    let tracks: serde_json::Value = serde_json::from_slice(&get(addr, "/api/v1/timeline/tracks", false)?.1)?;
+    let op_track = tracks
+        .as_array()
+        .and_then(|t| t.iter().filter_map(|t| t["id"].as_str()).find(|id| id.starts_with("ops:")).map(str::to_string))
+        .unwrap_or_else(|| "ubatch".into());
+    let mut rng = Lcg(25);
+    let (w, h) = (1600, 800);
+    type Make<'a> = Box<dyn FnMut(&mut Lcg) -> String + 'a>;
+    let kinds: Vec<(&'static str, Make)> = vec![
+        ("meta", Box::new(|_| "/api/v1/meta".into())),
+        ("ubatches", Box::new(|_| "/api/v1/ubatches".into())),
+        (
+            "memmap grid, ubatch × offset",
+            Box::new(|r| {
+                let ((x0, x1), (y0, y1)) = (r.window(n_ub), r.window(disk));
+                format!(
+                    "/api/v1/memmap/grid?track=disk&x=ubatch&x_from={x0}&x_to={x1}&y_from={y0}&y_to={y1}&w={w}&h={h}"
+                )
+            }),
+        ),
+        (
+            "memmap grid, time × offset",
+            Box::new(|r| {
+                let ((x0, x1), (y0, y1)) = (r.window(dur), r.window(disk));
+                format!("/api/v1/memmap/grid?track=disk&x=time&x_from={x0}&x_to={x1}&y_from={y0}&y_to={y1}&w={w}&h={h}")
+            }),
+        ),
+        (
+            "memmap grid, buffer track",
+            Box::new(|r| {
+                let (x0, x1) = r.window(n_ub);
+                format!("/api/v1/memmap/grid?track=buffer&x=ubatch&x_from={x0}&x_to={x1}&w={w}&h={h}")
+            }),
+        ),
+        (
+            "memmap cell",
+            Box::new(|r| {
+                let u = r.below(n_ub);
+                let y = r.below(disk);
+                format!(
+                    "/api/v1/memmap/cell?track=disk&x=ubatch&x_from={u}&x_to={}&y_from={y}&y_to={}",
+                    u + 1,
+                    y + 4096
+                )
+            }),
+        ),
+        (
+            "token × tensor matrix",
+            Box::new(|r| {
+                let (x0, x1) = r.window(n_ub);
+                format!("/api/v1/memmap/tensors?x=ubatch&x_from={x0}&x_to={x1}&w={w}")
+            }),
+        ),
+        (
+            "timeline ops slices",
+            Box::new(|r| {
+                let (t0, t1) = r.window(dur);
+                format!("/api/v1/timeline/slices?track={op_track}&t_from={t0}&t_to={t1}&w={w}")
+            }),
+        ),
+        (
+            "timeline layer slices",
+            Box::new(|r| {
+                let (t0, t1) = r.window(dur);
+                format!("/api/v1/timeline/slices?track=layer:{}&t_from={t0}&t_to={t1}&w={w}", r.below(4))
+            }),
+        ),
+        (
+            "timeline counter",
+            Box::new(|r| {
+                let (t0, t1) = r.window(dur);
+                format!("/api/v1/timeline/counter?track=counter:faults_minor&t_from={t0}&t_to={t1}&w={w}")
+            }),
+        ),
+        ("op table page", Box::new(|r| format!("/api/v1/ops?offset={}&limit=100", r.below(1_000_000)))),
+        ("op table, tensor filter", Box::new(|r| format!("/api/v1/ops?tensor={}&limit=100", r.below(n_tensors)))),
+        (
+            "op table, name regex + layer",
+            Box::new(|r| format!("/api/v1/ops?name=attn_%5Bqk%5D&layer={}&limit=100", r.below(4))),
+        ),
+        (
+            "op table, sorted by duration",
+            Box::new(|r| format!("/api/v1/ops?sort=dur&desc=1&offset={}&limit=100", r.below(10_000))),
+        ),
+        (
+            "op table, ubatch range",
+            Box::new(|r| {
+                let (a, b) = r.window(n_ub);
+                format!("/api/v1/ops?from_ubatch={a}&to_ubatch={b}&phase=generate&limit=100")
+            }),
+        ),
+        ("graph", Box::new(|r| format!("/api/v1/graph?ubatch={}", r.below(n_ub)))),
+        ("tensor lookup", Box::new(|r| format!("/api/v1/tensor/{}", r.below(n_tensors)))),
+    ];
+    let mut out = Vec::new();
+    for (kind, mut make) in kinds {
+        let mut times = Vec::with_capacity(REQUESTS);
+        for _ in 0..REQUESTS {
+            let path = make(&mut rng);
+            let (timing, _) = get(addr, &path, true).with_context(|| format!("GET {path}"))?;
+            times.push(timing);
+        }
+        out.push((kind, times));
+    }
+    Ok(out)
+}
+
+/// GET `path`: the server's `Server-Timing` in ms, and the body (gzipped
+/// when `gzip`, as a browser asks).
+fn get(addr: &str, path: &str, gzip: bool) -> Result<(f64, Vec<u8>)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(600)))?;
+    let encoding = if gzip { "Accept-Encoding: gzip\r\n" } else { "" };
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{encoding}Connection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
+    if !head.starts_with("http/1.1 200") {
+        bail!("{}", head.lines().next().unwrap_or(""));
+    }
+    if head.contains("transfer-encoding: chunked") && !gzip {
+        bail!("chunked answer: not expected from ttrace view");
+    }
+    let timing = head
+        .lines()
+        .find_map(|l| l.strip_prefix("server-timing: app;dur="))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no Server-Timing")?;
+    Ok((timing, raw[split + 4..].to_vec()))
+}
+
+fn percentile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+pub fn csv(out: &mut String, v: &Viewer) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    writeln!(out, "viewer_ready_s,,,{}", v.ready_s)?;
+    writeln!(out, "viewer_summary_s,,,{}", v.summary_s)?;
+    writeln!(out, "viewer_peak_rss_kib,,,{}", v.peak_rss_kib)?;
+    writeln!(out, "viewer_ops,,,{}", v.ops)?;
+    for (kind, times) in &v.queries {
+        for (i, t) in times.iter().enumerate() {
+            writeln!(out, "viewer_query_ms,{kind},{},{t}", i + 1)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    let met = |ok: bool| if ok { "**met**" } else { "**not met**" };
+    writeln!(md, "\n## Viewer (`ttrace view`)\n")?;
+    writeln!(
+        md,
+        "A trace of `llama-completion -t 2` on the real model with `--all-threads` (op timing, a record per thread \
+         and op), {} generated tokens: {} ops, {} ubatches, \
+         {:.1} MB. `ttrace view` is started on it; ready = until `/api/v1/meta` answers (the trace read and indexed), \
+         summary = until `/api/v1/summary` (`ttrace report --json`'s document, built in a second thread) does. Then \
+         {REQUESTS} requests per query kind that pan and zoom (windows of 1/2^k of the run and of the model, k < 8; \
+         1600×800 px), timed by the server itself (`Server-Timing`, before compression).\n",
+        v.tokens,
+        v.ops,
+        v.ubatches,
+        v.trace_bytes as f64 / 1e6
+    )?;
+    writeln!(
+        md,
+        "- ready {:.2} s; summary {:.2} s; peak RSS {:.0} MiB\n",
+        v.ready_s,
+        v.summary_s,
+        v.peak_rss_kib as f64 / 1024.0
+    )?;
+    writeln!(md, "| query | p50 ms | p95 ms | max ms |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    let mut worst: f64 = 0.0;
+    for (kind, times) in &v.queries {
+        let p95 = percentile(times, 0.95);
+        worst = worst.max(p95);
+        writeln!(md, "| {kind} | {:.2} | {p95:.2} | {:.2} |", median(times), percentile(times, 1.0))?;
+    }
+    writeln!(md)?;
+    writeln!(md, "- Goal ≥ 10 M ops in the trace: {} ({})", met(v.ops >= 10_000_000), v.ops)?;
+    writeln!(md, "- Goal ready ≤ 5 s: {} ({:.2} s)", met(v.ready_s <= 5.0), v.ready_s)?;
+    writeln!(
+        md,
+        "- Goal peak RSS ≤ 1.5 GB: {} ({:.2} GB)",
+        met(v.peak_rss_kib * 1024 <= 1_500_000_000),
+        v.peak_rss_kib as f64 * 1024.0 / 1e9
+    )?;
+    writeln!(md, "- Goal every query kind p95 ≤ 100 ms: {} (worst {worst:.1} ms)", met(worst <= 100.0))?;
+    writeln!(md, "- First paint and frame times: measured with the front end (not built yet)")?;
+    Ok(())
+}
