@@ -185,7 +185,7 @@ def overlap(a0: int, a1: int, b0: int, b1: int) -> int:
 # ------------------------------------------------------------------ the checks
 
 
-@pytest.mark.parametrize("name", ["tiny", "gemma"])
+@pytest.mark.parametrize("name", ["tiny", "gemma", "moe", "qwen3moe"])
 def test_memory_map_lights_exactly_the_token_row_of_token_embd(traced, view, tmp_path, name):
     """In a generated token's ubatch, token_embd's lit cells are that token id's
     row (gguf-py's offset + id × row bytes), at the whole tensor's zoom and
@@ -235,7 +235,7 @@ def test_memory_map_lights_exactly_the_token_row_of_token_embd(traced, view, tmp
     shoot(page, tmp_path, f"{name}-token-row")
 
 
-@pytest.mark.parametrize("name", ["tiny", "gemma", "moe"])
+@pytest.mark.parametrize("name", ["tiny", "gemma", "moe", "qwen3moe"])
 def test_hovered_cell_tooltip_equals_the_report(traced, view, tmp_path, name):
     """Hovering a small tensor's band in a generated token's column shows the
     report's bytes for it in that ubatch, the JSONL's count of ops reading it
@@ -309,7 +309,7 @@ def test_wheel_zooms_and_drag_pans_the_memory_map(traced, view, tmp_path):
     shoot(page, tmp_path, "tiny-zoomed")
 
 
-@pytest.mark.parametrize("name", ["tiny", "gemma", "moe"])
+@pytest.mark.parametrize("name", ["tiny", "gemma", "moe", "qwen3moe"])
 def test_selecting_a_tensor_filters_the_op_table(traced, view, tmp_path, name):
     """A click on a band's label selects the tensor: the op table then holds
     exactly the ops the JSONL export lists as reading it; a click in a
@@ -342,7 +342,7 @@ def test_selecting_a_tensor_filters_the_op_table(traced, view, tmp_path, name):
     assert hook(page, "state().sel.ubatch") == u["index"]
 
 
-@pytest.mark.parametrize("name", ["tiny", "gemma", "qwen3moe"])
+@pytest.mark.parametrize("name", ["tiny", "gemma", "moe", "qwen3moe"])
 def test_graph_has_the_reports_node_count(traced, view, tmp_path, name):
     """The graph of a generated token's ubatch has the report's op count for
     it, every one drawn once its layers are opened."""

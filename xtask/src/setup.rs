@@ -12,8 +12,13 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cache, shell, targets, viewer};
 
-/// Debian packages: bpftool (inspecting loaded programs and links in tests).
+/// Debian packages: bpftool (inspecting loaded programs and links in tests),
+/// chromium (the viewer's browser tests and bench).
 const APT_PACKAGES: &[&str] = &["bpftool", "chromium", "bpftrace", "time"];
+/// Node.js with npm builds the viewer. Only installed from Debian when no
+/// `node`/`npm` is on the PATH: a NodeSource nodejs already bundles npm, and
+/// Debian's npm package would conflict with it.
+const NODE_PACKAGES: &[&str] = &["nodejs", "npm"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Everything set-up produced, for the other tasks.
@@ -96,7 +101,7 @@ fn setup(verbose: bool) -> Result<Paths> {
 }
 
 fn apt_packages() -> Result<String> {
-    let missing: Vec<&str> = APT_PACKAGES
+    let mut missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
         .filter(|pkg| {
@@ -104,6 +109,9 @@ fn apt_packages() -> Result<String> {
                 .is_ok_and(|s| s.contains("install ok installed"))
         })
         .collect();
+    if ["node", "npm"].iter().any(|tool| !shell::succeeds(Command::new(tool).arg("--version"))) {
+        missing.extend(NODE_PACKAGES);
+    }
     if missing.is_empty() {
         return Ok("ok (installed)".into());
     }

@@ -7,7 +7,7 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, server};
+use super::{Ctx, attach, export, overhead, parts, server, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -23,11 +23,14 @@ pub enum Part {
     Server,
     /// `ttrace attach` to its first recorded op.
     Attach,
+    /// `ttrace view` on a ≥ 10 M-op trace: ready time, RSS, query times, first paint and frames.
+    Viewer,
 }
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 6] = [Part::Overhead, Part::Ingest, Part::Export, Part::Profile, Part::Server, Part::Attach];
+    pub const ALL: [Part; 7] =
+        [Part::Overhead, Part::Ingest, Part::Export, Part::Profile, Part::Server, Part::Attach, Part::Viewer];
 
     /// How its `## ` headings start (the rest may hold figures).
     pub fn headings(self) -> &'static [&'static str] {
@@ -38,6 +41,7 @@ impl Part {
             Part::Profile => &["Profile of a traced run"],
             Part::Server => &["llama-server under"],
             Part::Attach => &["Attach latency"],
+            Part::Viewer => &["Viewer"],
         }
     }
 
@@ -50,6 +54,7 @@ impl Part {
             Part::Profile => &["profile_"],
             Part::Server => &["server_"],
             Part::Attach => &["attach_"],
+            Part::Viewer => &["viewer_"],
         }
     }
 
@@ -73,6 +78,7 @@ impl Part {
                 let tiny = ctx.paths.models.get("tiny").context("set-up generated no `tiny` model")?;
                 Measured::Attach(attach::run(ctx, tiny)?)
             }
+            Part::Viewer => Measured::Viewer(viewer::run(ctx, model)?),
         })
     }
 }
@@ -92,6 +98,7 @@ pub enum Measured {
     Profile(parts::Profile),
     Server(Vec<server::ServerSample>),
     Attach(Vec<attach::AttachSample>),
+    Viewer(viewer::Viewer),
 }
 
 impl Measured {
@@ -106,6 +113,7 @@ impl Measured {
             Measured::Profile(profile) => parts::profile_section(md, ctx, profile),
             Measured::Server(served) => server::section(md, ctx, served),
             Measured::Attach(samples) => attach::section(md, samples),
+            Measured::Viewer(v) => Ok(viewer::section(md, v)?),
         }
     }
 
@@ -120,6 +128,7 @@ impl Measured {
             Measured::Profile(profile) => parts::profile_csv(csv, profile),
             Measured::Server(served) => server::csv(csv, served),
             Measured::Attach(samples) => attach::csv(csv, samples),
+            Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
         }
     }
 }
