@@ -59,7 +59,11 @@ pub struct Gesture {
 
 impl Frames {
     fn gestures(&self) -> [(&'static str, &Gesture); 3] {
-        [("memory map zoom", &self.memmap_zoom), ("memory map pan", &self.memmap_pan), ("timeline zoom", &self.timeline_zoom)]
+        [
+            ("memory map zoom", &self.memmap_zoom),
+            ("memory map pan", &self.memmap_pan),
+            ("timeline zoom", &self.timeline_zoom),
+        ]
     }
 }
 
