@@ -10,6 +10,7 @@ mod overhead;
 mod parts;
 mod sections;
 mod server;
+mod thesis_webui;
 mod viewer;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command};

@@ -27,7 +27,7 @@ pub struct AttachSample {
     pub load: f64,
 }
 
-fn load_average() -> f64 {
+pub fn load_average() -> f64 {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(f64::NAN)
 }

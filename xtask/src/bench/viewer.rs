@@ -38,6 +38,9 @@ pub struct Viewer {
     pub queries: Vec<(&'static str, Vec<f64>)>,
     /// The front end in headless Chromium (`scripts/bench/viewer_frames.py`).
     pub frames: Frames,
+    /// The 1-minute load average when the server started: on 2 cores, other
+    /// work stretches indexing several times.
+    pub load: f64,
 }
 
 /// First paint and, per gesture, frame intervals while real input arrives.
@@ -94,6 +97,7 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Viewer> {
 
 /// Serves `trace` with `ttrace`, times the server's queries, then the front end.
 fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
+    let load = super::attach::load_average();
     let started = Instant::now();
     let mut child = Command::new(&ctx.ttrace)
         .arg("view")
@@ -135,6 +139,7 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
         peak_rss_kib,
         queries: result?,
         frames: frames?,
+        load,
     })
 }
 
@@ -319,6 +324,7 @@ pub fn csv(out: &mut String, v: &Viewer) -> std::fmt::Result {
     writeln!(out, "viewer_summary_s,,,{}", v.summary_s)?;
     writeln!(out, "viewer_peak_rss_kib,,,{}", v.peak_rss_kib)?;
     writeln!(out, "viewer_ops,,,{}", v.ops)?;
+    writeln!(out, "viewer_load_average,,,{}", v.load)?;
     for (kind, times) in &v.queries {
         for (i, t) in times.iter().enumerate() {
             writeln!(out, "viewer_query_ms,{kind},{},{t}", i + 1)?;
@@ -352,10 +358,11 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
     )?;
     writeln!(
         md,
-        "- ready {:.2} s; summary {:.2} s; peak RSS {:.0} MiB\n",
+        "- ready {:.2} s; summary {:.2} s; peak RSS {:.0} MiB; load average (1 min) {:.1} at the start\n",
         v.ready_s,
         v.summary_s,
-        v.peak_rss_kib as f64 / 1024.0
+        v.peak_rss_kib as f64 / 1024.0,
+        v.load
     )?;
     writeln!(md, "| query | p50 ms | p95 ms | max ms |")?;
     writeln!(md, "|---|---|---|---|")?;
@@ -391,5 +398,5 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
     writeln!(md)?;
     writeln!(md, "- First paint: {:.0} ms", v.frames.first_paint_ms)?;
     writeln!(md, "- Goal ≥ 30 fps while zooming and panning: {} (slowest {slowest:.1} fps)", met(slowest >= 30.0))?;
-    Ok(())
+    super::thesis_webui::section(md)
 }
