@@ -35,8 +35,6 @@ from test_llama_targets import PROMPT, tokenize
 from test_trace_core import LAYER_MATRIX, PERF_EVAL, PERF_PROMPT, gguf_table, report
 
 N_PREDICT = 8
-# Nodes ggml's thread loop skips: ttrace records none of them.
-EMPTY_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
 
 
 def matrix() -> dict[str, dict] | str:
@@ -145,7 +143,6 @@ def test_version_traced_against_its_own_oracles(ttrace, tmp_path, models, flush_
     assert ops, "no ops recorded"
     unknown = sorted({r["name"] for r in ops} - set(table))
     assert not unknown, f"op names not in llama.cpp {version}'s GGML_OP_NAME: {unknown}"
-    assert not {r["name"] for r in ops} & EMPTY_OPS
     for needed in ("MUL_MAT", "GET_ROWS"):
         assert any(r["name"] == needed for r in ops), f"no {needed} op recorded"
 
