@@ -83,11 +83,12 @@ pub struct Release {
     pub qwen3moe: bool,
 }
 
-/// The matrix, oldest first. Layout facts per version (read from each
-/// sdist's vendored source) are in docs and the issue 26 notes; in short:
-/// 0.3.2 has `ggml_tensor.grad`; 0.3.3 is the first release without it;
-/// 0.3.16 has `llama_context::process_ubatch` but no `ggml_cgraph.uid`;
-/// 0.3.30 has both; 0.3.36 is the pinned build of `targets.rs`.
+/// The matrix, oldest first (the README lists it). What sets them apart,
+/// read from each sdist's vendored source: 0.3.2 has `ggml_tensor.grad`;
+/// 0.3.3 is the first release without it, and has neither
+/// `ggml_glu_op_name` nor `llama_context::process_ubatch`; 0.3.16 has
+/// `process_ubatch` but no `ggml_cgraph.uid`; 0.3.30 has both; 0.3.36 is the
+/// pinned build of `targets.rs`.
 pub const MATRIX: [Release; 5] = [
     Release {
         pypi: "0.3.2",
