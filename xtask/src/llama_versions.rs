@@ -289,6 +289,8 @@ fn build(release: &Release, dir: &Path, sdists: &Path, python: &Path) -> Result<
         Command::new("nice")
             .args(["-n", "19"])
             .arg(&cmake)
+            // LLAMA_BUILD_TOOLS is unknown before 2025: no warning about it.
+            .arg("--no-warn-unused-cli")
             .arg("-S")
             .arg(&tree)
             .arg("-B")
