@@ -4,6 +4,7 @@ mod bench;
 mod cache;
 mod demo;
 mod lint;
+mod llama_versions;
 mod setup;
 mod shell;
 mod targets;

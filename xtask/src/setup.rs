@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, shell, targets, viewer};
+use crate::{cache, llama_versions, shell, targets, viewer};
 
 /// Debian packages: bpftool (inspecting loaded programs and links in tests),
 /// chromium (the viewer's browser tests and bench).
@@ -26,6 +26,8 @@ pub struct Paths {
     pub cache: PathBuf,
     pub venv_python: PathBuf,
     pub llama: targets::Llama,
+    /// The version matrix (the pinned build among them), for the per-version tests.
+    pub llama_versions: llama_versions::Versions,
     pub models: targets::Models,
 }
 
@@ -37,6 +39,7 @@ impl Paths {
             "llama_completion": self.llama.completion,
             "llama_lib_dir": self.llama.lib_dir,
             "llama_commit": self.llama.commit,
+            "llama_versions": self.llama_versions,
             "models": self.models,
         })
     }
@@ -85,6 +88,14 @@ fn setup(verbose: bool) -> Result<Paths> {
             what
         })
     })?;
+    let mut versions = None;
+    step("llama matrix", &mut || {
+        let llama = llama.as_ref().expect("set by step");
+        llama_versions::ensure(&cache, &venv_python, llama).map(|(v, what)| {
+            versions = Some(v);
+            what
+        })
+    })?;
     // Before ttrace is built (by the task that called set-up), so it embeds the page.
     step("viewer", &mut viewer::ensure)?;
     let mut models = None;
@@ -97,7 +108,13 @@ fn setup(verbose: bool) -> Result<Paths> {
     if verbose {
         eprintln!("setup: done in {:.1}s; cache {}", started.elapsed().as_secs_f64(), cache.display());
     }
-    Ok(Paths { cache, venv_python, llama: llama.expect("set by step"), models: models.expect("set by step") })
+    Ok(Paths {
+        cache,
+        venv_python,
+        llama: llama.expect("set by step"),
+        llama_versions: versions.expect("set by step"),
+        models: models.expect("set by step"),
+    })
 }
 
 fn apt_packages() -> Result<String> {

@@ -13,16 +13,33 @@ use serde::Serialize;
 
 use crate::{cache, setup::Paths, shell};
 
+/// A macro, not a const, so `concat!` can splice it into LLAMA_CMAKE_ARGS,
+/// whose text is the build stamp (changing it would rebuild every cache).
+macro_rules! no_amx {
+    () => {
+        "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    };
+}
+
 /// The sdist that vendors llama.cpp (tools/completion included).
-const LLAMA_CPP_PYTHON: &str = "llama-cpp-python==0.3.36";
+pub const LLAMA_CPP_PYTHON: &str = "llama-cpp-python==0.3.36";
 /// llama-server is built too: it is the common deployment, and batched
 /// serving (several sequences per ubatch) is traced through it. AMX is off:
 /// with GGML_NATIVE on this CPU, ggml moves Q4_0/Q8_0 weights into its AMX
 /// buffer, whose matmul crashes here on prompt-sized batches (SIGSEGV/SIGILL);
 /// without it they take the CPU_REPACK path ttrace must handle anyway.
-const LLAMA_CMAKE_ARGS: &str = "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=ON \
-    -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
-    -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'";
+const LLAMA_CMAKE_ARGS: &str = concat!(
+    "-DLLAMA_BUILD_TOOLS=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_SERVER=ON \
+    -DCMAKE_C_FLAGS='",
+    no_amx!(),
+    "' \
+    -DCMAKE_CXX_FLAGS='",
+    no_amx!(),
+    "'"
+);
+/// The compiler flags that keep ggml's AMX kernels out (see above); the
+/// version matrix (`llama_versions`) builds with them too.
+pub const NO_AMX_FLAGS: &str = no_amx!();
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Llama {
