@@ -11,6 +11,7 @@ use strum::{EnumIter, IntoStaticStr};
 
 pub mod ggml;
 pub mod kernel;
+pub mod layout;
 pub mod tracepoints;
 
 /// Ring buffer carrying every event to user space.
@@ -364,9 +365,16 @@ pub mod graph {
 pub struct GraphEvent {
     pub header: EventHeader,
     pub cgraph: u64,
+    /// The graph's `uid`, or where the build has none a number the probe
+    /// makes up per run (never `REUSED` then).
     pub uid: u64,
+    /// Nodes read (`n_nodes` capped at [`MAX_GRAPH_NODES`]; 0 when `n_nodes`
+    /// is out of `0..=size`, the check that the cgraph layout is right).
     pub n_nodes: u32,
     pub flags: u32,
+    /// `n_nodes` and `size` as read, for that check in user space.
+    pub raw_n_nodes: i32,
+    pub size: i32,
 }
 
 /// `NodeEvent::role`.
@@ -378,8 +386,7 @@ pub mod node_role {
 }
 
 /// One tensor of a graph, a node or a source, as the target holds it: the
-/// probe reads the `ggml_tensor` straight into the ring (one helper call,
-/// which keeps the verifier's work per tensor small).
+/// probe copies the `ggml_tensor` into the ring as it is.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeEvent {
@@ -390,7 +397,9 @@ pub struct NodeEvent {
     pub role: u32,
     /// Address of the `ggml_tensor`.
     pub address: u64,
-    pub tensor: ggml::GgmlTensor,
+    /// The `ggml_tensor` bytes as the target holds them: its layout's
+    /// `size` of them, decoded in user space by that layout.
+    pub tensor: [u8; layout::MAX_TENSOR_BYTES],
 }
 
 /// The contents of a small integer input of a graph run, sent at every run.
@@ -421,29 +430,6 @@ pub mod batch {
     /// `logits[i]`: whether the token's output is kept.
     pub const OUTPUT: u64 = 3;
     pub const MAX_BATCH_TOKENS: u32 = (super::MAX_INPUT_BYTES / 4) as u32;
-}
-
-/// The head of llama.cpp's `struct llama_ubatch` (src/llama-batch.h), up to
-/// its `output` pointer. Versions without `n_pos` pad `n_seqs_unq` to the
-/// same 24 bytes, so the pointers sit at the same offsets.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LlamaUbatch {
-    pub b_equal_seqs: u32,
-    pub n_tokens: u32,
-    pub n_seq_tokens: u32,
-    pub n_seqs: u32,
-    pub n_seqs_unq: u32,
-    pub n_pos: u32,
-    pub token: u64,
-    pub embd: u64,
-    /// `[n_tokens * n_pos]`: the first `n_tokens` are the text positions.
-    pub pos: u64,
-    pub n_seq_id: u64,
-    pub seq_id: u64,
-    pub seq_id_unq: u64,
-    pub seq_idx: u64,
-    pub output: u64,
 }
 
 /// Experts per routing row a record holds.
@@ -499,13 +485,9 @@ const _: () = {
     assert!(offset_of!(PageCacheEvent, index) == 40);
     assert!(size_of::<BlockEvent>() == 80);
     assert!(offset_of!(BlockEvent, rwbs) == 48);
-    assert!(size_of::<GraphEvent>() == 48);
+    assert!(size_of::<GraphEvent>() == 56);
     assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
     assert!(INPUT_EVENT_FIXED == 48);
-    assert!(offset_of!(LlamaUbatch, token) == 24);
-    assert!(offset_of!(LlamaUbatch, pos) == 40);
-    assert!(offset_of!(LlamaUbatch, seq_id) == 56);
-    assert!(offset_of!(LlamaUbatch, output) == 80);
     assert!((EventKind::Batch as u32) < EVENT_KIND_SLOTS);
 };
 

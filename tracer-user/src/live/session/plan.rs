@@ -41,6 +41,15 @@ pub(super) const HOOKS: [(&str, &str, u64); 13] = [
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
 ];
 
+/// What the op probes record.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpOptions {
+    pub all_threads: bool,
+    pub op_timing: bool,
+    /// The ubatch probe: the build's `llama_ubatch` layout is known.
+    pub sequences: bool,
+}
+
 pub(super) struct Attached {
     pub pid: u32,
     probes: HashSet<(PathBuf, &'static str, u64)>,
@@ -49,23 +58,24 @@ pub(super) struct Attached {
 }
 
 impl Attached {
-    /// Configure and attach the op probes.
+    /// Configure and attach the op probes (the ubatch probe only with
+    /// `sequences`: the layout of its struct is known).
     pub fn start_ops(
         &mut self,
         tracer: &mut Tracer,
-        all_threads: bool,
-        op_timing: bool,
+        options: OpOptions,
         libs: &HookLibs,
         names: Option<&OpNames>,
     ) -> Result<()> {
         let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-        tracer.configure(all_threads, get_rows)?;
-        self.attach(tracer, libs, op_timing)?;
+        tracer.configure(options.all_threads, get_rows)?;
+        self.attach(tracer, libs, options)?;
         Ok(())
     }
 
     /// Attach every hook `libs` provides that is not attached yet.
-    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, op_timing: bool) -> Result<usize> {
+    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, options: OpOptions) -> Result<usize> {
+        let OpOptions { op_timing, sequences, .. } = options;
         let mut added = 0;
         // One ELF parse per library for all its hook offsets.
         let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
@@ -73,7 +83,7 @@ impl Attached {
             // Either the per-node probes or the per-graph one: both would count every op twice.
             let per_node = program == programs::GGML_OP;
             let per_graph = symbol == "ggml_graph_compute";
-            if (per_node && !op_timing) || (per_graph && op_timing) {
+            if (per_node && !op_timing) || (per_graph && op_timing) || (program == programs::UBATCH && !sequences) {
                 continue;
             }
             let Some(path) = libs.path_of(symbol) else { continue };
