@@ -75,6 +75,11 @@ pub mod programs {
     /// sorted, that is the experts ranked for each of them.
     pub const ARGSORT_ENTRY: &str = "argsort_entry";
     pub const ARGSORT_RETURN: &str = "argsort_return";
+    /// Where ggml has no `ggml_compute_forward_argsort` symbol (it was
+    /// static before 2025): `ggml_compute_forward_mul_mat_id(params, dst)`
+    /// entry on `ffn_moe_down-L`, whose `ids` source is a view of the
+    /// layer's argsort node, whole until that last consumer is done.
+    pub const MUL_MAT_ID_ENTRY: &str = "mul_mat_id_entry";
     /// `llama_context::process_ubatch(this, ubatch, …)`: the ubatch's
     /// tokens, positions, sequence ids and output flags ([`super::batch`]).
     pub const UBATCH: &str = "ubatch";
@@ -438,6 +443,8 @@ pub const MAX_EXPERTS: usize = 256;
 pub const MAX_ROUTING_ROWS: u32 = 8192;
 /// The name prefix of llama.cpp's MoE routing node (`ffn_moe_argsort-L`).
 pub const MOE_ARGSORT_PREFIX: &[u8; 15] = b"ffn_moe_argsort";
+/// The name prefix of the last MUL_MAT_ID of an MoE layer (`ffn_moe_down-L`).
+pub const MOE_DOWN_PREFIX: &[u8; 12] = b"ffn_moe_down";
 
 /// One token's experts, best first, as llama.cpp's `ffn_moe_argsort-L` node
 /// ranked them (the first `n_expert_used` are the routed ones). Sent with

@@ -18,7 +18,7 @@ use aya_ebpf::{
     maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX, RoutingEvent};
+use tracer_common::{EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX, MOE_DOWN_PREFIX, RoutingEvent};
 
 use crate::{
     layout::{self, ggml},
@@ -76,6 +76,42 @@ fn entry(params: u64, dst: u64) -> Result<(), ()> {
     // SAFETY: plain helper call.
     let key = unsafe { bpf_get_current_pid_tgid() };
     ARGSORT_CALLS.insert(key, call, 0).map_err(|_| ())
+}
+
+/// Builds whose argsort has no symbol: at the entry of the layer's last
+/// expert matmul (`ffn_moe_down-L`), thread 0 sends every row of the
+/// argsort node its `ids` source views. One trap per MUL_MAT_ID and thread.
+#[uprobe]
+pub fn mul_mat_id_entry(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let regs = ctx.as_ptr() as *const pt_regs;
+    let (params, dst) = unsafe { (read_volatile(&(*regs).rdi), read_volatile(&(*regs).rsi)) };
+    let _ = at_mul_mat_id(params, dst);
+    0
+}
+
+fn at_mul_mat_id(params: u64, dst: u64) -> Result<(), ()> {
+    traced_task().ok_or(())?;
+    if !layout::valid() {
+        return Err(());
+    }
+    let mut ith = 0i32;
+    read_user(&mut ith, params + u64::from(ggml!(params.ith)))?;
+    let mut name = [0u8; 12];
+    read_user(&mut name, dst + u64::from(ggml!(tensor.name)))?;
+    if ith != 0 || &name != MOE_DOWN_PREFIX {
+        return Ok(());
+    }
+    // ids = dst->src[2], a view of the argsort node.
+    let (mut ids, mut argsort) = (0u64, 0u64);
+    read_user(&mut ids, dst + u64::from(ggml!(tensor.src)) + 16)?;
+    read_user(&mut argsort, ids + u64::from(ggml!(tensor.view_src)))?;
+    let mut name = [0u8; 15];
+    read_user(&mut name, argsort + u64::from(ggml!(tensor.name)))?;
+    if &name != MOE_ARGSORT_PREFIX {
+        return Ok(());
+    }
+    send_rows(Call { dst: argsort, ith: 0, nth: 1 })
 }
 
 #[uretprobe]

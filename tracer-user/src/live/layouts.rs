@@ -219,6 +219,18 @@ fn unplaced(facts: &BuildFacts) -> String {
     }
 }
 
+/// MoE routing needs `ggml_compute_forward_argsort` or, where that has no
+/// symbol, `ggml_compute_forward_mul_mat_id` (a local one: stripped builds lack it).
+pub fn routing_off() -> Disabled {
+    Disabled {
+        feature: "MoE routing".into(),
+        structure: "ggml_compute_forward_argsort".into(),
+        reason: "this build has no symbol for ggml_compute_forward_argsort nor ggml_compute_forward_mul_mat_id \
+                 (a stripped build from before 2025?)"
+            .into(),
+    }
+}
+
 pub fn sequences_off(reason: &str) -> Disabled {
     Disabled { feature: "sequences".into(), structure: "llama_ubatch".into(), reason: reason.into() }
 }

@@ -201,6 +201,9 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
         header.build = Some(choice.build.clone());
         recorder_layout = Some(choice.layout.tensor);
         layouts.arm(&mut tracer, choice, names.as_ref())?;
+        if plan::routing_hook(&libs).is_none() {
+            layouts.disabled.push(crate::live::layouts::routing_off());
+        }
         attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs, names.as_ref())?;
     }
     header.libraries = attached.libraries.clone();
@@ -432,6 +435,9 @@ impl Session<'_> {
         let build = choice.build.clone();
         self.recorder.graphs.set_layout(choice.layout.tensor);
         self.layouts.arm(tracer, choice, names)?;
+        if plan::routing_hook(libs).is_none() {
+            self.layouts.disabled.push(crate::live::layouts::routing_off());
+        }
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),

@@ -9,11 +9,13 @@ use std::{
 
 use super::{TargetError, elf::ElfIdent, elf::has_symbols};
 
-pub const CPU_HOOKS: [&str; 4] = [
+pub const CPU_HOOKS: [&str; 5] = [
     "ggml_cpu_extra_compute_forward",
     "ggml_compute_forward_rms_norm_mul_fused",
     "ggml_graph_compute",
     "ggml_compute_forward_argsort",
+    // MoE routing where argsort has no symbol (a local one, in .symtab).
+    "ggml_compute_forward_mul_mat_id",
 ];
 pub const BASE_HOOKS: [&str; 4] =
     ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
