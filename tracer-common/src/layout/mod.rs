@@ -342,3 +342,56 @@ const _: () = {
     assert!(UBATCH_OFFSET_MASK as usize <= UBATCH_HEAD_BYTES);
     assert!(MAX_TENSOR_BYTES <= TENSOR_OFFSET_MASK as usize);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::{known::*, *};
+
+    #[test]
+    fn a_tensor_decodes_at_its_layouts_offsets() {
+        // The Dec 2024 layout is GgmlTensor itself: decoding its bytes is the identity.
+        // SAFETY: GgmlTensor holds only integers and byte arrays.
+        let mut t: GgmlTensor = unsafe { core::mem::zeroed() };
+        t.type_ = 12;
+        t.ne = [256, 3, 1, 1];
+        t.nb = [144, 144, 432, 432];
+        t.op = 29;
+        t.op_params[0] = 7;
+        t.flags = 16;
+        t.src[9] = 0xabc;
+        t.data = 0x7f00;
+        t.name[..4].copy_from_slice(b"blk.");
+        t.extra = 0x55;
+        // SAFETY: the bytes of a repr(C) POD value.
+        let raw: [u8; 336] = unsafe { core::mem::transmute(t) };
+        assert_eq!(TENSOR_2024_12.layout.decode(&raw), Some(t));
+        assert_eq!(TENSOR_2024_12.layout.decode(&raw[..335]), None, "too short");
+        // Read with the older layout, `src` starts 8 bytes on.
+        let old = TENSOR_WITH_GRAD.layout.decode(&raw).unwrap();
+        assert_eq!(old.src[8], 0xabc);
+    }
+
+    #[test]
+    fn ggml_versions_parse() {
+        assert_eq!(GgmlVersion::parse("0.25.3"), Some(GgmlVersion::new(0, 25, 3)));
+        assert_eq!(GgmlVersion::parse(" 0.0.6123\n"), Some(GgmlVersion::new(0, 0, 6123)));
+        for bad in ["", "0.25", "0.25.3.1", "v0.25.3", "0.x.1", "unknown"] {
+            assert_eq!(GgmlVersion::parse(bad), None, "{bad}");
+        }
+        assert!(GgmlVersion::new(0, 9, 11) < GgmlVersion::new(0, 10, 0));
+    }
+
+    #[test]
+    fn layout_checks_catch_unusable_tables() {
+        let mut l = RELEASES[3].layout();
+        assert_eq!(l.check(), Ok(()));
+        l.tensor.name = 304;
+        assert_eq!(l.check().unwrap_err().why, "past the end of the struct");
+        let mut l = RELEASES[3].layout();
+        l.params.nth = 8;
+        assert_eq!(l.check().unwrap_err().structure, "ggml_compute_params");
+        let mut l = RELEASES[3].layout();
+        l.cgraph.uid = 92;
+        assert_eq!(l.check().unwrap_err().why, "not aligned for its type");
+    }
+}

@@ -8,7 +8,8 @@
 //!   `nb[0]` is the type's size (tensors that are not views), `op` is in
 //!   the target's own op table; most nodes are named; a weight whose data
 //!   is the start of a tensor of the mapped model file has that tensor's
-//!   GGUF name (a name read 8 bytes off is still text, but not that name);
+//!   GGUF name, type and shape (a name read 8 bytes off is still text, and
+//!   `ne` read 8 bytes off still counts from 1, but neither is the file's);
 //! - `ggml_cgraph`: `0 <= n_nodes <= size` (views have `size` 0), and every
 //!   node is an op (leaves are kept apart);
 //! - `llama_ubatch`: its `n_tokens` is the length of the next graph's token
@@ -25,8 +26,16 @@ use tracer_common::{TensorRecord, c_str, ggml::TYPE_I32, graph, layout::TensorLa
 
 use crate::{events::Event, format::LayoutCheck, model::GgmlType};
 
-/// The GGUF name of the model tensor a record's data starts, if any.
-pub type GgufName<'a> = dyn FnMut(&TensorRecord) -> Option<String> + 'a;
+/// The model file's tensor a record's data starts, if any.
+pub type GgufName<'a> = dyn FnMut(&TensorRecord) -> Option<GgufTensor> + 'a;
+
+/// What the model file says of a tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensor {
+    pub name: String,
+    pub type_id: u32,
+    pub shape: Vec<u64>,
+}
 
 /// A field that does not hold what it must: the struct, and what was seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +46,10 @@ pub struct Violation {
 
 /// Graphs after the first good one within which a ubatch must match.
 const UBATCH_GRAPHS: u32 = 4;
+/// Graphs that ran without being read whole (no nodes, or not all of
+/// them) before the cgraph layout is taken to be wrong: a ring that
+/// overflows on the first graphs is far less likely than a wrong offset.
+const UNREAD_GRAPHS: u32 = 4;
 /// Per-node probes (`--op-timing`): ops checked before the verdict.
 const CHECKED_OPS: u64 = 64;
 
@@ -76,6 +89,8 @@ struct Checker {
     tokens: Option<u32>,
     ubatch_done: bool,
     graphs_after_core: u32,
+    /// Graphs whose records did not add up, and the last one's counts.
+    unread: u32,
 }
 
 /// The graph being read: what its nodes' sources need to be resolved.
@@ -114,6 +129,7 @@ impl Gate {
             tokens: None,
             ubatch_done: false,
             graphs_after_core: 0,
+            unread: 0,
         });
     }
 
@@ -221,13 +237,23 @@ impl Checker {
                 graph.tensors.insert(n.address, (record.type_, record.ne[0], name));
             }
             Event::Graph(g) if g.flags & graph::DONE != 0 => {
-                let Some(graph) = self.graph.take().filter(|graph| graph.uid == g.uid) else {
+                // A run of a graph read before, or one whose records did not
+                // add up (lost to a full ring, or none): not evidence once, a
+                // wrong `n_nodes` or `nodes` if no graph ever reads whole.
+                let graph = self.graph.take().filter(|graph| graph.uid == g.uid);
+                let Some(graph) = graph.filter(|graph| graph.nodes == graph.n_nodes && graph.n_nodes > 0) else {
+                    self.unread += 1;
+                    if !self.core_ok && self.unread >= UNREAD_GRAPHS {
+                        return Err(Violation {
+                            structure: "ggml_cgraph",
+                            what: format!(
+                                "{} graphs ran and none could be read whole (the last: n_nodes {})",
+                                self.unread, g.raw_n_nodes
+                            ),
+                        });
+                    }
                     return Ok(self.after_graph(None));
                 };
-                if graph.nodes != graph.n_nodes || graph.n_nodes == 0 {
-                    // Records lost to a full ring, or an empty graph: not evidence either way.
-                    return Ok(self.after_graph(None));
-                }
                 if graph.named * 2 < graph.nodes {
                     return Err(Violation {
                         structure: "ggml_tensor",
@@ -335,31 +361,39 @@ impl GraphCheck {
     }
 }
 
-/// A weight read at the start of a model tensor must carry its GGUF name.
+/// A weight read at the start of a model tensor must be that tensor: its
+/// GGUF name, type and shape.
 fn check_weight(
     t: &TensorRecord,
     rules: &Rules,
-    gguf_name: &mut GgufName<'_>,
+    gguf: &mut GgufName<'_>,
     passed: &mut LayoutCheck,
 ) -> Result<(), Violation> {
     if t.view_src != 0 || t.data == 0 {
         return Ok(());
     }
-    let Some(expected) = gguf_name(t) else { return Ok(()) };
-    let name = c_str(&t.name);
-    if name != expected.as_bytes() {
-        return Err(Violation {
-            structure: "ggml_tensor",
-            what: format!(
-                "the weight at {:#x} is named {:?} at offset {}, but the model file calls it {expected:?}",
-                t.data,
-                String::from_utf8_lossy(name),
-                rules.tensor.name
-            ),
-        });
-    }
-    passed.weights += 1;
-    Ok(())
+    let Some(expected) = gguf(t) else { return Ok(()) };
+    let name = String::from_utf8_lossy(c_str(&t.name)).into_owned();
+    let l = &rules.tensor;
+    let what = if name != expected.name {
+        format!("is named {name:?} at offset {}", l.name)
+    } else if u32::try_from(t.type_).ok() != Some(expected.type_id) {
+        format!("has type {} at offset {}, not {}", t.type_, l.type_, expected.type_id)
+    } else if !same_shape(&t.ne, &expected.shape) {
+        format!("has ne {:?} at offset {}, not {:?}", t.ne, l.ne, expected.shape)
+    } else {
+        passed.weights += 1;
+        return Ok(());
+    };
+    Err(Violation {
+        structure: "ggml_tensor",
+        what: format!("the weight at {:#x} {what}, but the model file has {:?} there", t.data, expected.name),
+    })
+}
+
+fn same_shape(ne: &[i64; 4], shape: &[u64]) -> bool {
+    shape.len() <= 4
+        && ne.iter().enumerate().all(|(i, &n)| u64::try_from(n).ok() == Some(shape.get(i).copied().unwrap_or(1)))
 }
 
 /// A tensor as the layout decoded it must look like a tensor.

@@ -73,8 +73,8 @@ fn token_graph(tokens: i64) -> Vec<Event> {
 }
 
 /// The model file of these tests: one tensor, `token_embd.weight`, mapped at 0xd000.
-fn gguf_name(r: &TensorRecord) -> Option<String> {
-    (r.data == 0xd000).then(|| "token_embd.weight".to_string())
+fn gguf_name(r: &TensorRecord) -> Option<GgufTensor> {
+    (r.data == 0xd000).then(|| GgufTensor { name: "token_embd.weight".into(), type_id: 0, shape: vec![64] })
 }
 
 fn admit(gate: &mut Gate, event: Event) -> Result<Admitted, Violation> {
@@ -113,7 +113,15 @@ fn an_offset_moved_by_eight_is_caught() {
     assert_eq!(err.structure, "ggml_tensor");
     // The name read 8 bytes on is still text: the model file's name tells.
     assert!(err.what.contains("named \"bd.weight\" at offset 264"), "{err:?}");
-    assert!(err.what.contains("calls it \"token_embd.weight\""), "{err:?}");
+    assert!(err.what.contains("the model file has \"token_embd.weight\""), "{err:?}");
+
+    // ne read 8 bytes on: every count still >= 1, but not the file's shape.
+    let mut gate = Gate::open();
+    let mut wrong = rules(false);
+    wrong.tensor.ne += 8;
+    gate.arm(wrong);
+    let err = feed(&mut gate, token_graph(3)).map(drop).unwrap_err();
+    assert!(err.what.contains("has ne [1, 1, 1, 4] at offset 24, not [64]"), "{err:?}");
 }
 
 #[test]
@@ -201,4 +209,16 @@ fn the_end_of_the_trace_drops_what_nothing_vouched_for() {
     let end = gate.finish();
     assert_eq!(end.record.len(), 1, "only the fault: no graph checked the rest");
     assert!(matches!(end.record[0], Event::PageFault(_)));
+}
+
+#[test]
+fn graphs_that_never_read_whole_are_refused() {
+    let mut gate = Gate::open();
+    gate.arm(rules(false));
+    for _ in 1..UNREAD_GRAPHS {
+        feed(&mut gate, vec![graph_event(0, 0, 0), graph_event(0, 0, graph::DONE)]).unwrap();
+    }
+    let err = feed(&mut gate, vec![graph_event(0, 0, 0), graph_event(0, 0, graph::DONE)]).map(drop).unwrap_err();
+    assert_eq!(err.structure, "ggml_cgraph");
+    assert!(err.what.contains("none could be read whole"), "{err:?}");
 }

@@ -11,7 +11,7 @@ use crate::{
     events::Event,
     format::{Disabled, LayoutCheck, Memory},
     live::{
-        check::{Gate, Rules},
+        check::{Gate, GgufTensor, Rules},
         layouts::{self, Choice, PATCH_ENV, Refusal},
         load::Tracer,
         recorder::Recorder,
@@ -94,12 +94,9 @@ impl Layouts {
         let resolver = &mut recorder.resolver;
         let mut gguf_name = |r: &tracer_common::TensorRecord| {
             resolver.prepare_records(std::iter::once(r));
-            match resolver.memory_of(r) {
-                Memory::ModelFile { model, tensor, offset: 0 } => {
-                    resolver.models().get(model as usize)?.tensors().get(tensor as usize).map(|t| t.name.clone())
-                }
-                _ => None,
-            }
+            let Memory::ModelFile { model, tensor, offset: 0 } = resolver.memory_of(r) else { return None };
+            let t = resolver.models().get(model as usize)?.tensors().get(tensor as usize)?;
+            Some(GgufTensor { name: t.name.clone(), type_id: t.ggml_type.id, shape: t.shape.clone() })
         };
         let admitted = self.gate.admit(event, &mut gguf_name);
         match admitted {
