@@ -183,7 +183,11 @@ fn tensor_invariants() {
     assert!(ok(&t).unwrap_err().what.contains("byte 0x90"));
     let mut t = good;
     t.ne[3] = 0;
+    assert_eq!(ok(&t), Ok(()), "an empty tensor");
+    t.ne[3] = -1;
     assert!(ok(&t).unwrap_err().what.contains("ne[3]"));
+    t.ne[3] = 1 << 41;
+    assert!(ok(&t).unwrap_err().what.contains("not a count"));
     let mut t = good;
     t.nb[0] = 8;
     assert!(ok(&t).unwrap_err().what.contains("nb[0]"));
