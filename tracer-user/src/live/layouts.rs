@@ -140,6 +140,9 @@ pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Res
         Some((_, Some(v))) => known_release(Some(v), facts),
         None => known_release(None, facts),
     };
+    // A build newer than every table may be tried with hand-made offsets on
+    // top of the newest tables (the header records the patch).
+    let release = release.or_else(|| patch.filter(|_| newer_than_known(facts)).and_then(|_| newest()));
     let Some(release) = release else {
         return Err(Refusal { structure: "ggml_tensor", found: facts.describe(), why: unplaced(facts) });
     };
@@ -207,13 +210,24 @@ fn known_release(version: Option<GgmlVersion>, facts: &BuildFacts) -> Option<&'s
     tracer_common::layout::known::release_of(version, &|symbol| facts.defines(symbol))
 }
 
+fn newest() -> Option<&'static Release> {
+    RELEASES.iter().filter(|r| r.supported).max_by_key(|r| hi(r.ggml))
+}
+
+fn newer_than_known(facts: &BuildFacts) -> bool {
+    let found = facts.ggml_version.as_deref().and_then(GgmlVersion::parse);
+    matches!((found, newest().and_then(|r| hi(r.ggml))), (Some(v), Some(newest)) if v > newest)
+}
+
 /// Why no release matched, in the terms of the rules.
 fn unplaced(facts: &BuildFacts) -> String {
     let newest = RELEASES.iter().filter_map(|r| hi(r.ggml)).max();
     match (facts.ggml_version.as_deref().and_then(GgmlVersion::parse), newest) {
-        (Some(v), Some(newest)) if v > newest => {
-            format!("newer than any llama.cpp ttrace knows (ggml {newest}): its layouts are not checked yet")
-        }
+        (Some(v), Some(newest)) if v > newest => format!(
+            "newer than any llama.cpp ttrace knows (ggml {newest}): its layouts are not checked yet \
+             (to try the newest tables on it, set {PATCH_ENV}, e.g. to ggml_tensor.name={})",
+            newest_name_offset()
+        ),
         _ if !facts.defines("ggml_op_name") => "not a ggml build ttrace recognises".into(),
         _ => "no llama.cpp release ttrace knows matches it".into(),
     }
@@ -229,6 +243,10 @@ pub fn routing_off() -> Disabled {
                  (a stripped build from before 2025?)"
             .into(),
     }
+}
+
+fn newest_name_offset() -> u32 {
+    newest().map_or(0, |r| r.tensor.layout.name)
 }
 
 pub fn sequences_off(reason: &str) -> Disabled {

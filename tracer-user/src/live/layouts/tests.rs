@@ -80,6 +80,9 @@ fn versions_ttrace_cannot_place_are_refused() {
     let newer = choose(&facts(Some("0.26.0"), CPU), true, None).unwrap_err();
     assert_eq!(newer.structure, "ggml_tensor");
     assert!(newer.to_string().contains("ggml 0.26.0") && newer.why.contains("newer than any"), "{newer}");
+    // A developer may try the newest tables on it, patched by hand.
+    let tried = choose(&facts(Some("0.26.0"), CPU), true, Some("ggml_tensor.name=256")).unwrap();
+    assert_eq!((tried.release.name, tried.build.patched.as_deref()), ("2026-04", Some("ggml_tensor.name=256")));
     let garbled = choose(&facts(Some("master"), CPU), true, None).unwrap_err();
     assert!(garbled.to_string().contains("ggml_version() returns \"master\""), "{garbled}");
     // A ggml_version() but no CPU hook: no release has that.
