@@ -1,9 +1,6 @@
-//! ggml struct layouts on x86_64, as read by the uprobes.
-//!
-//! Valid for ggml from Nov 2024 (when `ggml_tensor.grad` was removed, which
-//! moved `src` from 160 to 152) through at least llama.cpp 0c1e570 (Oct 2026,
-//! ggml 0.25.x). Older ggml needs another layout; the const asserts below pin
-//! every offset the probes rely on.
+//! ggml's constants, and [`GgmlTensor`]: the form every tensor is decoded
+//! into, whatever layout the target's `ggml_tensor` has (x86_64). Where the
+//! probes find each field in the target is data: see [`crate::layout`].
 
 /// `GGML_MAX_SRC`.
 pub const MAX_SRC: usize = 10;
@@ -20,7 +17,8 @@ pub const MAX_OP_PARAMS: usize = 16;
 /// `GGML_TYPE_I32`: token ids and MoE routing ids.
 pub const TYPE_I32: i32 = 26;
 
-/// Mirror of `struct ggml_tensor` (336 bytes).
+/// Mirror of `struct ggml_tensor` as declared since Dec 2024 (336 bytes;
+/// the table `layout::known::TENSOR_2024_12` is derived from it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GgmlTensor {
@@ -41,20 +39,8 @@ pub struct GgmlTensor {
     pub padding: [u8; 8],
 }
 
-/// `struct ggml_cgraph` fields the graph probe reads (x86_64; `uid` since
-/// Aug 2025): `int size, n_nodes, n_leafs; ggml_tensor **nodes, **grads,
-/// **grad_accs, **leafs; int32_t *use_counts; ggml_hash_set visited_hash_set;
-/// enum order; uint64_t uid`. The scheduler gives every split a fresh `uid`
-/// when it (re)builds it, so an unchanged `uid` means an unchanged graph.
-pub const CGRAPH_N_NODES: usize = 4;
-pub const CGRAPH_NODES: usize = 16;
-pub const CGRAPH_UID: usize = 88;
 /// `GGML_TENSOR_FLAG_INPUT`: set by `ggml_set_input` (token ids, positions, …).
 pub const FLAG_INPUT: i32 = 1;
-
-/// `struct ggml_compute_params` prefix: `int ith, nth`.
-pub const PARAMS_ITH: usize = 0;
-pub const PARAMS_NTH: usize = 4;
 
 const _: () = {
     use core::mem::{offset_of, size_of};

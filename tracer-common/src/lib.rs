@@ -11,6 +11,7 @@ use strum::{EnumIter, IntoStaticStr};
 
 pub mod ggml;
 pub mod kernel;
+pub mod layout;
 pub mod tracepoints;
 
 /// Ring buffer carrying every event to user space.
@@ -74,6 +75,11 @@ pub mod programs {
     /// sorted, that is the experts ranked for each of them.
     pub const ARGSORT_ENTRY: &str = "argsort_entry";
     pub const ARGSORT_RETURN: &str = "argsort_return";
+    /// Where ggml has no `ggml_compute_forward_argsort` symbol (it was
+    /// static before 2025): `ggml_compute_forward_mul_mat_id(params, dst)`
+    /// entry on `ffn_moe_down-L`, whose `ids` source is a view of the
+    /// layer's argsort node, whole until that last consumer is done.
+    pub const MUL_MAT_ID_ENTRY: &str = "mul_mat_id_entry";
     /// `llama_context::process_ubatch(this, ubatch, …)`: the ubatch's
     /// tokens, positions, sequence ids and output flags ([`super::batch`]).
     pub const UBATCH: &str = "ubatch";
@@ -364,9 +370,16 @@ pub mod graph {
 pub struct GraphEvent {
     pub header: EventHeader,
     pub cgraph: u64,
+    /// The graph's `uid`, or where the build has none a number the probe
+    /// makes up per run (never `REUSED` then).
     pub uid: u64,
+    /// Nodes read (`n_nodes` capped at [`MAX_GRAPH_NODES`]; 0 when `n_nodes`
+    /// is out of `0..=size`, the check that the cgraph layout is right).
     pub n_nodes: u32,
     pub flags: u32,
+    /// `n_nodes` and `size` as read, for that check in user space.
+    pub raw_n_nodes: i32,
+    pub size: i32,
 }
 
 /// `NodeEvent::role`.
@@ -378,8 +391,7 @@ pub mod node_role {
 }
 
 /// One tensor of a graph, a node or a source, as the target holds it: the
-/// probe reads the `ggml_tensor` straight into the ring (one helper call,
-/// which keeps the verifier's work per tensor small).
+/// probe copies the `ggml_tensor` into the ring as it is.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeEvent {
@@ -390,7 +402,9 @@ pub struct NodeEvent {
     pub role: u32,
     /// Address of the `ggml_tensor`.
     pub address: u64,
-    pub tensor: ggml::GgmlTensor,
+    /// The `ggml_tensor` bytes as the target holds them: its layout's
+    /// `size` of them, decoded in user space by that layout.
+    pub tensor: [u8; layout::MAX_TENSOR_BYTES],
 }
 
 /// The contents of a small integer input of a graph run, sent at every run.
@@ -423,35 +437,14 @@ pub mod batch {
     pub const MAX_BATCH_TOKENS: u32 = (super::MAX_INPUT_BYTES / 4) as u32;
 }
 
-/// The head of llama.cpp's `struct llama_ubatch` (src/llama-batch.h), up to
-/// its `output` pointer. Versions without `n_pos` pad `n_seqs_unq` to the
-/// same 24 bytes, so the pointers sit at the same offsets.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LlamaUbatch {
-    pub b_equal_seqs: u32,
-    pub n_tokens: u32,
-    pub n_seq_tokens: u32,
-    pub n_seqs: u32,
-    pub n_seqs_unq: u32,
-    pub n_pos: u32,
-    pub token: u64,
-    pub embd: u64,
-    /// `[n_tokens * n_pos]`: the first `n_tokens` are the text positions.
-    pub pos: u64,
-    pub n_seq_id: u64,
-    pub seq_id: u64,
-    pub seq_id_unq: u64,
-    pub seq_idx: u64,
-    pub output: u64,
-}
-
 /// Experts per routing row a record holds.
 pub const MAX_EXPERTS: usize = 256;
 /// Rows one argsort return reads at most (tokens per ubatch per thread).
 pub const MAX_ROUTING_ROWS: u32 = 8192;
 /// The name prefix of llama.cpp's MoE routing node (`ffn_moe_argsort-L`).
 pub const MOE_ARGSORT_PREFIX: &[u8; 15] = b"ffn_moe_argsort";
+/// The name prefix of the last MUL_MAT_ID of an MoE layer (`ffn_moe_down-L`).
+pub const MOE_DOWN_PREFIX: &[u8; 12] = b"ffn_moe_down";
 
 /// One token's experts, best first, as llama.cpp's `ffn_moe_argsort-L` node
 /// ranked them (the first `n_expert_used` are the routed ones). Sent with
@@ -499,13 +492,9 @@ const _: () = {
     assert!(offset_of!(PageCacheEvent, index) == 40);
     assert!(size_of::<BlockEvent>() == 80);
     assert!(offset_of!(BlockEvent, rwbs) == 48);
-    assert!(size_of::<GraphEvent>() == 48);
+    assert!(size_of::<GraphEvent>() == 56);
     assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
     assert!(INPUT_EVENT_FIXED == 48);
-    assert!(offset_of!(LlamaUbatch, token) == 24);
-    assert!(offset_of!(LlamaUbatch, pos) == 40);
-    assert!(offset_of!(LlamaUbatch, seq_id) == 56);
-    assert!(offset_of!(LlamaUbatch, output) == 80);
     assert!((EventKind::Batch as u32) < EVENT_KIND_SLOTS);
 };
 

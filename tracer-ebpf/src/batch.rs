@@ -14,19 +14,65 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::ProbeContext,
 };
-use tracer_common::{EventKind, INPUT_EVENT_FIXED, InputEvent, LlamaUbatch, MAX_INPUT_BYTES, batch};
+use tracer_common::{
+    EventKind, INPUT_EVENT_FIXED, InputEvent, MAX_INPUT_BYTES, batch,
+    layout::{UBATCH_HEAD_BYTES, UBATCH_OFFSET_MASK},
+};
 
-use crate::maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task};
+use crate::{
+    layout::{self, ggml},
+    maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
+};
 
 #[map]
 static BATCH_SCRATCH: PerCpuArray<InputEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// The head of a `llama_ubatch` as copied, read at the layout's offsets
+/// (masked, as `layout::RawTensor`'s).
+#[repr(C, align(8))]
+struct Head([u8; UBATCH_HEAD_BYTES]);
+
+impl Head {
+    fn at<T: Copy>(&self, offset: u32) -> T {
+        let at = (offset & UBATCH_OFFSET_MASK & !(align_of::<T>() as u32 - 1)) as usize;
+        // SAFETY: in bounds and aligned (tracer-common's const asserts).
+        unsafe { self.0.as_ptr().add(at).cast::<T>().read() }
+    }
+}
+
+/// The fields read: `n_tokens` and the arrays.
+struct Ubatch {
+    n_tokens: u32,
+    token: u64,
+    pos: u64,
+    seq_id: u64,
+    output: u64,
+}
+
+#[inline(always)]
+fn read_head(address: u64) -> Option<Ubatch> {
+    // `size` 0: this build's llama_ubatch is not known (sequences off).
+    let size = ggml!(ubatch.size) & UBATCH_OFFSET_MASK;
+    if !layout::valid() || size == 0 {
+        return None;
+    }
+    let mut head = Head([0; UBATCH_HEAD_BYTES]);
+    read_user_bytes(head.0.as_mut_ptr(), size, address).ok()?;
+    Some(Ubatch {
+        n_tokens: head.at(ggml!(ubatch.n_tokens)),
+        token: head.at(ggml!(ubatch.token)),
+        pos: head.at(ggml!(ubatch.pos)),
+        seq_id: head.at(ggml!(ubatch.seq_id)),
+        output: head.at(ggml!(ubatch.output)),
+    })
+}
 
 #[uprobe]
 pub fn ubatch(ctx: ProbeContext) -> u32 {
     let Some(task) = traced_task() else { return 0 };
     let Some(address) = ctx.arg::<u64>(1) else { return 0 };
-    let mut b = LlamaUbatch::default();
-    if read_user(&mut b, address).is_err() || b.n_tokens == 0 {
+    let Some(b) = read_head(address) else { return 0 };
+    if b.n_tokens == 0 {
         return 0;
     }
     let n = b.n_tokens.min(batch::MAX_BATCH_TOKENS);

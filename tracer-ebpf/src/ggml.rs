@@ -17,18 +17,19 @@ use aya_ebpf::{
 };
 use tracer_common::{
     EventKind, MAX_OP_TENSORS, MAX_TOKEN_IDS, OP_EVENT_FIXED, OpEvent, SLOT_ABSENT, SLOT_DST, TENSOR_RECORD_SIZE,
-    TensorRecord, config,
-    ggml::{self, GgmlTensor},
-    hooks,
+    TensorRecord, config, ggml, hooks,
 };
 
-use crate::maps::{CONFIG, EVENTS, count_lost, header, read_user, submit_flags, traced_task};
+use crate::{
+    layout::{self, RawTensor, ggml},
+    maps::{CONFIG, EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
+};
 
 #[map]
 static OP_SCRATCH: PerCpuArray<OpEvent> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-static TENSOR_SCRATCH: PerCpuArray<GgmlTensor> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static TENSOR_SCRATCH: PerCpuArray<RawTensor> = PerCpuArray::with_max_entries(1, 0);
 
 /// One program for every node hook, told apart by its attach cookie (a
 /// `hooks` value), so the verifier checks the node recorder once:
@@ -62,8 +63,12 @@ fn config(slot: u32) -> u64 {
 
 fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
+    if !layout::valid() {
+        return Err(());
+    }
+    // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
     let mut thread = [0u32; 2];
-    read_user(&mut thread, params + ggml::PARAMS_ITH as u64)?;
+    read_user(&mut thread, params + u64::from(ggml!(params.ith)))?;
     let [ith, nth] = thread;
     if ith != 0 && config(config::FLAGS) & config::FLAG_ALL_THREADS == 0 {
         return Ok(());
@@ -78,26 +83,27 @@ fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
     event.hook = hook;
     event.n_token_ids = 0;
 
-    read_user(addr_of_mut!(*tensor), node)?;
+    let size = layout::tensor_size();
+    read_user_bytes(addr_of_mut!(tensor.0).cast(), size, node)?;
     copy_record(&mut event.tensors[0], node, tensor, SLOT_DST);
-    let sources = tensor.src;
-    let is_get_rows = tensor.op as u64 == config(config::GET_ROWS_OP);
+    let sources = tensor.src();
+    let is_get_rows = tensor.op() as u64 == config(config::GET_ROWS_OP);
     // Source i always goes to record i + 1, so no register depends on which
     // sources were present: a running count would multiply the verifier's
     // paths by two per source. The count lives in map memory instead.
     event.n_tensors = 1;
     for (i, &src) in sources.iter().enumerate() {
         let record = &mut event.tensors[i + 1];
-        if src == 0 || read_user(addr_of_mut!(*tensor), src).is_err() {
+        if src == 0 || read_user_bytes(addr_of_mut!(tensor.0).cast(), size, src).is_err() {
             record.slot = SLOT_ABSENT;
             continue;
         }
         copy_record(record, src, tensor, i as u32);
         event.n_tensors = i as u32 + 2;
         // Token ids: GET_ROWS's index source (slot 1) of type I32.
-        if i == 1 && is_get_rows && tensor.type_ == ggml::TYPE_I32 {
-            let count = tensor.ne[0].clamp(0, MAX_TOKEN_IDS as i64) as u32;
-            if read_user(&mut event.token_ids, tensor.data).is_ok() {
+        if i == 1 && is_get_rows && tensor.type_() == ggml::TYPE_I32 {
+            let count = tensor.ne()[0].clamp(0, MAX_TOKEN_IDS as i64) as u32;
+            if read_user(&mut event.token_ids, tensor.data()).is_ok() {
                 event.n_token_ids = count;
             }
         }
@@ -115,20 +121,21 @@ fn record_node(params: u64, node: u64, hook: u32) -> Result<(), ()> {
     Ok(())
 }
 
+/// The record of the tensor copied into `t`, read at the layout's offsets.
 #[inline(always)]
-fn copy_record(record: &mut TensorRecord, address: u64, t: &GgmlTensor, slot: u32) {
+fn copy_record(record: &mut TensorRecord, address: u64, t: &RawTensor, slot: u32) {
     record.tensor = address;
-    record.data = t.data;
-    record.ne = t.ne;
-    record.nb = t.nb;
-    record.view_src = t.view_src;
-    record.view_offs = t.view_offs;
-    record.extra = t.extra;
-    record.type_ = t.type_;
-    record.op = t.op;
-    record.op_param0 = t.op_params[0];
-    record.flags = t.flags;
+    record.data = t.data();
+    record.ne = t.ne();
+    record.nb = t.nb();
+    record.view_src = t.u64(ggml!(tensor.view_src));
+    record.view_offs = t.u64(ggml!(tensor.view_offs));
+    record.extra = t.u64(ggml!(tensor.extra));
+    record.type_ = t.type_();
+    record.op = t.op();
+    record.op_param0 = t.i32(ggml!(tensor.op_params));
+    record.flags = t.flags();
     record.slot = slot;
     record._pad = 0;
-    record.name = t.name;
+    record.name = t.name();
 }

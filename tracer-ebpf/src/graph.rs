@@ -4,6 +4,9 @@
 //! is unchanged (the scheduler gives a rebuilt split a fresh uid), and only
 //! its integer inputs are read again; a new one is read whole with
 //! `bpf_loop`: every node, and every tensor a node reads that is not a node.
+//! Builds whose `ggml_cgraph` has no `uid` (ggml before 0.10) rebuild their
+//! graphs for every ubatch anyway: each run is read whole, under a number
+//! the probe makes up.
 
 use core::{
     ffi::c_void,
@@ -21,12 +24,16 @@ use aya_ebpf::{
 };
 use tracer_common::{
     EventKind, GraphEvent, INPUT_EVENT_FIXED, InputEvent, MAX_GRAPH_INPUTS, MAX_GRAPH_NODES, MAX_INPUT_BYTES,
-    NodeEvent,
-    ggml::{self, GgmlTensor},
-    graph, node_role,
+    NodeEvent, ggml, graph,
+    layout::{ABSENT, MAX_TENSOR_BYTES},
+    node_role,
 };
 
-use crate::maps::{EVENTS, count_lost, emit, header, read_user, submit_flags, traced_task};
+use crate::{
+    ggml::TENSOR_SCRATCH,
+    layout::{self, RawTensor, ggml},
+    maps::{EVENTS, count_lost, emit, header, read_user, read_user_bytes, submit_flags, traced_task},
+};
 
 /// What a graph's walk needs in every `bpf_loop` step.
 #[repr(C)]
@@ -71,27 +78,37 @@ pub fn graph_compute(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// Numbers for runs of graphs without a `uid` of their own: the top bit
+/// set, so they never equal a real one (ggml counts those up from 1).
+#[map]
+static MADE_UP_UID: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 fn read_graph(cgraph: u64) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
-    let mut n_nodes = 0i32;
-    let mut nodes = 0u64;
+    if !layout::valid() {
+        return Err(());
+    }
+    let (mut size, mut raw_n_nodes, mut nodes) = (0i32, 0i32, 0u64);
+    read_user(&mut size, cgraph + u64::from(ggml!(cgraph.size)))?;
+    read_user(&mut raw_n_nodes, cgraph + u64::from(ggml!(cgraph.n_nodes)))?;
+    read_user(&mut nodes, cgraph + u64::from(ggml!(cgraph.nodes)))?;
+    let uid_at = ggml!(cgraph.uid);
     let mut uid = 0u64;
-    read_user(&mut n_nodes, cgraph + ggml::CGRAPH_N_NODES as u64)?;
-    read_user(&mut nodes, cgraph + ggml::CGRAPH_NODES as u64)?;
-    read_user(&mut uid, cgraph + ggml::CGRAPH_UID as u64)?;
-    let n_nodes = (n_nodes.max(0) as u32).min(MAX_GRAPH_NODES);
-    // uid 0 means "not set": such a graph is never taken for unchanged.
-    let reused = uid != 0 && LAST_UID.get_ptr(cgraph).is_some_and(|last| unsafe { *last } == uid);
-    emit(
-        EventKind::Graph,
-        GraphEvent {
-            header: header(EventKind::Graph, task),
-            cgraph,
-            uid,
-            n_nodes,
-            flags: if reused { graph::REUSED } else { 0 },
-        },
-    );
+    if uid_at != ABSENT {
+        read_user(&mut uid, cgraph + u64::from(uid_at))?;
+    }
+    if uid == 0 {
+        uid = made_up_uid();
+    }
+    // Outside 0..=size the cgraph layout is wrong: walk nothing (user space
+    // refuses the trace on this event). A view (a scheduler split) has size 0.
+    let fits = raw_n_nodes >= 0 && (size == 0 || raw_n_nodes <= size);
+    let n_nodes = if fits { (raw_n_nodes as u32).min(MAX_GRAPH_NODES) } else { 0 };
+    // A made-up uid is never the last one: such a graph is read every run.
+    let reused = LAST_UID.get_ptr(cgraph).is_some_and(|last| unsafe { *last } == uid);
+    let event =
+        |flags| GraphEvent { header: header(EventKind::Graph, task), cgraph, uid, n_nodes, flags, raw_n_nodes, size };
+    emit(EventKind::Graph, event(if reused { graph::REUSED } else { 0 }));
     if !reused {
         let empty = Inputs { n: 0, _pad: 0, tensor: [0; MAX_GRAPH_INPUTS], data: [0; MAX_GRAPH_INPUTS], len: [0; 4] };
         let _ = INPUTS.insert(cgraph, empty, 0);
@@ -103,9 +120,19 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
         let _ = LAST_UID.insert(cgraph, uid, 0);
     }
     send_inputs(cgraph, uid, task);
-    let flags = graph::DONE | if reused { graph::REUSED } else { 0 };
-    emit(EventKind::Graph, GraphEvent { header: header(EventKind::Graph, task), cgraph, uid, n_nodes, flags });
+    emit(EventKind::Graph, event(graph::DONE | if reused { graph::REUSED } else { 0 }));
     Ok(())
+}
+
+/// A fresh number with the top bit set.
+#[inline(always)]
+fn made_up_uid() -> u64 {
+    let Some(next) = MADE_UP_UID.get_ptr_mut(0) else { return 1 << 63 };
+    // SAFETY: per-CPU slot. The CPU number in bits 48.. keeps CPUs apart.
+    unsafe {
+        *next += 1;
+        (1 << 63) | (u64::from(aya_ebpf::helpers::bpf_get_smp_processor_id()) << 48) | (*next & ((1 << 48) - 1))
+    }
 }
 
 #[inline(never)]
@@ -131,10 +158,14 @@ fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
     Ok(())
 }
 
-/// Read the tensor at `address` straight into a ring record; its sources,
-/// for a node. An integer input among the sources is remembered.
+/// Read the tensor at `address` into the scratch buffer, then copy it into
+/// a ring record as the target holds it; its sources, for a node. An
+/// integer input among the sources is remembered.
 #[inline(always)]
 fn send_tensor(walk: &Walk, index: u32, role: u32, address: u64) -> Option<[u64; ggml::MAX_SRC]> {
+    // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
+    let t = unsafe { &mut *TENSOR_SCRATCH.get_ptr_mut(0)? };
+    read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), address).ok()?;
     let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
         count_lost(EventKind::Node);
         return None;
@@ -148,22 +179,22 @@ fn send_tensor(walk: &Walk, index: u32, role: u32, address: u64) -> Option<[u64;
         (*e).index = index;
         (*e).role = role;
         (*e).address = address;
-        if read_user(addr_of_mut!((*e).tensor), address).is_err() {
-            entry.discard(0);
-            return None;
+        // Word by word: a copy of fixed size the verifier checks once.
+        let words = addr_of_mut!((*e).tensor).cast::<u64>();
+        let from = t.0.as_ptr().cast::<u64>();
+        for i in 0..MAX_TENSOR_BYTES / 8 {
+            words.add(i).write(from.add(i).read());
         }
-        let t = &(*e).tensor;
-        let sources = t.src;
-        if role == node_role::SOURCE && t.flags & ggml::FLAG_INPUT != 0 && t.type_ == ggml::TYPE_I32 {
-            add_input(walk.cgraph, address, t);
-        }
-        entry.submit(submit_flags());
-        Some(sources)
     }
+    if role == node_role::SOURCE && t.flags() & ggml::FLAG_INPUT != 0 && t.type_() == ggml::TYPE_I32 {
+        add_input(walk.cgraph, address, t);
+    }
+    entry.submit(submit_flags());
+    Some(t.src())
 }
 
 #[inline(always)]
-fn add_input(cgraph: u64, tensor_address: u64, t: &GgmlTensor) {
+fn add_input(cgraph: u64, tensor_address: u64, t: &RawTensor) {
     let Some(inputs) = INPUTS.get_ptr_mut(cgraph) else { return };
     // SAFETY: a map value; only this graph's caller thread writes it.
     let inputs = unsafe { &mut *inputs };
@@ -171,9 +202,10 @@ fn add_input(cgraph: u64, tensor_address: u64, t: &GgmlTensor) {
     if i >= MAX_GRAPH_INPUTS {
         return;
     }
-    let elems = t.ne[0].max(0) as u64 * t.ne[1].max(1) as u64 * t.ne[2].max(1) as u64 * t.ne[3].max(1) as u64;
+    let ne = t.ne();
+    let elems = ne[0].max(0) as u64 * ne[1].max(1) as u64 * ne[2].max(1) as u64 * ne[3].max(1) as u64;
     inputs.tensor[i] = tensor_address;
-    inputs.data[i] = t.data;
+    inputs.data[i] = t.data();
     inputs.len[i] = (elems * 4).min(MAX_INPUT_BYTES as u64) as u32;
     inputs.n = i as u32 + 1;
 }

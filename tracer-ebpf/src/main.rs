@@ -10,6 +10,7 @@ mod faults;
 mod ggml;
 mod graph;
 mod kernel;
+mod layout;
 mod maps;
 mod pagecache;
 mod routing;

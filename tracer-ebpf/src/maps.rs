@@ -95,6 +95,15 @@ pub fn emit_with<T: 'static>(kind: EventKind, event: T, flags: u64) {
     }
 }
 
+/// Copy `len` bytes (bounded by the caller) from the traced process's
+/// memory at `src` into `dst`.
+#[inline(always)]
+pub fn read_user_bytes(dst: *mut u8, len: u32, src: u64) -> Result<(), ()> {
+    // SAFETY: the caller's buffer holds at least `len` bytes.
+    let ret = unsafe { bpf_probe_read_user(dst.cast::<c_void>(), len, src as *const c_void) };
+    if ret == 0 { Ok(()) } else { Err(()) }
+}
+
 /// Copy a `T` from the traced process's memory at `src` into `dst`.
 #[inline(always)]
 pub fn read_user<T>(dst: *mut T, src: u64) -> Result<(), ()> {

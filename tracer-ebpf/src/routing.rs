@@ -18,12 +18,12 @@ use aya_ebpf::{
     maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{
-    EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX, RoutingEvent,
-    ggml::{self, GgmlTensor},
-};
+use tracer_common::{EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX, MOE_DOWN_PREFIX, RoutingEvent};
 
-use crate::maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task};
+use crate::{
+    layout::{self, ggml},
+    maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task},
+};
 
 /// An argsort call in flight on a thread (pid_tgid key).
 #[repr(C)]
@@ -60,18 +60,58 @@ pub fn argsort_entry(ctx: ProbeContext) -> u32 {
 
 fn entry(params: u64, dst: u64) -> Result<(), ()> {
     traced_task().ok_or(())?;
+    if !layout::valid() {
+        return Err(());
+    }
     let mut name = [0u8; 15];
-    read_user(&mut name, dst + core::mem::offset_of!(GgmlTensor, name) as u64)?;
+    read_user(&mut name, dst + u64::from(ggml!(tensor.name)))?;
     if &name != MOE_ARGSORT_PREFIX {
         return Ok(());
     }
-    let (mut ith, mut nth) = (0i32, 0i32);
-    read_user(&mut ith, params + ggml::PARAMS_ITH as u64)?;
-    read_user(&mut nth, params + ggml::PARAMS_NTH as u64)?;
+    // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
+    let mut thread = [0i32; 2];
+    read_user(&mut thread, params + u64::from(ggml!(params.ith)))?;
+    let [ith, nth] = thread;
     let call = Call { dst, ith: ith.max(0) as u32, nth: nth.max(1) as u32 };
     // SAFETY: plain helper call.
     let key = unsafe { bpf_get_current_pid_tgid() };
     ARGSORT_CALLS.insert(key, call, 0).map_err(|_| ())
+}
+
+/// Builds whose argsort has no symbol: at the entry of the layer's last
+/// expert matmul (`ffn_moe_down-L`), thread 0 sends every row of the
+/// argsort node its `ids` source views. One trap per MUL_MAT_ID and thread.
+#[uprobe]
+pub fn mul_mat_id_entry(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let regs = ctx.as_ptr() as *const pt_regs;
+    let (params, dst) = unsafe { (read_volatile(&(*regs).rdi), read_volatile(&(*regs).rsi)) };
+    let _ = at_mul_mat_id(params, dst);
+    0
+}
+
+fn at_mul_mat_id(params: u64, dst: u64) -> Result<(), ()> {
+    traced_task().ok_or(())?;
+    if !layout::valid() {
+        return Err(());
+    }
+    let mut ith = 0i32;
+    read_user(&mut ith, params + u64::from(ggml!(params.ith)))?;
+    let mut name = [0u8; 12];
+    read_user(&mut name, dst + u64::from(ggml!(tensor.name)))?;
+    if ith != 0 || &name != MOE_DOWN_PREFIX {
+        return Ok(());
+    }
+    // ids = dst->src[2], a view of the argsort node.
+    let (mut ids, mut argsort) = (0u64, 0u64);
+    read_user(&mut ids, dst + u64::from(ggml!(tensor.src)) + 16)?;
+    read_user(&mut argsort, ids + u64::from(ggml!(tensor.view_src)))?;
+    let mut name = [0u8; 15];
+    read_user(&mut name, argsort + u64::from(ggml!(tensor.name)))?;
+    if &name != MOE_ARGSORT_PREFIX {
+        return Ok(());
+    }
+    send_rows(Call { dst: argsort, ith: 0, nth: 1 })
 }
 
 #[uretprobe]
@@ -89,9 +129,9 @@ fn send_rows(call: Call) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
     let base = call.dst;
     let (mut ne, mut nb1, mut data) = ([0i64; 4], 0u64, 0u64);
-    read_user(&mut ne, base + core::mem::offset_of!(GgmlTensor, ne) as u64)?;
-    read_user(&mut nb1, base + core::mem::offset_of!(GgmlTensor, nb) as u64 + 8)?;
-    read_user(&mut data, base + core::mem::offset_of!(GgmlTensor, data) as u64)?;
+    read_user(&mut ne, base + u64::from(ggml!(tensor.ne)))?;
+    read_user(&mut nb1, base + u64::from(ggml!(tensor.nb)) + 8)?;
+    read_user(&mut data, base + u64::from(ggml!(tensor.data)))?;
     // Unsigned arithmetic: BPF has no signed division.
     let rows = ne[1].max(1) as u64 * ne[2].max(1) as u64 * ne[3].max(1) as u64;
     let (ith, nth) = (u64::from(call.ith), u64::from(call.nth));

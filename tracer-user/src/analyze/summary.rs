@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Analysis, Phase};
 use crate::{
-    format::{Lost, Tracepoints, WriterStats},
+    format::{Disabled, LayoutCheck, Lost, TargetBuild, Tracepoints, WriterStats},
     units::human_bytes,
 };
 
@@ -17,6 +17,8 @@ use crate::{
 pub struct Summary {
     pub mode: String,
     pub pid: u32,
+    /// The llama.cpp commit the build reports.
+    pub commit: Option<String>,
     pub command: Vec<String>,
     pub duration_ns: u64,
     /// `None`: the trace was cut short (no end record).
@@ -50,6 +52,12 @@ pub struct Summary {
     pub uncompleted_reads: u64,
     /// Kernel records that did not decode (layout mismatch).
     pub decode_errors: u64,
+    /// The llama.cpp build traced and the struct layouts read in it.
+    pub build: Option<TargetBuild>,
+    /// What the live check of those layouts passed on.
+    pub layout_check: Option<LayoutCheck>,
+    /// Features off for this build (e.g. sequences).
+    pub disabled: Vec<Disabled>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -66,6 +74,39 @@ pub struct TraceFile {
     pub bytes: Option<u64>,
     pub bytes_per_op_frame: Option<f64>,
     pub bytes_per_op_with_descriptors: Option<f64>,
+}
+
+/// `ggml 0.25.3 (0c1e570), llama.cpp 0c1e570 build 1, known as Apr 2026 - Oct 2026 (...)`.
+fn build_row(b: &TargetBuild, commit: Option<&str>) -> String {
+    let mut parts = Vec::new();
+    match (&b.ggml_version, &b.ggml_commit) {
+        (Some(v), Some(c)) => parts.push(format!("ggml {v} ({c})")),
+        (Some(v), None) => parts.push(format!("ggml {v}")),
+        (None, _) => parts.push("no ggml_version()".to_string()),
+    }
+    match (commit, b.llama_build_number) {
+        (Some(c), Some(n)) => parts.push(format!("commit {c} build {n}")),
+        (Some(c), None) => parts.push(format!("commit {c}")),
+        _ => {}
+    }
+    format!("{}; known as {}", parts.join(", "), b.release_text)
+}
+
+/// The tables used and what the live check passed.
+fn layouts_row(b: &TargetBuild, check: Option<LayoutCheck>) -> String {
+    let tables: Vec<&str> = b.layouts.values().map(String::as_str).collect();
+    let checked = match check {
+        Some(c) if c.graphs > 0 => {
+            format!(
+                "checked on the target: {} tensors ({} weights by their GGUF name), {} graphs, {} ubatches",
+                c.tensors, c.weights, c.graphs, c.ubatches
+            )
+        }
+        Some(_) => "not checked: no graph ran".to_string(),
+        None => "check not recorded".to_string(),
+    };
+    let patched = b.patched.as_ref().map(|p| format!("; PATCHED by hand: {p}")).unwrap_or_default();
+    format!("{}; {checked}{patched}", tables.join(", "))
 }
 
 impl Summary {
@@ -91,6 +132,7 @@ impl Summary {
         Summary {
             mode: h.mode.to_string(),
             pid: h.pid,
+            commit: h.llama_commit.clone(),
             command: h.command.clone(),
             duration_ns: a.duration_ns(),
             stopped: a.trailer.as_ref().map(|t| Stopped {
@@ -122,6 +164,9 @@ impl Summary {
             skipped: a.trailer.as_ref().map(|t| t.skipped).unwrap_or_default(),
             uncompleted_reads: a.io.disk.uncompleted,
             decode_errors: a.trailer.as_ref().map_or(0, |t| t.decode_errors),
+            build: h.build.clone(),
+            layout_check: a.trailer.as_ref().and_then(|t| t.layout_check),
+            disabled: a.trailer.as_ref().map(|t| t.disabled.clone()).unwrap_or_default(),
         }
     }
 
@@ -182,6 +227,13 @@ impl Summary {
             ));
         }
         rows.push(("ops", format!("{} recorded ({} outside any graph)", self.ops, self.ops_outside_graphs)));
+        if let Some(build) = &self.build {
+            rows.push(("llama.cpp", build_row(build, self.commit.as_deref())));
+            rows.push(("layouts", layouts_row(build, self.layout_check)));
+        }
+        for d in &self.disabled {
+            rows.push(("WARNING", d.to_string()));
+        }
         let accesses = self.file_backed_accesses + self.copy_accesses;
         let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };
         rows.push((

@@ -77,6 +77,66 @@ pub struct Hooks {
     pub op_names: Vec<String>,
     pub unary_op_names: Vec<String>,
     pub glu_op_names: Vec<String>,
+    /// The build those libraries belong to (absent in older traces).
+    #[serde(default)]
+    pub build: Option<TargetBuild>,
+}
+
+/// The llama.cpp build traced, as it describes itself, and the struct
+/// layouts ttrace read it with (`tracer_common::layout::known`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TargetBuild {
+    /// `ggml_version()` and `ggml_commit()`, where the build has them.
+    pub ggml_version: Option<String>,
+    pub ggml_commit: Option<String>,
+    /// `LLAMA_COMMIT` and `LLAMA_BUILD_NUMBER` of its build info (the
+    /// commit is also `Header::llama_commit`).
+    #[serde(default)]
+    pub llama_commit: Option<String>,
+    pub llama_build_number: Option<i64>,
+    /// The known release range it was recognised as (`known::Release::name`),
+    /// and that range in words.
+    pub release: String,
+    pub release_text: String,
+    /// Per struct, the layout table used (`ggml_tensor` → `ggml_tensor/2024-12`).
+    /// A struct left out was not read (its feature is off).
+    pub layouts: BTreeMap<String, String>,
+    /// Every offset the probes used, `struct.field` → bytes.
+    pub offsets: BTreeMap<String, u32>,
+    /// Offsets changed by hand through `TTRACE_LAYOUT_PATCH` (tests, and
+    /// trying a new version's offsets), as given.
+    #[serde(default)]
+    pub patched: Option<String>,
+}
+
+/// What the live check of the layouts saw pass: every graph, tensor and
+/// ubatch counted here met the invariants (a failure ends the trace
+/// before anything is kept).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LayoutCheck {
+    pub graphs: u64,
+    pub tensors: u64,
+    /// Of the tensors, weights whose name was the model file's for their data.
+    #[serde(default)]
+    pub weights: u64,
+    pub ubatches: u64,
+}
+
+/// A feature turned off because the struct it reads is unknown (or did
+/// not check out) in the traced build; the rest of the trace is unaffected.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Disabled {
+    /// `sequences`.
+    pub feature: String,
+    /// `llama_ubatch`.
+    pub structure: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Disabled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} off ({}): {}", self.feature, self.structure, self.reason)
+    }
 }
 
 /// Run metadata, written before any event.
@@ -96,6 +156,11 @@ pub struct Header {
     pub libraries: Vec<Library>,
     /// llama.cpp commit, when the target reports one.
     pub llama_commit: Option<String>,
+    /// The build's version and the struct layouts used; `None` in traces
+    /// from before ttrace recorded them, and until ggml is found (then a
+    /// HOOKS frame brings it).
+    #[serde(default)]
+    pub build: Option<TargetBuild>,
     /// The target's own op-name tables, indexed by enum value.
     pub op_names: Vec<String>,
     pub unary_op_names: Vec<String>,
@@ -386,4 +451,11 @@ pub struct Trailer {
     pub recursion_misses: BTreeMap<String, u64>,
     #[serde(default)]
     pub skipped: Lost,
+    /// The live check of the struct layouts; `None` when no ggml probe
+    /// ran (and in older traces).
+    #[serde(default)]
+    pub layout_check: Option<LayoutCheck>,
+    /// Features turned off for this build.
+    #[serde(default)]
+    pub disabled: Vec<Disabled>,
 }

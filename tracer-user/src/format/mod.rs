@@ -7,8 +7,8 @@ pub mod records;
 pub mod writer;
 
 pub use frames::{
-    Descriptor, FileExtent, FileInfo, FilePos, Header, Hooks, Lost, Memory, Mode, ModelTable, ModelTensor, StopReason,
-    Tracepoints, Trailer,
+    Descriptor, Disabled, FileExtent, FileInfo, FilePos, Header, Hooks, LayoutCheck, Lost, Memory, Mode, ModelTable,
+    ModelTensor, StopReason, TargetBuild, Tracepoints, Trailer,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{TraceWriter, WriterStats};

@@ -465,6 +465,12 @@ impl<R: Read> TraceReader<R> {
             FrameKind::Hooks => {
                 let hooks: Hooks = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 self.header.libraries.extend(hooks.libraries);
+                if self.header.build.is_none() {
+                    if self.header.llama_commit.is_none() {
+                        self.header.llama_commit = hooks.build.as_ref().and_then(|b| b.llama_commit.clone());
+                    }
+                    self.header.build = hooks.build;
+                }
                 if self.header.op_names.is_empty() {
                     self.header.op_names = hooks.op_names;
                     self.header.unary_op_names = hooks.unary_op_names;
@@ -497,13 +503,16 @@ impl<R: Read> TraceReader<R> {
         self.strings.get(id as usize).cloned().ok_or_else(|| format!("string {id} not defined"))
     }
 
-    /// The nodes of graph `graph` that the CPU backend executes.
+    /// The nodes of graph `graph` that the CPU backend executes. ggml marks
+    /// them with `FLAG_COMPUTE` since 2026; before, it ran every node (a
+    /// graph with no node so marked comes from such a build).
     fn graph_ops(&self, graph: u32) -> Result<impl Iterator<Item = &GraphNode>, String> {
         let nodes = self.graphs.get(graph as usize).ok_or_else(|| format!("graph {graph} not defined"))?;
         let empty: Vec<i32> = EMPTY_OPS.iter().filter_map(|name| self.header.op_id(name)).collect();
+        let flagged = nodes.iter().any(|node| self.descriptors[node.dst as usize].flags & FLAG_COMPUTE != 0);
         Ok(nodes.iter().filter(move |node| {
             let d = &self.descriptors[node.dst as usize];
-            !empty.contains(&d.op) && d.flags & FLAG_COMPUTE != 0
+            !empty.contains(&d.op) && (!flagged || d.flags & FLAG_COMPUTE != 0)
         }))
     }
 

@@ -5,7 +5,13 @@
 
 use std::collections::HashMap;
 
-use tracer_common::{GraphEvent, NodeEvent, SLOT_DST, TensorRecord, ggml::GgmlTensor, graph, node_role};
+use tracer_common::{
+    GraphEvent, NodeEvent, SLOT_DST, TensorRecord,
+    ggml::GgmlTensor,
+    graph,
+    layout::{TensorLayout, known::TENSOR_2024_12},
+    node_role,
+};
 
 use crate::events::InputRecord;
 
@@ -31,8 +37,9 @@ pub struct Definition {
     pub nodes: Vec<(TensorRecord, Vec<(u32, TensorRecord)>)>,
 }
 
-#[derive(Default)]
 pub struct GraphAssembler {
+    /// How the probe's raw copies of `ggml_tensor` are read.
+    layout: TensorLayout,
     /// cgraph address → id of its current definition, with the uid read.
     defined: HashMap<u64, (u32, u64)>,
     /// Tensors of each defined graph by address, to name a run's inputs.
@@ -52,7 +59,30 @@ pub struct Ready {
     pub run: Option<Run>,
 }
 
+impl Default for GraphAssembler {
+    fn default() -> Self {
+        Self::new(TENSOR_2024_12.layout)
+    }
+}
+
 impl GraphAssembler {
+    pub fn new(layout: TensorLayout) -> Self {
+        Self {
+            layout,
+            defined: HashMap::new(),
+            tensors: HashMap::new(),
+            next_id: 0,
+            reading: None,
+            run: None,
+            incomplete: 0,
+        }
+    }
+
+    /// The layout of the target's `ggml_tensor`, once it is known.
+    pub fn set_layout(&mut self, layout: TensorLayout) {
+        self.layout = layout;
+    }
+
     /// A graph was entered (whatever was pending is complete), or its
     /// records are all sent (`graph::DONE`).
     pub fn on_graph(&mut self, event: &GraphEvent) -> Ready {
@@ -76,10 +106,12 @@ impl GraphAssembler {
 
     pub fn on_node(&mut self, node: &NodeEvent) {
         let Some(reading) = self.reading.as_mut().filter(|r| r.event.uid == node.uid) else { return };
+        // A copy too short for the layout: the graph stays incomplete.
+        let Some(tensor) = self.layout.decode(&node.tensor) else { return };
         if node.role == node_role::NODE {
-            reading.nodes.push((node.address, node.tensor));
+            reading.nodes.push((node.address, tensor));
         } else {
-            reading.sources.insert(node.address, node.tensor);
+            reading.sources.insert(node.address, tensor);
         }
     }
 
@@ -157,12 +189,15 @@ mod tests {
 
     fn graph(uid: u64, n_nodes: u32, flags: u32) -> GraphEvent {
         let header = EventHeader { kind: EventKind::Graph as u32, tid: 7, ..Default::default() };
-        GraphEvent { header, cgraph: 0x1000, uid, n_nodes, flags }
+        GraphEvent { header, cgraph: 0x1000, uid, n_nodes, flags, raw_n_nodes: n_nodes as i32, size: 0 }
     }
 
     fn node(uid: u64, role: u32, address: u64, src: u64) -> NodeEvent {
         let header = EventHeader { kind: EventKind::Node as u32, tid: 7, ..Default::default() };
-        NodeEvent { header, uid, index: 0, role, address, tensor: tensor(src) }
+        let t = tensor(src);
+        // SAFETY: reading the bytes of a repr(C) POD value.
+        let raw = unsafe { std::mem::transmute::<GgmlTensor, [u8; 336]>(t) };
+        NodeEvent { header, uid, index: 0, role, address, tensor: raw }
     }
 
     fn input(uid: u64, tensor: u64) -> InputRecord {

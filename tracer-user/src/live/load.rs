@@ -21,7 +21,9 @@ use aya_log::EbpfLogger;
 use strum::IntoEnumIterator;
 use tracer_common::{
     EventKind, FileKey, MAP_BLOCK_DEVICES, MAP_CONFIG, MAP_EVENTS, MAP_LOST, MAP_MODEL_FILES, MAP_TARGET_TGIDS, config,
-    kernel::KERNEL_LAYOUT, markers, programs,
+    kernel::KERNEL_LAYOUT,
+    layout::{GGML_LAYOUT_SECTION, GgmlLayout},
+    markers, programs,
 };
 
 use crate::{
@@ -215,6 +217,17 @@ impl Tracer {
             cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
         }
         Ok(())
+    }
+
+    /// Where the ggml and llama probes find the fields they read (see
+    /// `tracer_common::layout`): before they are attached, and again to turn
+    /// the ubatch probe off.
+    pub fn set_ggml_layout(&mut self, layout: &GgmlLayout) -> Result<(), LoadError> {
+        const MAP: &str = GGML_LAYOUT_SECTION;
+        let map = self.ebpf.map_mut(MAP).ok_or(LoadError::Missing { what: "map", name: MAP })?;
+        let mut global: Array<_, GgmlLayout> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP, error: Box::new(source) })?;
+        global.set(0, layout, 0).map_err(|source| LoadError::Map { map: MAP, error: Box::new(source) })
     }
 
     /// Stop the target with SIGSTOP when its first ubatch graph starts (see

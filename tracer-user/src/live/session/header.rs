@@ -24,6 +24,7 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         libraries: Vec::new(),
         llama_commit: None,
+        build: None,
         op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
         unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
         glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),

@@ -4,6 +4,7 @@
 //! The probe plan, the signals, the header and the trace file's guard are
 //! modules of their own.
 
+mod gate;
 mod header;
 mod plan;
 mod signals;
@@ -28,8 +29,9 @@ use tokio::{
 };
 
 use self::{
+    gate::Layouts,
     header::{header, monotonic_ns, proc_cmdline},
-    plan::Attached,
+    plan::{Attached, OpOptions},
     signals::{CHILD_GRACE, on_signal, sleep_until},
     trace_file::TraceFile,
 };
@@ -38,6 +40,7 @@ use crate::{
     events::Event,
     format::{Hooks, Lost, Mode, StopReason, Trailer, WriterStats},
     live::collect::{EventStream, spawn_logger},
+    live::layouts::{Choice, Refusal},
     live::load::{LoadOptions, Tracer},
     live::recorder::{Recorder, Resolver},
     live::target::{self, HeldChild, HookLibs, OpNames, RunningChild, UserSpec},
@@ -159,6 +162,9 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     if let Target::Attach { pid } = target {
         libs.require(target::HookSource::Pid(pid))?;
     }
+    // Which struct layouts, before any ggml probe attaches and, for `run`,
+    // before the target runs: a build ttrace does not know stops here.
+    let choice = if gate::has_cpu_backend(&libs) { Some(gate::choose(&libs)?) } else { None };
 
     // Models known up front are watched before the target maps them, so
     // load-time reads (llama.cpp's MAP_POPULATE prefetch) are seen.
@@ -181,19 +187,24 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
         None => None,
     };
     let mut header = header(spec, pid, mode, &command, names.as_ref());
-    // The build's own commit string (libllama-common's build info); only
-    // libllama* files are read, the rest of the closure cannot carry it.
-    header.llama_commit = candidates
-        .iter()
-        .filter(|lib| lib.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libllama")))
-        .find_map(|lib| target::llama_commit(lib));
+    // The build's own commit string: llama.cpp's build info, in
+    // libllama-common or (static common code, before 2026) the program.
+    header.llama_commit = libs.path_of("LLAMA_COMMIT").and_then(target::llama_commit);
     // attach: the maps just read; run: none yet (a MAPS frame follows exec).
     header.maps = resolver.header_maps();
     // Probes before the header, so it names (and gives the build-ids of)
     // the libraries they are in.
     let mut attached = Attached::new(pid);
-    if libs.cpu.is_some() {
-        attached.start_ops(&mut tracer, spec.all_threads, spec.op_timing, &libs, names.as_ref())?;
+    let mut layouts = Layouts::default();
+    let mut recorder_layout = None;
+    if let (Some(choice), true) = (choice, libs.cpu.is_some()) {
+        header.build = Some(choice.build.clone());
+        recorder_layout = Some(choice.layout.tensor);
+        layouts.arm(&mut tracer, choice, names.as_ref())?;
+        if plan::routing_hook(&libs).is_none() {
+            layouts.disabled.push(crate::live::layouts::routing_off());
+        }
+        attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs, names.as_ref())?;
     }
     header.libraries = attached.libraries.clone();
     let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
@@ -201,8 +212,11 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     if held_at_first_graph {
         tracer.stop_at_first_graph()?;
     }
-    let mut session =
-        Session { attached, recorder: Recorder::new(writer, resolver), spec, trace_file, held_at_first_graph };
+    let mut recorder = Recorder::new(writer, resolver);
+    if let Some(layout) = recorder_layout {
+        recorder.graphs.set_layout(layout);
+    }
+    let mut session = Session { attached, recorder, layouts, spec, trace_file, held_at_first_graph };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -222,6 +236,10 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     };
     session.trace_file.keep();
     Ok(Live { tracer, session, stream, child, exited, _log_task })
+}
+
+fn op_options(spec: &SessionSpec, layouts: &Layouts) -> OpOptions {
+    OpOptions { all_threads: spec.all_threads, op_timing: spec.op_timing, sequences: layouts.sequences() }
 }
 
 /// Dropping the page cache cannot evict pages that another process maps (a
@@ -279,7 +297,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
                 break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
@@ -295,26 +313,37 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             }
             ready = stream.readable() => {
                 ready?;
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
                 session.continue_after_first_graph(child.as_ref())?;
             }
         }
         if let Some(e) = write_error.take() {
             return Err(e).with_context(|| format!("writing {}", spec.output.display()));
         }
+        if let Some(refusal) = session.layouts.refused.take() {
+            return Err(refuse(&mut session, child.as_mut(), refusal));
+        }
+        session.layouts.apply_ubatch_off(&mut tracer)?;
     };
     // Everything submitted before the stop is still in the ring.
-    stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+    stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
     // Reads the target issued (async readahead) may complete after it is
     // gone: wait for them, briefly, so no read lacks its completion.
     let settle = Instant::now();
     while session.recorder.requests_in_flight() > 0 && settle.elapsed() < IO_SETTLE && write_error.is_none() {
         tokio::time::sleep(Duration::from_millis(2)).await;
-        stream.drain_now(&mut |event: Event| record(&mut session.recorder, &event, &mut write_error));
+        stream.drain_now(&mut |event: Event| {
+            record(&mut session.recorder, &mut session.layouts, event, &mut write_error)
+        });
     }
     if let Some(e) = write_error.take() {
         return Err(e).with_context(|| format!("writing {}", spec.output.display()));
     }
+    if let Some(refusal) = session.layouts.refused.take() {
+        return Err(refuse(&mut session, child.as_mut(), refusal));
+    }
+    // What the check still held (the target ended before a verdict).
+    session.layouts.finish(&mut session.recorder).with_context(|| format!("writing {}", spec.output.display()))?;
     let exit = match child.as_mut() {
         Some(c) => Some(c.wait()?),
         None => None,
@@ -329,6 +358,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     }
     let lost = tracer.lost()?;
     let misses = tracer.recursion_misses()?;
+    let (layout_check, disabled) = (session.layouts.check(), session.layouts.disabled.clone());
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
@@ -346,6 +376,8 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         tracepoints: tracer.tracepoints(),
         recursion_misses: misses.per_program,
         skipped: misses.per_kind,
+        layout_check,
+        disabled,
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
@@ -353,9 +385,21 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     Ok(Outcome { stop_reason, exit, stats, lost })
 }
 
+/// Stop before anything is kept: a `run` target is killed (ttrace started
+/// it to be traced), an attached one keeps running; the trace file goes.
+fn refuse(session: &mut Session<'_>, child: Option<&mut RunningChild>, refusal: Refusal) -> anyhow::Error {
+    if let Some(c) = child {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    session.trace_file.discard();
+    anyhow::Error::new(refusal)
+}
+
 struct Session<'a> {
     attached: Attached,
     recorder: Recorder<BufWriter<File>>,
+    layouts: Layouts,
     spec: &'a SessionSpec,
     trace_file: TraceFile,
     /// A `run` target is stopped by the kernel at its first graph, until
@@ -379,15 +423,28 @@ impl Session<'_> {
     }
 
     /// Attach hooks found after the header was written, announced in a
-    /// HOOKS frame.
-    fn start_late_ops(&mut self, tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>) -> Result<()> {
+    /// HOOKS frame with the build they belong to.
+    fn start_late_ops(
+        &mut self,
+        tracer: &mut Tracer,
+        libs: &HookLibs,
+        names: Option<&OpNames>,
+        choice: Choice,
+    ) -> Result<()> {
         let before = self.attached.libraries.len();
-        self.attached.start_ops(tracer, self.spec.all_threads, self.spec.op_timing, libs, names)?;
+        let build = choice.build.clone();
+        self.recorder.graphs.set_layout(choice.layout.tensor);
+        self.layouts.arm(tracer, choice, names)?;
+        if plan::routing_hook(libs).is_none() {
+            self.layouts.disabled.push(crate::live::layouts::routing_off());
+        }
+        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),
             op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
             unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
             glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
+            build: Some(build),
         };
         self.recorder.writer.hooks(&hooks)?;
         Ok(())
@@ -395,21 +452,29 @@ impl Session<'_> {
 
     /// dlopen'ed libraries (the Python client) appear in the maps later. The
     /// child is ours: hold it still while probing, so no decode runs
-    /// half-instrumented.
+    /// half-instrumented. A build ttrace does not know is refused here.
     fn find_late_hooks(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
         let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
         let mut all = self.spec.libs.clone();
         all.extend(files);
         let libs = target::classify(&all);
-        if libs.cpu.is_none() {
+        if !gate::has_cpu_backend(&libs) {
             return Ok(());
         }
+        let choice = match gate::choose(&libs) {
+            Ok(choice) if libs.cpu.is_some() => choice,
+            Ok(_) => return Ok(()),
+            Err(refusal) => {
+                self.layouts.refused = Some(refusal);
+                return Ok(());
+            }
+        };
         let names = match libs.path_of("ggml_op_name") {
             Some(base) => Some(target::op_names(base)?),
             None => None,
         };
         let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
-        let started = self.start_late_ops(tracer, &libs, names.as_ref());
+        let started = self.start_late_ops(tracer, &libs, names.as_ref(), choice);
         if held && let Some(c) = child {
             c.signal(libc::SIGCONT)?;
         }
@@ -431,9 +496,14 @@ impl Session<'_> {
     }
 }
 
-fn record(recorder: &mut Recorder<BufWriter<File>>, event: &Event, error: &mut Option<std::io::Error>) {
+fn record(
+    recorder: &mut Recorder<BufWriter<File>>,
+    layouts: &mut Layouts,
+    event: Event,
+    error: &mut Option<std::io::Error>,
+) {
     if error.is_none()
-        && let Err(e) = recorder.record(event)
+        && let Err(e) = layouts.take(recorder, event)
     {
         *error = Some(e);
     }

@@ -23,12 +23,14 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 13] = [
+pub(super) const HOOKS: [(&str, &str, u64); 14] = [
     ("ggml_graph_compute", programs::GRAPH_COMPUTE, 0),
     ("ggml_graph_compute", programs::CALL_RETURN, markers::GRAPH_COMPUTE_RETURN),
     // MoE routing: a trap per MoE layer and thread, in both modes.
     ("ggml_compute_forward_argsort", programs::ARGSORT_ENTRY, 0),
     ("ggml_compute_forward_argsort", programs::ARGSORT_RETURN, 0),
+    // Only where argsort has no symbol (`routing_hook`).
+    (MUL_MAT_ID, programs::MUL_MAT_ID_ENTRY, 0),
     ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
     // Each ubatch: its tokens' sequence ids, positions and output flags.
@@ -41,6 +43,24 @@ pub(super) const HOOKS: [(&str, &str, u64); 13] = [
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
 ];
 
+const ARGSORT: &str = "ggml_compute_forward_argsort";
+const MUL_MAT_ID: &str = "ggml_compute_forward_mul_mat_id";
+
+/// Where MoE routing is read in a build: `None` when it has neither hook
+/// (a stripped build from before 2025), and routing is off.
+pub(super) fn routing_hook(libs: &HookLibs) -> Option<&'static str> {
+    [ARGSORT, MUL_MAT_ID].into_iter().find(|s| libs.path_of(s).is_some())
+}
+
+/// What the op probes record.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpOptions {
+    pub all_threads: bool,
+    pub op_timing: bool,
+    /// The ubatch probe: the build's `llama_ubatch` layout is known.
+    pub sequences: bool,
+}
+
 pub(super) struct Attached {
     pub pid: u32,
     probes: HashSet<(PathBuf, &'static str, u64)>,
@@ -49,23 +69,24 @@ pub(super) struct Attached {
 }
 
 impl Attached {
-    /// Configure and attach the op probes.
+    /// Configure and attach the op probes (the ubatch probe only with
+    /// `sequences`: the layout of its struct is known).
     pub fn start_ops(
         &mut self,
         tracer: &mut Tracer,
-        all_threads: bool,
-        op_timing: bool,
+        options: OpOptions,
         libs: &HookLibs,
         names: Option<&OpNames>,
     ) -> Result<()> {
         let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-        tracer.configure(all_threads, get_rows)?;
-        self.attach(tracer, libs, op_timing)?;
+        tracer.configure(options.all_threads, get_rows)?;
+        self.attach(tracer, libs, options)?;
         Ok(())
     }
 
     /// Attach every hook `libs` provides that is not attached yet.
-    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, op_timing: bool) -> Result<usize> {
+    fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, options: OpOptions) -> Result<usize> {
+        let OpOptions { op_timing, sequences, .. } = options;
         let mut added = 0;
         // One ELF parse per library for all its hook offsets.
         let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
@@ -73,7 +94,10 @@ impl Attached {
             // Either the per-node probes or the per-graph one: both would count every op twice.
             let per_node = program == programs::GGML_OP;
             let per_graph = symbol == "ggml_graph_compute";
-            if (per_node && !op_timing) || (per_graph && op_timing) {
+            if (per_node && !op_timing) || (per_graph && op_timing) || (program == programs::UBATCH && !sequences) {
+                continue;
+            }
+            if program == programs::MUL_MAT_ID_ENTRY && libs.path_of(ARGSORT).is_some() {
                 continue;
             }
             let Some(path) = libs.path_of(symbol) else { continue };

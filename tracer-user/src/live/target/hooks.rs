@@ -9,11 +9,13 @@ use std::{
 
 use super::{TargetError, elf::ElfIdent, elf::has_symbols};
 
-pub const CPU_HOOKS: [&str; 4] = [
+pub const CPU_HOOKS: [&str; 5] = [
     "ggml_cpu_extra_compute_forward",
     "ggml_compute_forward_rms_norm_mul_fused",
     "ggml_graph_compute",
     "ggml_compute_forward_argsort",
+    // MoE routing where argsort has no symbol (a local one, in .symtab).
+    "ggml_compute_forward_mul_mat_id",
 ];
 pub const BASE_HOOKS: [&str; 4] =
     ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
@@ -24,6 +26,9 @@ pub const LLAMA_HOOKS: [&str; 4] = ["llama_decode", "llama_process", "llama_perf
 /// signature is another symbol; then tokens are counted without them.
 pub const PROCESS_UBATCH: &str =
     "_ZN13llama_context14process_ubatchERK12llama_ubatch14llm_graph_typeP22llama_memory_context_iR11ggml_status";
+/// What a build says about itself (`target::version`): ggml's version and
+/// commit functions, and the build info llama.cpp's common code links in.
+pub const VERSION_SYMBOLS: [&str; 4] = ["ggml_version", "ggml_commit", "LLAMA_COMMIT", "LLAMA_BUILD_NUMBER"];
 /// Without these ttrace records nothing useful.
 pub const REQUIRED_HOOKS: [&str; 3] =
     ["ggml_cpu_extra_compute_forward", "ggml_backend_sched_graph_compute_async", "ggml_op_name"];
@@ -105,7 +110,11 @@ pub fn missing_hooks(libs: &HookLibs) -> Vec<&'static str> {
 /// Reads each ELF file among `paths` once (by device and inode) and records
 /// which hook symbols it defines. Unreadable and non-ELF files are skipped.
 pub fn classify(paths: &[PathBuf]) -> HookLibs {
-    let all: Vec<&'static str> = CPU_HOOKS.into_iter().chain(BASE_HOOKS).chain(LLAMA_HOOKS).collect();
+    // The layout tables' fingerprints too: one symbol pass per file.
+    let mut all: Vec<&'static str> = CPU_HOOKS.into_iter().chain(BASE_HOOKS).chain(LLAMA_HOOKS).collect();
+    all.extend(VERSION_SYMBOLS.into_iter().chain(tracer_common::layout::known::fingerprint_symbols()));
+    all.sort_unstable();
+    all.dedup();
     let mut seen = HashSet::new();
     let mut libs = HookLibs::default();
     for path in paths {
