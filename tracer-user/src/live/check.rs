@@ -147,6 +147,11 @@ impl Gate {
             return Ok(Admitted { record: vec![event], sequences_off: None });
         };
         let verdict = checker.observe(&event, &mut self.passed, gguf_name)?;
+        // Until a record the layouts shape arrives (an idle server may run
+        // no graph for hours), the rest passes: nothing held to overtake.
+        if self.held.is_empty() && !reads_ggml(&event) {
+            return Ok(Admitted { record: vec![event], sequences_off: None });
+        }
         self.held.push(event);
         match verdict {
             Verdict::Hold => Ok(Admitted::default()),

@@ -156,15 +156,16 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     };
     candidates.extend(program_libs);
     let libs = target::classify(&candidates);
+    // Which struct layouts, before any ggml probe attaches and, for `run`,
+    // before the target runs: a build ttrace does not know stops here (an
+    // old one before the missing hooks say less).
+    let choice = if gate::has_cpu_backend(&libs) { Some(gate::choose(&libs)?) } else { None };
     if !spec.libs.is_empty() {
         libs.require(target::HookSource::Libs(&spec.libs))?;
     }
     if let Target::Attach { pid } = target {
         libs.require(target::HookSource::Pid(pid))?;
     }
-    // Which struct layouts, before any ggml probe attaches and, for `run`,
-    // before the target runs: a build ttrace does not know stops here.
-    let choice = if gate::has_cpu_backend(&libs) { Some(gate::choose(&libs)?) } else { None };
 
     // Models known up front are watched before the target maps them, so
     // load-time reads (llama.cpp's MAP_POPULATE prefetch) are seen.
