@@ -154,7 +154,14 @@ pub fn recursion_misses_of(pid: u32, prefix: &str) -> u64 {
 
 fn bpftool_json(args: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new("bpftool").arg("-j").args(args).output().expect("bpftool (installed by set-up)");
-    assert!(out.status.success(), "bpftool {args:?}: {}", stderr(&out));
+    // With -j, bpftool writes its errors as JSON on stdout, not on stderr.
+    assert!(
+        out.status.success(),
+        "bpftool {args:?} ({}): {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
     serde_json::from_slice(&out.stdout).unwrap_or_default()
 }
 
