@@ -110,6 +110,21 @@ Ctrl-C stops the server.")]
 ttrace gguf model-00001-of-00003.gguf --format json --full\n  ttrace gguf model.gguf --extents"
     )]
     Gguf(GgufArgs),
+    /// Replay a trace's model-file reads under page-cache budgets: disk bytes
+    /// per generated token for every budget at once (LRU, from stack
+    /// distances), Belady's optimum (the floor no policy beats) and a model
+    /// of the kernel's active/inactive lists; also under another expert
+    /// layout (mbolt's perms.json) or readahead size. Needs no root.
+    #[command(after_help = "Examples:\n  \
+ttrace simulate ttrace.data\n  \
+ttrace simulate run.data --budgets 160M,200M,256M --policy lru,opt\n  \
+ttrace simulate run.data --budget-range 64M..1G --plot curve.svg --csv curve.csv\n  \
+ttrace simulate moe.data --budgets 32M --layout perms.json      (mbolt's chain layout)\n  \
+ttrace simulate run.data --readahead 128K --anon 40M --json\n\n\
+A budget is a memory limit as `run --mem-limit` takes it: anonymous memory inside it (KV cache, compute and \
+repacked weights) is taken off before the model's pages (--anon). Figures count generation (--phase all: everything \
+from loading on) and are divided by the generated tokens.")]
+    Simulate(SimulateArgs),
 }
 
 /// `ttrace export --help`'s text after the options: examples, the row
@@ -350,4 +365,107 @@ pub struct ExportArgs {
     /// dot: the ubatch to draw (default: the first generate ubatch).
     #[arg(long, value_name = "K")]
     pub ubatch: Option<u32>,
+}
+
+/// A size argument (`160M`, `1.5G`, `4K`, bytes).
+fn size(text: &str) -> Result<u64, String> {
+    match crate::units::parse_size(text) {
+        Ok(0) => Err("the size must be above zero".into()),
+        Ok(n) => Ok(n),
+        Err(reason) => Err(format!("{text:?}: {reason}")),
+    }
+}
+
+/// `--budget-range FROM..TO[/STEPS]`.
+fn budget_range(text: &str) -> Result<(u64, u64, u32), String> {
+    let (range, steps) = match text.split_once('/') {
+        Some((r, n)) => (r, n.parse::<u32>().map_err(|_| format!("{n:?} is not a number of steps"))?),
+        None => (text, 16),
+    };
+    let Some((from, to)) = range.split_once("..") else {
+        return Err(format!("{text:?}: expected FROM..TO or FROM..TO/STEPS, e.g. 64M..1G"));
+    };
+    let (from, to) = (size(from)?, size(to)?);
+    if from >= to || steps < 2 {
+        return Err(format!("{text:?}: FROM must be below TO, and STEPS at least 2"));
+    }
+    Ok((from, to, steps))
+}
+
+/// `--anon`: `auto` or a size.
+fn anon(text: &str) -> Result<Anon, String> {
+    match text {
+        "auto" => Ok(Anon::Auto),
+        "0" => Ok(Anon::Bytes(0)),
+        _ => size(text).map(Anon::Bytes),
+    }
+}
+
+/// Anonymous memory inside the budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Anon {
+    /// From the trace's backend buffers (KV cache, compute, repacked and
+    /// read-in weights, outputs).
+    Auto,
+    Bytes(u64),
+}
+
+/// How model loading is replayed.
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+pub enum LoadReplay {
+    /// From the target's command line: MAP_POPULATE unless `-lm mmap` or
+    /// `--no-mmap`.
+    Auto,
+    /// A sequential read of every model file before the first op.
+    Populate,
+    /// Nothing: the cache starts empty at the first op.
+    None,
+}
+
+#[derive(Debug, Args)]
+pub struct SimulateArgs {
+    /// Trace file written by `ttrace run` or `ttrace attach`.
+    #[arg(default_value = "ttrace.data")]
+    pub file: std::path::PathBuf,
+    /// Memory budgets, comma-separated (default: 8 from an eighth of the
+    /// model's footprint to all of it plus anonymous memory).
+    #[arg(long, value_delimiter = ',', value_parser = size, conflicts_with = "budget_range")]
+    pub budgets: Vec<u64>,
+    /// Evenly spaced budgets: FROM..TO, 16 of them, or FROM..TO/STEPS.
+    #[arg(long, value_name = "FROM..TO", value_parser = budget_range)]
+    pub budget_range: Option<(u64, u64, u32)>,
+    #[arg(long, value_delimiter = ',', default_value = "lru,opt,2q")]
+    pub policy: Vec<crate::analyze::simulate::Policy>,
+    /// Page size.
+    #[arg(long, default_value = "4K", value_parser = size)]
+    pub page: u64,
+    /// Readahead window: a miss reads its aligned window of this size (the
+    /// kernel's default is 128K).
+    #[arg(long, value_parser = size)]
+    pub readahead: Option<u64>,
+    /// Replay on another expert layout: mbolt's perms.json (`perm[p]` is the
+    /// original expert stored at position p), or a JSON list of per-layer lists.
+    #[arg(long, value_name = "perms.json")]
+    pub layout: Option<std::path::PathBuf>,
+    /// Which permutation of perms.json: chain_perm, clique_perm or heat_perm.
+    #[arg(long, default_value = "chain_perm", requires = "layout")]
+    pub layout_key: String,
+    /// What the figures count.
+    #[arg(long, value_enum, default_value = "generate")]
+    pub phase: crate::analyze::simulate::Counting,
+    /// Anonymous memory inside the budget: `auto` (from the trace) or a size.
+    #[arg(long, default_value = "auto", value_parser = anon)]
+    pub anon: Anon,
+    /// How to replay model loading.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub load: LoadReplay,
+    /// Machine-readable output on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write one row per (budget, policy) as CSV.
+    #[arg(long, value_name = "OUT")]
+    pub csv: Option<std::path::PathBuf>,
+    /// Also draw the curves as SVG.
+    #[arg(long, value_name = "OUT.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }

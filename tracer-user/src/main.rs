@@ -61,6 +61,7 @@ fn run_command(cli: Cli) -> Result<()> {
         Command::Export(args) => cmd::export::run(args),
         Command::Diff(args) => cmd::diff::run(args).map(drop),
         Command::View(args) => cmd::view::run(args),
+        Command::Simulate(args) => cmd::simulate::run(args),
     }
 }
 

@@ -12,6 +12,7 @@ pub mod op_time;
 pub mod phases;
 pub mod report;
 pub mod sequences;
+pub mod simulate;
 pub mod stats;
 pub mod summary;
 pub mod tensor;

@@ -38,10 +38,10 @@ pub enum Period {
     Other,
 }
 
-const PERIODS: [Period; 5] = [Period::Load, Period::Warmup, Period::Prompt, Period::Generate, Period::Other];
+pub const PERIODS: [Period; 5] = [Period::Load, Period::Warmup, Period::Prompt, Period::Generate, Period::Other];
 
 impl Period {
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         self as usize
     }
 

@@ -48,7 +48,7 @@ fn read(path: &Path) -> Result<(analyze::Analysis, analyze::stats::Stats)> {
 
 /// mbolt's perms.json (`layers[].{layer, <key>}`), or a plain list of
 /// per-layer lists.
-fn read_permutation(path: &Path, key: &str) -> Result<Permutation> {
+pub(crate) fn read_permutation(path: &Path, key: &str) -> Result<Permutation> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let doc: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod report;
 #[cfg(feature = "live")]
 pub mod run;
+pub mod simulate;
 pub mod view;
 
 /// `run` and `attach`'s shared arguments as a session's options, in one

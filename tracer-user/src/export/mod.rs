@@ -30,6 +30,7 @@ pub mod perfetto;
 mod research;
 pub mod rows;
 pub mod shape;
+pub mod simulate_svg;
 pub mod summary;
 mod text;
 pub mod tokens;

@@ -458,4 +458,8 @@ pub struct Trailer {
     /// Features turned off for this build.
     #[serde(default)]
     pub disabled: Vec<Disabled>,
+    /// The target's highest resident anonymous memory seen (`RssAnon`,
+    /// sampled every 100 ms); `None` in older traces.
+    #[serde(default)]
+    pub peak_anon_bytes: Option<u64>,
 }

@@ -274,6 +274,9 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     let mut last_flush = Instant::now();
     let mut interrupted_at: Option<tokio::time::Instant> = None;
     let mut write_error = None;
+    // For `simulate --anon auto`: what a memory limit must hold besides the
+    // model's pages.
+    let mut peak_anon: Option<u64> = None;
     let stop_reason = loop {
         let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
         tokio::select! {
@@ -298,6 +301,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
                 break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
+                peak_anon = peak_anon.max(crate::live::target::rss_anon_bytes(pid));
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
@@ -379,6 +383,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         skipped: misses.per_kind,
         layout_check,
         disabled,
+        peak_anon_bytes: peak_anon,
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;

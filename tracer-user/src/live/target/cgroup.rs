@@ -87,32 +87,8 @@ impl MemLimit {
     /// systemd and docker, so `1G` means the same here as there. Sizes below
     /// [`MIN_LIMIT`] are refused.
     pub fn parse(text: &str) -> Result<u64, CgroupError> {
-        let bad = |reason: &str| CgroupError::BadSize { text: text.to_string(), reason: reason.to_string() };
-        let t = text.trim();
-        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-        let (number, suffix) = (&t[..split], t[split..].trim_start());
-        if number.is_empty() {
-            return Err(bad("it does not start with a number"));
-        }
-        let mult: u128 = match suffix.to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            "t" | "tb" | "tib" => 1 << 40,
-            _ => return Err(bad("unknown unit (use K, M, G or T, optionally followed by B or iB)")),
-        };
-        let (int, frac) = number.split_once('.').unwrap_or((number, ""));
-        if frac.contains('.') || (int.is_empty() && frac.is_empty()) {
-            return Err(bad("malformed number"));
-        }
-        if frac.len() > 9 {
-            return Err(bad("more than 9 decimal places"));
-        }
-        let digits = format!("{int}{frac}");
-        let mantissa: u128 = digits.parse().map_err(|_| bad("number too large"))?;
-        let bytes = mantissa.checked_mul(mult).ok_or_else(|| bad("number too large"))? / 10u128.pow(frac.len() as u32);
-        let bytes = u64::try_from(bytes).map_err(|_| bad("number too large"))?;
+        let bytes = crate::units::parse_size(text)
+            .map_err(|reason| CgroupError::BadSize { text: text.to_string(), reason: reason.to_string() })?;
         if bytes < MIN_LIMIT {
             return Err(CgroupError::TooSmall { text: text.to_string(), bytes });
         }

@@ -140,6 +140,14 @@ pub fn is_running(pid: u32) -> bool {
     !matches!(process_state(pid), None | Some('Z' | 'X'))
 }
 
+/// The process's resident anonymous memory (`RssAnon` of /proc/PID/status:
+/// heap, KV cache, compute buffers, weight copies), if it still exists.
+pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("RssAnon:"))?.trim().strip_suffix("kB")?.trim();
+    kib.parse::<u64>().ok().map(|k| k * 1024)
+}
+
 /// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
 pub fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -1,0 +1,245 @@
+//! LRU: every cache size at once from stack distances (Mattson et al. 1970),
+//! counted with a Fenwick tree over access times (Olken 1981), and one size
+//! at a time when readahead makes LRU no longer a stack algorithm.
+
+use super::{Misses, stream::Stream};
+use crate::analyze::usage::PERIODS;
+
+/// Pages missed at every cache size, per period.
+pub struct LruCurve {
+    /// Per period: `needed[c]` pages of accesses that hit only in a cache of
+    /// at least `c` pages; the last slot holds first accesses (cold misses).
+    needed: [Vec<u64>; 5],
+    /// Per period, suffix sums of `needed`: pages missed at each size.
+    missed_at: [Vec<u64>; 5],
+}
+
+impl LruCurve {
+    pub fn new(stream: &Stream) -> LruCurve {
+        let total = stream.total_pages() as usize;
+        let cold = total + 1;
+        let mut needed: [Vec<u64>; 5] = std::array::from_fn(|_| vec![0u64; total + 2]);
+        let mut last: Vec<u32> = vec![u32::MAX; stream.atom_pages.len()];
+        let mut tree = Fenwick::new(stream.accesses.len());
+        for (t, (atom, period)) in stream.iter().enumerate() {
+            let w = stream.atom_pages[atom as usize];
+            let prev = last[atom as usize];
+            let slot = if prev == u32::MAX {
+                cold
+            } else {
+                // Distinct pages read since: atoms whose last access lies
+                // strictly between the two accesses of this one.
+                let between = tree.prefix(t) - tree.prefix(prev as usize + 1);
+                tree.add(prev as usize, -(i64::from(w)));
+                (between + u64::from(w)) as usize
+            };
+            needed[period.index()][slot] += u64::from(w);
+            tree.add(t, i64::from(w));
+            last[atom as usize] = t as u32;
+        }
+        let missed_at = std::array::from_fn(|p| {
+            let mut sums = vec![0u64; total + 2];
+            let mut acc = 0u64;
+            for c in (0..total + 2).rev() {
+                // A cache of `c` pages misses what needs more than `c`.
+                sums[c] = acc;
+                acc += needed[p][c];
+            }
+            sums
+        });
+        LruCurve { needed, missed_at }
+    }
+
+    /// Pages missed by a cache of `capacity` pages.
+    pub fn misses(&self, capacity: u64) -> Misses {
+        let mut m = Misses::default();
+        for p in PERIODS {
+            let sums = &self.missed_at[p.index()];
+            // Beyond every need only cold misses remain.
+            let c = (capacity as usize).min(sums.len() - 2);
+            m.pages[p.index()] = sums[c];
+        }
+        m
+    }
+
+    /// Pages read at least once: every cold miss.
+    pub fn footprint(&self) -> u64 {
+        self.needed.iter().map(|n| n[n.len() - 1]).sum()
+    }
+
+    /// The largest need of any re-read in `period`: the smallest cache that
+    /// misses nothing but first reads there.
+    pub fn max_need(&self, period: crate::analyze::usage::Period) -> u64 {
+        let n = &self.needed[period.index()];
+        n[..n.len() - 1].iter().rposition(|&p| p > 0).unwrap_or(0) as u64
+    }
+}
+
+/// Sums of `u64` weights over access times.
+struct Fenwick(Vec<u64>);
+
+impl Fenwick {
+    fn new(n: usize) -> Fenwick {
+        Fenwick(vec![0; n + 1])
+    }
+
+    fn add(&mut self, i: usize, delta: i64) {
+        let mut i = i + 1;
+        while i < self.0.len() {
+            self.0[i] = self.0[i].wrapping_add_signed(delta);
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    /// Sum over `[0, i)`.
+    fn prefix(&self, i: usize) -> u64 {
+        let mut i = i;
+        let mut s = 0u64;
+        while i > 0 {
+            s = s.wrapping_add(self.0[i]);
+            i &= i - 1;
+        }
+        s
+    }
+}
+
+/// Atoms in recency order, most recent at the head: an intrusive doubly
+/// linked list over atom ids, so moving one is O(1).
+pub struct RecencyList {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    head: u32,
+    tail: u32,
+    linked: Vec<bool>,
+}
+
+const NIL: u32 = u32::MAX;
+
+impl RecencyList {
+    pub fn new(atoms: usize) -> RecencyList {
+        RecencyList { prev: vec![NIL; atoms], next: vec![NIL; atoms], head: NIL, tail: NIL, linked: vec![false; atoms] }
+    }
+
+    pub fn contains(&self, atom: u32) -> bool {
+        self.linked[atom as usize]
+    }
+
+    pub fn remove(&mut self, atom: u32) {
+        let a = atom as usize;
+        if !self.linked[a] {
+            return;
+        }
+        let (p, n) = (self.prev[a], self.next[a]);
+        if p == NIL {
+            self.head = n
+        } else {
+            self.next[p as usize] = n
+        }
+        if n == NIL {
+            self.tail = p
+        } else {
+            self.prev[n as usize] = p
+        }
+        self.linked[a] = false;
+    }
+
+    pub fn push_head(&mut self, atom: u32) {
+        self.remove(atom);
+        let a = atom as usize;
+        self.prev[a] = NIL;
+        self.next[a] = self.head;
+        if self.head != NIL {
+            self.prev[self.head as usize] = atom;
+        } else {
+            self.tail = atom;
+        }
+        self.head = atom;
+        self.linked[a] = true;
+    }
+
+    pub fn push_tail(&mut self, atom: u32) {
+        self.remove(atom);
+        let a = atom as usize;
+        self.next[a] = NIL;
+        self.prev[a] = self.tail;
+        if self.tail != NIL {
+            self.next[self.tail as usize] = atom;
+        } else {
+            self.head = atom;
+        }
+        self.tail = atom;
+        self.linked[a] = true;
+    }
+
+    pub fn tail(&self) -> Option<u32> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+}
+
+/// Resident pages per atom and in total, for the one-size simulations.
+pub struct Residency {
+    pub pages: Vec<u32>,
+    pub total: u64,
+}
+
+impl Residency {
+    pub fn new(atoms: usize) -> Residency {
+        Residency { pages: vec![0; atoms], total: 0 }
+    }
+
+    /// Brings `atom` in whole; returns the pages read.
+    pub fn fill(&mut self, atom: u32, stream: &Stream) -> u64 {
+        let w = stream.atom_pages[atom as usize];
+        let read = u64::from(w - self.pages[atom as usize]);
+        self.pages[atom as usize] = w;
+        self.total += read;
+        read
+    }
+
+    /// Evicts up to `want` pages of `atom`; returns the pages evicted.
+    pub fn evict(&mut self, atom: u32, want: u64) -> u64 {
+        let have = u64::from(self.pages[atom as usize]);
+        let gone = have.min(want);
+        self.pages[atom as usize] -= gone as u32;
+        self.total -= gone;
+        gone
+    }
+
+    pub fn whole(&self, atom: u32, stream: &Stream) -> bool {
+        self.pages[atom as usize] == stream.atom_pages[atom as usize]
+    }
+}
+
+/// LRU with a cache of `capacity` pages, one size: needed when a miss also
+/// reads its readahead window. An atom not wholly resident misses whole, as
+/// its pages would under page LRU (they share one stack distance).
+pub fn lru_one_size(stream: &Stream, capacity: u64) -> Misses {
+    let mut misses = Misses::default();
+    let mut list = RecencyList::new(stream.atom_pages.len());
+    let mut res = Residency::new(stream.atom_pages.len());
+    for (atom, period) in stream.iter() {
+        if !res.whole(atom, stream) {
+            let mut read = 0;
+            // Readahead first, then the page asked for, which ends up newest.
+            for other in stream.window(atom).filter(|&o| o != atom) {
+                if res.pages[other as usize] == 0 {
+                    read += res.fill(other, stream);
+                    list.push_head(other);
+                }
+            }
+            res.evict(atom, u64::MAX);
+            read += res.fill(atom, stream);
+            misses.pages[period.index()] += read;
+        }
+        list.push_head(atom);
+        while res.total > capacity {
+            let Some(victim) = list.tail() else { break };
+            let excess = res.total - capacity;
+            res.evict(victim, excess);
+            if res.pages[victim as usize] == 0 {
+                list.remove(victim);
+            }
+        }
+    }
+    misses
+}

@@ -1,0 +1,341 @@
+//! `ttrace simulate`: the disk bytes a run would read under any page-cache
+//! budget, replayed from the exact model-file ranges its ops read (the rule
+//! the report charges by, [`usage::source_ranges`]), without re-running it.
+//!
+//! One pass over the trace builds a [`Stream`]; LRU is then answered for
+//! every size at once ([`LruCurve`]), OPT and the kernel-like two-list model
+//! one size at a time.
+
+pub mod lru;
+pub mod opt;
+pub mod stream;
+pub mod twolist;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use super::{
+    Analysis, Phase,
+    diff::Permutation,
+    tensor::{is_expert_tensor, model_tensor, view_bytes, weight_of},
+    usage::{LoadMode, Period, routed_experts, source_ranges},
+    walk::{self, Event, Sink, Tables},
+};
+use crate::format::{Memory, ModelTensor, TraceError};
+pub use lru::LruCurve;
+pub use stream::{Stream, StreamBuilder};
+
+/// Replacement policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Least recently used, exact at every size (stack distances).
+    Lru,
+    /// Belady's optimum: the floor no policy can beat.
+    Opt,
+    /// The kernel's active/inactive lists with refault detection.
+    #[value(name = "2q")]
+    #[serde(rename = "2q")]
+    TwoList,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Lru => "lru",
+            Policy::Opt => "opt",
+            Policy::TwoList => "2q",
+        }
+    }
+}
+
+/// Which accesses a figure counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Counting {
+    /// Token generation only: disk bytes per generated token.
+    #[default]
+    Generate,
+    /// Everything from model load on.
+    All,
+}
+
+/// What to replay and how.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub page_bytes: u64,
+    /// Readahead window in bytes: a miss reads its aligned window.
+    pub readahead: Option<u64>,
+    /// Expert permutation per layer to replay the run on (mbolt's layout).
+    pub layout: Option<Permutation>,
+    /// Replay model loading as a sequential read of every model file
+    /// (llama.cpp's default MAP_POPULATE), else from the first op.
+    pub populate: Option<bool>,
+}
+
+/// Pages missed, per period.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Misses {
+    pub pages: [u64; 5],
+}
+
+impl Misses {
+    pub fn counted(&self, counting: Counting) -> u64 {
+        match counting {
+            Counting::Generate => self.pages[Period::Generate.index()],
+            Counting::All => self.pages.iter().sum(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error(
+        "the trace has no op reading a model file, so there is nothing to replay (trace a run of a GGUF model \
+         with `ttrace run`; copies made with --no-mmap or repacked weights are not read from the file)"
+    )]
+    NoModelReads,
+    #[error("--layout: layer {layer} has {given} experts in the permutation but {tensor} has {actual}")]
+    LayoutMismatch { layer: u32, given: usize, tensor: String, actual: u64 },
+}
+
+/// The replayed stream and what it counts.
+pub struct Replay {
+    pub stream: Stream,
+    /// Generated tokens (tokens of generate ubatches).
+    pub generated_tokens: u64,
+    /// Whether loading was replayed as a sequential read.
+    pub populate: bool,
+    /// Model-file pages the run's ops read at least once.
+    pub footprint_pages: u64,
+    /// Anonymous memory the ops touched: the pages of every KV-cache,
+    /// compute-buffer and weight-copy tensor they read or wrote (what is
+    /// resident, not what was allocated: a compute buffer sized for a
+    /// 512-token batch is mostly never touched by decoding).
+    pub anon_bytes: u64,
+}
+
+/// Reads the trace once into a [`Replay`].
+pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressBar) -> Result<Replay, SimulateError> {
+    let populate = options.populate.unwrap_or(LoadMode::from_command(&a.header.command) == LoadMode::Default);
+    let mut sink = Collector {
+        builder: StreamBuilder::default(),
+        page: options.page_bytes,
+        layout: options.layout.as_ref(),
+        routed: routed_experts(a),
+        error: None,
+        anon: rangemap::RangeSet::new(),
+    };
+    if populate {
+        sink.builder.period(Period::Load);
+        for (m, model) in a.models.iter().enumerate() {
+            let mut files: Vec<(u32, u64)> = Vec::new();
+            for t in &model.tensors {
+                match files.iter_mut().find(|(f, _)| *f == t.file) {
+                    Some((_, end)) => *end = (*end).max(t.file_offset + t.size_bytes),
+                    None => files.push((t.file, t.file_offset + t.size_bytes)),
+                }
+            }
+            for (file, end) in files {
+                sink.builder.access(file_key(m as u32, file), 0..end.div_ceil(sink.page));
+            }
+        }
+    }
+    walk::walk(path, a, progress, &mut sink)?;
+    if let Some(e) = sink.error {
+        return Err(e);
+    }
+    if sink.builder.is_empty() {
+        return Err(SimulateError::NoModelReads);
+    }
+    let window = options.readahead.map(|r| (r / options.page_bytes).max(1));
+    let stream = sink.builder.build(window);
+    let generated_tokens = a
+        .ubatches
+        .iter()
+        .filter(|u| u.phase == Phase::Generate)
+        .map(|u| u64::from(u.n_tokens.unwrap_or(1).max(1)))
+        .sum();
+    let footprint_pages = footprint(&stream);
+    let anon_bytes = sink.anon.iter().map(|r| r.end - r.start).sum();
+    Ok(Replay { stream, generated_tokens, populate, footprint_pages, anon_bytes })
+}
+
+/// Pages of atoms read at least once after loading.
+fn footprint(stream: &Stream) -> u64 {
+    let mut seen = vec![false; stream.atom_pages.len()];
+    let mut pages = 0;
+    for (atom, period) in stream.iter() {
+        if period != Period::Load && !std::mem::replace(&mut seen[atom as usize], true) {
+            pages += u64::from(stream.atom_pages[atom as usize]);
+        }
+    }
+    pages
+}
+
+/// Distinct per (model, file).
+fn file_key(model: u32, file: u32) -> u32 {
+    (model << 16) | (file & 0xffff)
+}
+
+struct Collector<'a> {
+    builder: StreamBuilder,
+    /// Pages of anonymous memory (KV cache, compute buffers, weight
+    /// copies) some op read or wrote, by address.
+    anon: rangemap::RangeSet<u64>,
+    page: u64,
+    layout: Option<&'a Permutation>,
+    routed: std::collections::BTreeMap<(u32, u32), std::collections::BTreeSet<u32>>,
+    error: Option<SimulateError>,
+}
+
+impl Sink for Collector<'_> {
+    type Error = TraceError;
+
+    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), TraceError> {
+        let Event::Op(e) = event else { return Ok(()) };
+        let period = match tables.phase(e.ctx.ubatch) {
+            Some(p) => Period::of(p),
+            None => Period::Other,
+        };
+        self.builder.period(period);
+        let name = tables.op_name_ref(&e.op);
+        for id in std::iter::once(e.op.dst).chain(e.op.srcs.iter().map(|s| s.1)) {
+            let d = tables.descriptor(id);
+            if matches!(d.memory, Memory::Anon | Memory::Copy { .. })
+                && let Some(bytes) = view_bytes(d).filter(|&b| b > 0)
+            {
+                self.anon.insert(d.data / self.page * self.page..(d.data + bytes).div_ceil(self.page) * self.page);
+            }
+        }
+        for &(slot, id) in &e.op.srcs {
+            let d = tables.descriptor(id);
+            // Copies (repacked, or read in with --no-mmap) live in anonymous
+            // memory: reading them touches no file page.
+            let Some(w) = weight_of(d).filter(|w| !w.copy) else { continue };
+            let Some(t) = model_tensor(tables.models, w.model, w.tensor) else { continue };
+            let routed = t.layer.zip(e.ctx.ubatch).and_then(|(layer, u)| self.routed.get(&(u, layer)));
+            let start = t.file_offset + w.offset;
+            let (ranges, _) = source_ranges(&name, slot, d, t, start, &e.op.token_ids, routed);
+            for r in ranges {
+                for r in self.relocate(t, r) {
+                    let pages = r.start / self.page..r.end.div_ceil(self.page);
+                    self.builder.access(file_key(w.model, t.file), pages);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Collector<'_> {
+    /// Where byte range `r` of tensor `t` lies in the permuted layout: an
+    /// expert tensor's slice of expert `e` moves to the position `p` with
+    /// `perm[p] == e`; everything else stays.
+    fn relocate(&mut self, t: &ModelTensor, r: std::ops::Range<u64>) -> Vec<std::ops::Range<u64>> {
+        let (Some(perm), true, Some(slice), Some(layer)) = (self.layout, is_expert_tensor(t), t.expert_bytes, t.layer)
+        else {
+            return vec![r];
+        };
+        let Some(order) = perm.get(&layer).filter(|_| slice > 0) else { return vec![r] };
+        let experts = t.size_bytes / slice;
+        if order.len() as u64 != experts {
+            self.error.get_or_insert(SimulateError::LayoutMismatch {
+                layer,
+                given: order.len(),
+                tensor: t.name.clone(),
+                actual: experts,
+            });
+            return vec![r];
+        }
+        let mut position = vec![0u64; order.len()];
+        for (p, &e) in order.iter().enumerate() {
+            position[e as usize] = p as u64;
+        }
+        let mut out = Vec::new();
+        let mut at = r.start;
+        while at < r.end {
+            let e = (at - t.file_offset) / slice;
+            let upto = r.end.min(t.file_offset + (e + 1) * slice);
+            let moved = t.file_offset + position[e as usize] * slice;
+            let within = at - (t.file_offset + e * slice);
+            out.push(moved + within..moved + within + (upto - at));
+            at = upto;
+        }
+        out
+    }
+}
+
+/// One row of the result: a budget under a policy.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub budget_bytes: u64,
+    /// Bytes left for the model's pages: the budget less anonymous memory.
+    pub cache_bytes: u64,
+    pub policy: Policy,
+    pub disk_bytes: u64,
+    pub disk_bytes_per_token: Option<f64>,
+    pub misses: u64,
+}
+
+/// Every (budget, policy) row, in budget order.
+pub fn run(
+    replay: &Replay,
+    budgets: &[u64],
+    policies: &[Policy],
+    anon_bytes: u64,
+    page_bytes: u64,
+    counting: Counting,
+    progress: &ProgressBar,
+) -> Vec<Row> {
+    let stream = &replay.stream;
+    let stack = (policies.contains(&Policy::Lru) && stream.window_of.is_empty()).then(|| LruCurve::new(stream));
+    let next = policies.contains(&Policy::Opt).then(|| opt::next_uses(stream));
+    let mut rows = Vec::new();
+    for &budget in budgets {
+        let cache_bytes = budget.saturating_sub(anon_bytes);
+        let capacity = cache_bytes / page_bytes;
+        for &policy in policies {
+            let misses = match policy {
+                Policy::Lru => match &stack {
+                    Some(curve) => curve.misses(capacity),
+                    None => lru::lru_one_size(stream, capacity),
+                },
+                Policy::Opt => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
+                Policy::TwoList => twolist::two_list_one_size(stream, capacity),
+            };
+            progress.inc(1);
+            let missed = misses.counted(counting);
+            let disk_bytes = missed * page_bytes;
+            let tokens = replay.generated_tokens;
+            rows.push(Row {
+                budget_bytes: budget,
+                cache_bytes,
+                policy,
+                disk_bytes,
+                disk_bytes_per_token: (tokens > 0).then(|| disk_bytes as f64 / tokens as f64),
+                misses: missed,
+            });
+        }
+    }
+    rows
+}
+
+/// The smallest cache, in pages, at which generation under LRU reads
+/// nothing again: only pages it reads for the first time (none, when
+/// loading read the whole file), which `cold_pages` counts.
+pub struct Fit {
+    pub pages: u64,
+    pub cold_pages: u64,
+}
+
+pub fn lru_fit(curve: &LruCurve) -> Fit {
+    Fit { pages: curve.max_need(Period::Generate), cold_pages: curve.misses(u64::MAX).pages[Period::Generate.index()] }
+}

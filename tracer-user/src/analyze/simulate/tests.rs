@@ -1,0 +1,238 @@
+//! Textbook answers and naive page-by-page oracles.
+
+use super::{
+    Misses,
+    lru::{LruCurve, lru_one_size},
+    opt::{next_uses, opt_one_size},
+    stream::{Stream, StreamBuilder},
+    twolist::two_list_one_size,
+};
+use crate::analyze::usage::Period;
+
+fn generated(m: Misses) -> u64 {
+    m.pages[Period::Generate.index()]
+}
+
+/// One-page atoms, named by the reference string's page numbers.
+fn pages(refs: &[u32]) -> Stream {
+    let n = refs.iter().max().unwrap() + 1;
+    Stream::of(&vec![1; n as usize], refs)
+}
+
+/// Silberschatz, Operating System Concepts, §10.4: the reference string
+/// 7 0 1 2 0 3 0 4 2 3 0 3 2 1 2 0 1 7 0 1 with 3 frames faults 15 times
+/// under FIFO, 12 under LRU and 9 under OPT (8 when OPT may bypass).
+const SILBERSCHATZ: [u32; 20] = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1];
+
+#[test]
+fn textbook_lru_and_opt() {
+    let s = pages(&SILBERSCHATZ);
+    assert_eq!(generated(LruCurve::new(&s).misses(3)), 12);
+    assert_eq!(generated(lru_one_size(&s, 3)), 12);
+    assert_eq!(naive_opt(&SILBERSCHATZ, 3, false), 9);
+    assert_eq!(fifo(&SILBERSCHATZ, 3), 15);
+    // With bypass, one fault fewer (the page-by-page oracle).
+    assert_eq!(naive_opt(&SILBERSCHATZ, 3, true), 8);
+    assert_eq!(generated(opt_one_size(&s, &next_uses(&s), 3)), 8);
+}
+
+/// Belady, Nelson and Shedler (1969): FIFO faults more with more frames on
+/// 1 2 3 4 1 2 5 1 2 3 4 5 (9 with 3 frames, 10 with 4); LRU and OPT, being
+/// stack algorithms, never do.
+#[test]
+fn beladys_anomaly_is_fifo_only() {
+    let refs = [1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5];
+    assert_eq!((fifo(&refs, 3), fifo(&refs, 4)), (9, 10));
+    let s = pages(&refs);
+    let curve = LruCurve::new(&s);
+    let next = next_uses(&s);
+    assert_eq!((generated(curve.misses(3)), generated(curve.misses(4))), (10, 8));
+    assert_eq!((generated(opt_one_size(&s, &next, 3)), generated(opt_one_size(&s, &next, 4))), (7, 6));
+}
+
+fn fifo(refs: &[u32], frames: usize) -> u64 {
+    let mut queue = std::collections::VecDeque::new();
+    let mut faults = 0;
+    for &r in refs {
+        if !queue.contains(&r) {
+            faults += 1;
+            if queue.len() == frames {
+                queue.pop_front();
+            }
+            queue.push_back(r);
+        }
+    }
+    faults
+}
+
+/// A small xorshift, so the random streams are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+fn random_stream(rng: &mut Rng, atoms: usize, accesses: usize) -> Stream {
+    let sizes: Vec<u32> = (0..atoms).map(|_| 1 + rng.below(5) as u32).collect();
+    // Skewed: low ids are hot, as a model's shared tensors are.
+    let order: Vec<u32> = (0..accesses)
+        .map(|_| {
+            let hot = 1 + rng.below(atoms as u64);
+            rng.below(hot) as u32
+        })
+        .collect();
+    Stream::of(&sizes, &order)
+}
+
+/// The stream page by page: each atom's pages in order.
+fn expand(s: &Stream) -> Vec<u32> {
+    let mut first = Vec::new();
+    let mut at = 0;
+    for &w in &s.atom_pages {
+        first.push(at);
+        at += w;
+    }
+    s.accesses.iter().flat_map(|&a| first[a as usize]..first[a as usize] + s.atom_pages[a as usize]).collect()
+}
+
+fn naive_lru(pages: &[u32], capacity: usize) -> u64 {
+    let mut stack: Vec<u32> = Vec::new();
+    let mut misses = 0;
+    for &p in pages {
+        match stack.iter().position(|&q| q == p) {
+            Some(i) => {
+                stack.remove(i);
+            }
+            None => {
+                misses += 1;
+                if stack.len() == capacity {
+                    stack.pop();
+                }
+            }
+        }
+        if capacity > 0 {
+            stack.insert(0, p);
+        }
+    }
+    misses
+}
+
+/// Page-by-page OPT; `bypass`: the page just read may be the one dropped.
+fn naive_opt(pages: &[u32], capacity: usize, bypass: bool) -> u64 {
+    let mut resident: Vec<u32> = Vec::new();
+    let mut misses = 0;
+    for (t, &p) in pages.iter().enumerate() {
+        if resident.contains(&p) {
+            continue;
+        }
+        misses += 1;
+        resident.push(p);
+        if resident.len() > capacity {
+            let next = |q: u32| pages[t + 1..].iter().position(|&x| x == q).unwrap_or(usize::MAX);
+            // Classic OPT keeps the page just read (the last entry).
+            let candidates = if bypass { resident.len() } else { resident.len() - 1 };
+            let victim = (0..candidates).max_by_key(|&i| next(resident[i])).unwrap();
+            resident.swap_remove(victim);
+        }
+    }
+    misses
+}
+
+#[test]
+fn stack_distance_lru_equals_naive_lru_on_random_streams() {
+    let mut rng = Rng(0x5eed);
+    for _ in 0..40 {
+        let s = random_stream(&mut rng, 12, 60);
+        let pages = expand(&s);
+        let curve = LruCurve::new(&s);
+        for c in 0..=s.total_pages() + 1 {
+            let want = naive_lru(&pages, c as usize);
+            assert_eq!(generated(curve.misses(c)), want, "stack distances, capacity {c}");
+            assert_eq!(generated(lru_one_size(&s, c)), want, "one size, capacity {c}");
+        }
+    }
+}
+
+#[test]
+fn atom_opt_equals_naive_page_opt_on_random_streams() {
+    let mut rng = Rng(0xbe1ad);
+    for _ in 0..40 {
+        let s = random_stream(&mut rng, 10, 50);
+        let pages = expand(&s);
+        let next = next_uses(&s);
+        for c in 1..=s.total_pages() {
+            assert_eq!(generated(opt_one_size(&s, &next, c)), naive_opt(&pages, c as usize, true), "capacity {c}");
+            assert!(naive_opt(&pages, c as usize, true) <= naive_opt(&pages, c as usize, false));
+        }
+    }
+}
+
+#[test]
+fn no_policy_beats_opt_and_a_cache_of_everything_misses_only_first_reads() {
+    let mut rng = Rng(42);
+    for _ in 0..20 {
+        let s = random_stream(&mut rng, 30, 300);
+        let next = next_uses(&s);
+        let curve = LruCurve::new(&s);
+        let cold: u64 = {
+            let mut seen = std::collections::HashSet::new();
+            s.accesses.iter().filter(|&&a| seen.insert(a)).map(|&a| u64::from(s.atom_pages[a as usize])).sum()
+        };
+        for c in 1..=s.total_pages() {
+            let opt = generated(opt_one_size(&s, &next, c));
+            assert!(opt <= generated(curve.misses(c)), "LRU below OPT at {c}");
+            assert!(opt <= generated(two_list_one_size(&s, c)), "two-list below OPT at {c}");
+        }
+        let all = s.total_pages();
+        assert_eq!(generated(curve.misses(all)), cold);
+        assert_eq!(generated(opt_one_size(&s, &next, all)), cold);
+        assert_eq!(generated(two_list_one_size(&s, all)), cold);
+    }
+}
+
+#[test]
+fn two_list_protects_a_hot_set_from_a_scan_that_flushes_lru() {
+    // Four hot pages read between pairs of new pages: once the cache is
+    // full, reclaim finds them young a second time and activates them. A long one-time scan then flushes them
+    // from LRU, while the two-list model keeps them on the active list.
+    let mut refs = Vec::new();
+    let mut fresh = 100;
+    for _ in 0..20 {
+        refs.extend(0..4);
+        refs.extend([fresh, fresh + 1]);
+        fresh += 2;
+    }
+    refs.extend(fresh..fresh + 50);
+    let last = refs.len() as u32;
+    refs.extend(0..4);
+    let mut s = pages(&refs);
+    // Count only the hot set's last reads.
+    s.periods = vec![(0, Period::Load), (last, Period::Generate)];
+    assert_eq!(generated(LruCurve::new(&s).misses(10)), 4);
+    assert_eq!(generated(two_list_one_size(&s, 10)), 0);
+}
+
+#[test]
+fn atoms_cut_at_every_range_boundary_and_readahead_windows() {
+    let mut b = StreamBuilder::default();
+    b.period(Period::Generate);
+    b.access(0, 0..10);
+    b.access(0, 4..6);
+    b.access(0, 0..10);
+    let s = b.build(None);
+    assert_eq!(s.atom_pages, vec![4, 2, 4]);
+    assert_eq!(s.accesses, vec![0, 1, 2, 1, 0, 1, 2]);
+    // With 4-page windows, a read of page 5 reads pages 4..8.
+    let mut b = StreamBuilder::default();
+    b.period(Period::Generate);
+    b.access(0, 5..6);
+    let s = b.build(Some(4));
+    assert_eq!(s.atom_pages, vec![1, 1, 2]);
+    assert_eq!(s.window(1), 0..3);
+    assert_eq!(generated(lru_one_size(&s, 100)), 4);
+}
