@@ -110,3 +110,55 @@ def test_op_sources_outside_the_model_file_name_their_buffer(traced):
     assert {"KV cache", "compute"} <= labels, f"{name}: {seen}"
     if name == "gemma":
         assert seen[("copy", "repacked weights")] > 0, seen
+
+
+def test_perfetto_counts_buffer_bytes_per_usage(ttrace, traced, tmp_path):
+    """A `backend buffers` group with a bytes counter per usage; at the first
+    ubatch each counter holds the bytes of that usage's buffers then alive
+    (the same figures the test above holds against llama.cpp's log)."""
+    from test_exports import Pftrace, export
+
+    name, path, _, a, out = traced
+    pf = Pftrace(export(ttrace, path, "perfetto", tmp_path / "t.pftrace").read_bytes())
+    group = pf.by_name["backend buffers"]
+    counters = {pf.tracks[u]: u for u, p in pf.parents.items() if p == group}
+    timeline = webui_schema.check_export(out)["buffer_timeline"]
+    usage = {"repacked weights": "weights"}
+    expected = collections.Counter()
+    first = a["ubatches"][0]["start_ns"]
+    first_ms = (first - a["header"]["start_monotonic_ns"]) / 1e6
+    for b in timeline["buffers"]:
+        label = usage.get(b["usage_label"], b["usage_label"])
+        expected[f"bytes: {label}"] += 0
+        if b["alloc_time_ms"] <= first_ms and (b["dealloc_time_ms"] is None or b["dealloc_time_ms"] > first_ms):
+            expected[f"bytes: {label}"] += b["size"]
+    assert set(counters) == set(expected), (name, counters)
+    for track, uuid in counters.items():
+        at_first = [v for ts, v in pf.counter_points[uuid] if ts <= first]
+        assert at_first and at_first[-1] == expected[track], (name, track, at_first[-3:], expected[track])
+        assert pf.counter_points[uuid][-1][1] >= 0
+
+
+def test_view_op_details_name_the_buffers(ttrace, traced, tmp_path):
+    """`ttrace view`'s op lookup (what its details panel shows): an op that
+    reads the KV cache names that buffer for the source, and its output's
+    buffer is the compute buffer, where a trace without buffers said `anon`."""
+    import urllib.request
+
+    from test_exports import export
+    from test_view import Server
+
+    name, path, _, _, _ = traced
+    rows = [json.loads(line) for line in export(ttrace, path, "jsonl", tmp_path / "rows.jsonl").read_text().splitlines()]
+    kv_reader = next(r for r in rows if r["kind"] == "op" and "cache_k_l0" in (r["srcs"] or "")
+                     and not r["dst"].startswith("cache_"))
+    server = Server(ttrace, path, tmp_path / "view.log")
+    try:
+        with urllib.request.urlopen(f"{server.base}api/v1/op/{kv_reader['seq']}", timeout=60) as r:
+            op = json.load(r)
+    finally:
+        server.close()
+    sources = dict(zip(op["srcs"], op["src_buffers"]))
+    kv = [b for n, b in sources.items() if n.startswith("cache_k_l0")]
+    assert kv and all(b and b["usage"] == "KV cache" for b in kv), (name, op)
+    assert op["dst_memory"] == "anon" and op["dst_buffer"]["usage"] == "compute", (name, op)

@@ -96,6 +96,12 @@ impl Buffer {
         }
     }
 
+    /// Its type and what it holds: `CPU_Mapped weights`, `CPU KV cache`.
+    pub fn name(&self) -> String {
+        let kind = if self.type_name.is_empty() { "?" } else { &self.type_name };
+        format!("{kind} {}", self.label())
+    }
+
     pub fn contains(&self, address: u64) -> bool {
         self.base.is_some_and(|b| (b..b.saturating_add(self.size)).contains(&address))
     }
@@ -202,7 +208,8 @@ impl Buffers {
 
     /// An op read a source at `address` outside the model file.
     pub fn note_read(&mut self, address: u64) {
-        if let Some(&i) = self.live.values().find(|&&i| self.list[i].contains(address)) {
+        // Live buffers overlap only where a type wraps another's memory: the newest.
+        if let Some(&i) = self.live.values().filter(|&&i| self.list[i].contains(address)).max() {
             self.list[i].source_reads += 1;
         }
     }

@@ -19,12 +19,6 @@ const MIB: f64 = 1024.0 * 1024.0;
 /// The thesis's "no layer" value (`BufferInfo.layer`).
 const NO_LAYER: u32 = 65535;
 
-/// A buffer's name: its type and what it holds (`CPU_Mapped weights`).
-pub fn buffer_name(b: &Buffer) -> String {
-    let kind = if b.type_name.is_empty() { "?" } else { &b.type_name };
-    format!("{kind} {}", b.label())
-}
-
 /// The time buffers are sized as llama.cpp logs them: when its first
 /// ubatch graph starts (loading and the compute reserve are done); the end
 /// of the trace when it ran none.
@@ -103,7 +97,7 @@ pub fn timeline(a: &Analysis) -> Option<Value> {
         .iter()
         .map(|b| {
             json!({
-                "id": b.id, "name": buffer_name(b), "size": b.size, "backend": backend(&b.type_name),
+                "id": b.id, "name": b.name(), "size": b.size, "backend": backend(&b.type_name),
                 "usage": b.ggml_usage, "usage_name": ggml_usage_name(b.ggml_usage), "layer": NO_LAYER,
                 "alloc_time_ms": ms(b.created_ns.unwrap_or(start)), "dealloc_time_ms": b.freed_ns.map(ms),
                 "type_name": b.type_name, "usage_label": b.label(),
@@ -133,7 +127,7 @@ pub fn timeline(a: &Analysis) -> Option<Value> {
             }
             peak = peak.max(total);
             json!({"timestamp_ms": ms(t), "event": if freed { "dealloc" } else { "alloc" }, "buffer_id": b.id,
-                   "buffer_name": buffer_name(b), "size": b.size, "cumulative_size": total,
+                   "buffer_name": b.name(), "size": b.size, "cumulative_size": total,
                    "num_active_buffers": active})
         })
         .collect();

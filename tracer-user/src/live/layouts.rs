@@ -259,20 +259,20 @@ fn newest_name_offset() -> u32 {
 }
 
 /// Buffers are off where the build has no `ggml_backend_buffer_set_usage`
-/// to check the table against, or where its code stores `usage` elsewhere
-/// than the table says (a release range whose interface grew inside it).
+/// to probe, or where its code stores `usage` elsewhere than the table says
+/// (a release range whose interface grew inside it). Code ttrace does not
+/// decode leaves the table's word standing.
 fn buffers_off(release: &Release, facts: &BuildFacts) -> Option<Disabled> {
     let table = release.buffer.layout.usage;
     let reason = match facts.buffer_usage {
-        Some(found) if found == table => return None,
-        Some(found) => format!(
+        _ if !facts.defines(crate::live::target::SET_USAGE) => {
+            "this build has no ggml_backend_buffer_set_usage symbol".to_string()
+        }
+        Some(found) if found != table => format!(
             "its ggml_backend_buffer_set_usage stores usage at offset {found}, the {} table at {table}",
             release.buffer.name
         ),
-        None if !facts.defines(crate::live::target::SET_USAGE) => {
-            "this build has no ggml_backend_buffer_set_usage symbol".to_string()
-        }
-        None => "the code of its ggml_backend_buffer_set_usage is not one ttrace decodes".to_string(),
+        _ => return None,
     };
     Some(Disabled { feature: "buffers".into(), structure: "ggml_backend_buffer".into(), reason })
 }

@@ -129,7 +129,7 @@ fn source(out: &mut Vec<u8>, d: &Descriptor, read: Option<&WeightRead>, op_layer
         out.extend_from_slice(b",\"buffer_id\":");
         num(out, b.id);
         out.extend_from_slice(b",\"buffer_name\":");
-        string(out, &crate::export::buffers::buffer_name(b));
+        string(out, &b.name());
         out.push(b',');
     }
     if let Some(read) = read {
