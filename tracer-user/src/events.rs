@@ -3,8 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS, NodeEvent,
-    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
+    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS,
+    NodeEvent, OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
     TensorRecord,
 };
 

@@ -356,7 +356,12 @@ impl BufferLayout {
             "ggml_backend_buffer",
             BUFFER_MAX_BYTES,
             u32::MAX,
-            [("buft", self.buft, 8, 8), ("context", self.context, 8, 8), ("size", self.size, 8, 8), ("usage", self.usage, 4, 4),]
+            [
+                ("buft", self.buft, 8, 8),
+                ("context", self.context, 8, 8),
+                ("size", self.size, 8, 8),
+                ("usage", self.usage, 4, 4),
+            ]
         )
     }
 

@@ -34,7 +34,8 @@ pub fn render_text(a: &Analysis) -> String {
         return out;
     }
     let start = a.header.start_monotonic_ns;
-    let ms = |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| format!("{:.1}", t.saturating_sub(start) as f64 / 1e6));
+    let ms =
+        |t: Option<u64>| t.map_or_else(|| "-".to_string(), |t| format!("{:.1}", t.saturating_sub(start) as f64 / 1e6));
     let _ = writeln!(
         out,
         "\nbackend buffers     type          usage              size   created ms   freed ms   op reads ({} empty left out)",

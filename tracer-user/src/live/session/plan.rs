@@ -102,8 +102,8 @@ impl Attached {
             // Either the per-node probes or the per-graph one: both would count every op twice.
             let per_node = program == programs::GGML_OP;
             let per_graph = symbol == "ggml_graph_compute";
-            let buffer_probe = [target::BUFFER_INIT, target::SET_USAGE, target::BUFFER_FREE, target::OUTPUT_RESERVE]
-                .contains(&symbol);
+            let buffer_probe =
+                [target::BUFFER_INIT, target::SET_USAGE, target::BUFFER_FREE, target::OUTPUT_RESERVE].contains(&symbol);
             if (per_node && !op_timing)
                 || (per_graph && op_timing)
                 || (program == programs::UBATCH && !sequences)
