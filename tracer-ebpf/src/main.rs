@@ -5,6 +5,7 @@
 
 mod batch;
 mod block;
+mod buffers;
 mod calls;
 mod faults;
 mod ggml;

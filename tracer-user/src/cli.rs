@@ -126,7 +126,7 @@ ttrace export moe.data --format mbolt -o routing.mblt && mbolt-sim cluster routi
 traces/token-NNNNN.json (the ubatch's op records) and graphs/token-NNNNN.json (the graph it executed) per generated \
 token (generate-phase ubatch, in order), traces/ and graphs/prompt-NNNNN.json per prompt ubatch (the UI opens \
 token-* only), memory-map.json with the model's tensor table, MoE expert tensors as one entry per expert \
-(NAME[E]); warm-up graphs are not written, nor buffer-timeline.json (no buffer allocations are traced).";
+(NAME[E]), buffer-timeline.json with ggml's backend buffers (when traced); warm-up graphs are not written.";
     format!("{examples}{}\n{tokens}", crate::export::columns::help())
 }
 

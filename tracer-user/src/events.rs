@@ -3,8 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    BlockEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS, NodeEvent,
-    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
+    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS,
+    NodeEvent, OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
     TensorRecord,
 };
 
@@ -23,6 +23,8 @@ pub enum Event {
     /// An array of a `llama_decode` batch (`uid`: its token count, `tensor`:
     /// which array).
     Batch(InputRecord),
+    /// A backend buffer created, given a usage or freed.
+    Buffer(BufferEvent),
 }
 
 /// One token's expert ranking from an `ffn_moe_argsort-L` node (best first).
@@ -70,6 +72,7 @@ impl Event {
             Event::Input(e) => &e.header,
             Event::Routing(e) => &e.header,
             Event::Batch(e) => &e.header,
+            Event::Buffer(e) => &e.header,
         }
     }
 }
@@ -106,6 +109,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Input => decode_input(bytes).map(Event::Input),
         EventKind::Routing => decode_routing(bytes).map(Event::Routing),
         EventKind::Batch => decode_input(bytes).map(Event::Batch),
+        EventKind::Buffer => read::<BufferEvent>(kind, bytes).map(Event::Buffer),
     }
 }
 

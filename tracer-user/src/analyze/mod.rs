@@ -4,6 +4,7 @@
 //! context for whoever needs every event ([`stats`], the exports). Nothing
 //! here writes a file other tools open: that is `export`'s job.
 
+pub mod buffers;
 pub mod correlate;
 pub mod diff;
 pub mod io;

@@ -18,6 +18,7 @@
 
 pub mod blkparse;
 pub mod buckets;
+pub mod buffers;
 pub mod chrome;
 pub mod columns;
 pub mod diff;

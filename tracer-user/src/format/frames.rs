@@ -68,6 +68,9 @@ pub enum FrameKind {
     /// (`tracer_common::batch`), the batch's token count, then the values
     /// (at most `MAX_BATCH_TOKENS`).
     Batch = 17,
+    /// A backend buffer event (`format::buffers`): time, thread, action,
+    /// buffer address, buft, context, size, usage and its type's name.
+    Buffer = 19,
 }
 
 /// Late-found hooks (see `FrameKind::Hooks`).
@@ -327,7 +330,7 @@ impl std::ops::Index<EventKind> for Lost {
 
     fn index(&self, kind: EventKind) -> &u64 {
         match kind {
-            EventKind::Call | EventKind::Batch => &self.call,
+            EventKind::Call | EventKind::Batch | EventKind::Buffer => &self.call,
             EventKind::PageFault => &self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &self.op,
             EventKind::PageCache => &self.page_cache,
@@ -339,7 +342,7 @@ impl std::ops::Index<EventKind> for Lost {
 impl std::ops::IndexMut<EventKind> for Lost {
     fn index_mut(&mut self, kind: EventKind) -> &mut u64 {
         match kind {
-            EventKind::Call | EventKind::Batch => &mut self.call,
+            EventKind::Call | EventKind::Batch | EventKind::Buffer => &mut self.call,
             EventKind::PageFault => &mut self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,

@@ -263,6 +263,19 @@ impl<W: Write> TraceWriter<W> {
         self.emit(FrameKind::Batch).map(drop)
     }
 
+    /// A backend buffer event (see `FrameKind::Buffer`).
+    pub fn buffer(&mut self, b: &tracer_common::BufferEvent) -> io::Result<()> {
+        let thread = self.thread(b.header.tid)?;
+        self.timestamp(b.header.ts_ns);
+        let f = &mut self.frame;
+        for v in [u64::from(thread), u64::from(b.action), b.buffer, b.buft, b.context, b.size, u64::from(b.usage)] {
+            put_u64(f, v);
+        }
+        put_bytes(f, tracer_common::c_str(&b.type_name));
+        self.stats.markers += 1;
+        self.emit(FrameKind::Buffer).map(drop)
+    }
+
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {
         let thread = self.thread(call.header.tid)?;
         self.timestamp(call.header.ts_ns);

@@ -327,6 +327,7 @@ impl<W: Write> Recorder<W> {
             }
             Event::Routing(routing) => self.writer.routing(routing),
             Event::Batch(batch) => self.writer.batch(batch),
+            Event::Buffer(buffer) => self.writer.buffer(buffer),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.track_request(event);

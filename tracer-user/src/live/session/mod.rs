@@ -240,7 +240,12 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
 }
 
 fn op_options(spec: &SessionSpec, layouts: &Layouts) -> OpOptions {
-    OpOptions { all_threads: spec.all_threads, op_timing: spec.op_timing, sequences: layouts.sequences() }
+    OpOptions {
+        all_threads: spec.all_threads,
+        op_timing: spec.op_timing,
+        sequences: layouts.sequences(),
+        buffers: layouts.buffers(),
+    }
 }
 
 /// Dropping the page cache cannot evict pages that another process maps (a

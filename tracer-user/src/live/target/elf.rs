@@ -215,6 +215,16 @@ pub fn returned_string(path: &Path, function: &str) -> Option<String> {
     .flatten()
 }
 
+/// The first `len` bytes of function `function`'s code in `path`.
+pub fn function_head(path: &Path, function: &str, len: u64) -> Option<Vec<u8>> {
+    with_elf(path, |file| {
+        let image = Image::new(file);
+        Ok(find_symbols(file, &[function])[0].and_then(|f| image.bytes(f.addr, len.min(f.size))).map(<[u8]>::to_vec))
+    })
+    .ok()
+    .flatten()
+}
+
 /// The value of an initialised `int` variable of `path` (`LLAMA_BUILD_NUMBER`).
 pub fn int_variable(path: &Path, name: &str) -> Option<i64> {
     with_elf(path, |file| {

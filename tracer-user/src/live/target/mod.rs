@@ -22,15 +22,15 @@ pub use elf::{
     symbol_file_offsets,
 };
 pub use hooks::{
-    BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, PROCESS_UBATCH, REQUIRED_HOOKS, VERSION_SYMBOLS,
-    classify, mapped_files, missing_hooks,
+    BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, OUTPUT_RESERVE, PROCESS_UBATCH,
+    REQUIRED_HOOKS, VERSION_SYMBOLS, classify, mapped_files, missing_hooks,
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
 pub use residency::resident_bytes;
 pub use spawn::{HeldChild, RunningChild, SpawnOptions};
 pub use user::UserSpec;
-pub use version::BuildFacts;
+pub use version::{BuildFacts, SET_USAGE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
