@@ -13,6 +13,7 @@ pub mod ggml;
 pub mod kernel;
 pub mod layout;
 pub mod tracepoints;
+pub mod values;
 
 /// Ring buffer carrying every event to user space.
 pub const MAP_EVENTS: &str = "EVENTS";
@@ -140,6 +141,8 @@ pub enum EventKind {
     Routing = 9,
     /// One array of a ubatch ([`batch`]), an [`InputEvent`].
     Batch = 10,
+    /// A node output's head or chunk (`--values`, [`values::ValueEvent`]).
+    Value = 11,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
@@ -513,4 +516,5 @@ mod user {
     unsafe impl aya::Pod for GraphEvent {}
     unsafe impl aya::Pod for NodeEvent {}
     unsafe impl aya::Pod for InputEvent {}
+    unsafe impl aya::Pod for values::ValueTask {}
 }

@@ -15,6 +15,7 @@ mod maps;
 mod pagecache;
 mod routing;
 mod selftest;
+mod values;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

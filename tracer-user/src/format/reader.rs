@@ -391,6 +391,32 @@ impl<R: Read> TraceReader<R> {
                 let values = (0..n).map(|_| c.i64().map(|v| v as i32)).collect::<Result<_, _>>().map_err(e)?;
                 Ok(Some(Record::Batch(Batch { ts_ns, tid, array, n_tokens, values })))
             }
+            FrameKind::Value => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let graph = c.u32().map_err(e)?;
+                let node_index = c.u32().map_err(e)?.checked_sub(1);
+                let dst = c.u32().map_err(e)?;
+                self.check_descriptor(dst)?;
+                let fused = c.u32().map_err(e)?.checked_sub(1);
+                if let Some(f) = fused {
+                    self.check_descriptor(f)?;
+                }
+                let (site, flags, superseded, fingerprint) = super::values::decode_tail(&mut c).map_err(e)?;
+                let value = super::values::Value {
+                    ts_ns,
+                    tid,
+                    graph,
+                    node_index,
+                    dst,
+                    fused,
+                    site,
+                    flags,
+                    superseded,
+                    fingerprint,
+                };
+                Ok(Some(Record::Value(Box::new(value))))
+            }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
@@ -459,6 +485,9 @@ impl<R: Read> TraceReader<R> {
                 let mut lost = Lost::default();
                 for kind in Lost::COUNTED {
                     lost[kind] = c.u64().map_err(e)?;
+                }
+                if !c.at_end() {
+                    lost.value = c.u64().map_err(e)?;
                 }
                 Ok(Some(Record::Lost(lost)))
             }

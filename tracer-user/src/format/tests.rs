@@ -74,7 +74,7 @@ fn sample() -> Vec<u8> {
     };
     let pos = FilePos { model: 0, file: 0, offset: 0x40 };
     w.fault(&fault, Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 }, Some(pos)).unwrap();
-    w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0 }).unwrap();
+    w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0, value: 3 }).unwrap();
     assert_eq!(w.stats.ops, 2);
     assert_eq!(w.stats.descriptors, 4, "the shared weight is defined once");
     w.finish(&Trailer { stop_reason: super::StopReason::TargetExited, exit_code: Some(0), ..Default::default() })
