@@ -145,8 +145,11 @@ fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
         return Err(());
     }
     let k = state.barriers;
-    // SAFETY: in bounds (checked); volatile: other CPUs write the others.
-    unsafe { core::ptr::write_volatile(&mut pool.arrived[ith], k) };
+    // Our slot goes from k - 1 to k with a locked add: a full fence, so the
+    // reads below cannot pass it. With plain stores two threads arriving
+    // together could each miss the other's (store-load reordering on x86),
+    // and neither would read the node.
+    arrive(&mut pool.arrived[ith]);
     for j in 0..MAX_TEAM {
         if j >= nth {
             break;
@@ -169,6 +172,20 @@ fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
         return Ok(());
     }
     send(task, run, *state, site)
+}
+
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+fn arrive(slot: &mut u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: a map value's slot only this thread adds to.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(slot, 1) };
+}
+
+/// Host builds only type-check.
+#[cfg(not(target_arch = "bpf"))]
+fn arrive(slot: &mut u64) {
+    *slot += 1;
 }
 
 /// Element bytes of the types user space can read; 0 for the rest.
