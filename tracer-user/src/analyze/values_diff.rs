@@ -81,7 +81,13 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
     let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
     let (na, nb) = (norm(a), norm(b));
-    if na == 0.0 && nb == 0.0 { 1.0 } else if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na * nb) }
+    if na == 0.0 && nb == 0.0 {
+        1.0
+    } else if na == 0.0 || nb == 0.0 {
+        0.0
+    } else {
+        dot / (na * nb)
+    }
 }
 
 fn relative(a: f64, b: f64) -> f64 {
@@ -96,7 +102,8 @@ fn differs(a: &ValueRow, fa: &Fingerprint, b: &ValueRow, fb: &Fingerprint, rtol:
         return Some("shape");
     }
     let Some(rtol) = rtol else { return (fa.blake3 != fb.blake3).then_some("bytes") };
-    let diff: f64 = fa.projection.iter().zip(&fb.projection).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
+    let diff: f64 =
+        fa.projection.iter().zip(&fb.projection).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum();
     let norm = |p: &[f32]| p.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     let scale = norm(&fa.projection).max(norm(&fb.projection));
     let projected = if scale == 0.0 { 0.0 } else { diff.sqrt() / scale };

@@ -111,7 +111,12 @@ pub fn decode_tail(c: &mut Cursor) -> Result<Tail, CodecError> {
     let last = f32s(c.bytes()?);
     let projection: [f32; PROJECTION_DIMS] = f32s(c.bytes()?).try_into().map_err(|_| CodecError { at: 0 })?;
     let [sum, rms, min, max] = stats;
-    Ok((site, flags, superseded, Some(Fingerprint { elements, blake3, sum, rms, min, max, nan, inf, first, last, projection })))
+    Ok((
+        site,
+        flags,
+        superseded,
+        Some(Fingerprint { elements, blake3, sum, rms, min, max, nan, inf, first, last, projection }),
+    ))
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {

@@ -72,10 +72,11 @@ impl ValueRecorder {
     pub fn on_event(&mut self, event: &ValueRecord) -> Option<Finished> {
         let tgid = event.header.tgid;
         let Some(tensor) = event.tensor else {
-            if let Some(c) = self.open.get_mut(&tgid).filter(|c| (c.run, c.node) == (event.run, event.node)) {
-                if event.offset == c.bytes.len() as u64 {
-                    c.bytes.extend_from_slice(&event.data);
-                }
+            // A chunk out of place (one before it lost) leaves the node short: flagged incomplete.
+            let same =
+                |c: &&mut Capture| (c.run, c.node, c.bytes.len() as u64) == (event.run, event.node, event.offset);
+            if let Some(c) = self.open.get_mut(&tgid).filter(same) {
+                c.bytes.extend_from_slice(&event.data);
             }
             return None;
         };
@@ -135,13 +136,6 @@ impl ValueRecorder {
         }
         let mut tail = Vec::with_capacity(400);
         encode_tail(&mut tail, c.site, bits, c.superseded, fp.as_ref());
-        Some(Finished {
-            ts_tid: (c.ts_ns, c.tid),
-            graph,
-            node_index,
-            tensor: c.tensor,
-            fused,
-            tail,
-        })
+        Some(Finished { ts_tid: (c.ts_ns, c.tid), graph, node_index, tensor: c.tensor, fused, tail })
     }
 }

@@ -75,8 +75,8 @@ pub fn fingerprint(element: Element, ne: [i64; 4], nb: [u64; 4], span: &[u8]) ->
     let size = element.bytes();
     let ne: Vec<usize> = ne.iter().map(|&n| usize::try_from(n).ok()).collect::<Option<_>>()?;
     let elements: usize = ne.iter().product();
-    let contiguous = nb[0] as usize == size
-        && (1..4).all(|i| nb[i] as usize == nb[i - 1] as usize * ne[i - 1] || ne[i] == 1);
+    let contiguous =
+        nb[0] as usize == size && (1..4).all(|i| nb[i] as usize == nb[i - 1] as usize * ne[i - 1] || ne[i] == 1);
     let mut hasher = blake3::Hasher::new();
     let mut acc = Accumulator::new(elements);
     if contiguous {

@@ -468,6 +468,32 @@ fn is_op_name(name: &[u8]) -> bool {
         && name.iter().all(|&b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// Link-time address and size of the first defined symbol of each `names`
+/// entry, where a compiler clone (`name.isra.0`, `name.constprop.0`) also
+/// counts: `--values` needs the node loop, a static function.
+pub fn symbol_ranges(path: &Path, names: &[&str]) -> Result<Vec<Option<(u64, u64)>>, TargetError> {
+    with_elf(path, |file| {
+        let endian = file.endian();
+        let mut found = vec![None; names.len()];
+        for table in [file.elf_dynamic_symbol_table(), file.elf_symbol_table()] {
+            for sym in table.iter() {
+                if sym.st_shndx(endian) == elf::SHN_UNDEF || sym.st_size(endian) == 0 {
+                    continue;
+                }
+                let Ok(name) = table.symbol_name(endian, sym) else { continue };
+                for (slot, want) in found.iter_mut().zip(names) {
+                    let clone =
+                        name.strip_prefix(want.as_bytes()).is_some_and(|rest| rest.is_empty() || rest[0] == b'.');
+                    if slot.is_none() && clone {
+                        *slot = Some((sym.st_value(endian), sym.st_size(endian)));
+                    }
+                }
+            }
+        }
+        Ok(found)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,29 +525,4 @@ mod tests {
         assert_eq!(names.op(-1), "op#-1");
         assert_eq!(names.unary(2), "unary#2");
     }
-}
-
-/// Link-time address and size of the first defined symbol of each `names`
-/// entry, where a compiler clone (`name.isra.0`, `name.constprop.0`) also
-/// counts: `--values` needs the node loop, a static function.
-pub fn symbol_ranges(path: &Path, names: &[&str]) -> Result<Vec<Option<(u64, u64)>>, TargetError> {
-    with_elf(path, |file| {
-        let endian = file.endian();
-        let mut found = vec![None; names.len()];
-        for table in [file.elf_dynamic_symbol_table(), file.elf_symbol_table()] {
-            for sym in table.iter() {
-                if sym.st_shndx(endian) == elf::SHN_UNDEF || sym.st_size(endian) == 0 {
-                    continue;
-                }
-                let Ok(name) = table.symbol_name(endian, sym) else { continue };
-                for (slot, want) in found.iter_mut().zip(names) {
-                    let clone = name.strip_prefix(want.as_bytes()).is_some_and(|rest| rest.is_empty() || rest[0] == b'.');
-                    if slot.is_none() && clone {
-                        *slot = Some((sym.st_value(endian), sym.st_size(endian)));
-                    }
-                }
-            }
-        }
-        Ok(found)
-    })
 }
