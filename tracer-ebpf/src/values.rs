@@ -144,6 +144,8 @@ fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
     state.barriers += 1;
     let (ith, nth) = (state.ith as usize, state.nth as usize);
     if ith >= MAX_TEAM || nth > MAX_TEAM {
+        // A team this large is not followed: every barrier counts as a lost value.
+        count_lost(EventKind::Value);
         return Err(());
     }
     let k = state.barriers;
