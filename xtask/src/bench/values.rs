@@ -15,11 +15,15 @@ pub struct ValuesSample {
     pub tokens_per_s: f64,
     /// V: bytes of the trace written.
     pub trace_bytes: Option<u64>,
+    /// The 1-minute load average before the run: on 2 cores other work
+    /// swamps the figure.
+    pub load: f64,
 }
 
 const THREADS: u32 = 2;
 
 fn one(ctx: &Ctx, model: &Path, variant: &'static str, round: usize) -> Result<ValuesSample> {
+    let load = super::attach::load_average();
     let trace = ctx.out_dir.join("values-V.data");
     let mut cmd = if variant == "A" {
         overhead::command(ctx, "A", model, THREADS, &trace)?
@@ -37,7 +41,7 @@ fn one(ctx: &Ctx, model: &Path, variant: &'static str, round: usize) -> Result<V
     }
     let tokens_per_s = overhead::eval_tokens_per_s(&text).context("no `eval time` line in llama's output")?;
     let trace_bytes = (variant == "V").then(|| std::fs::metadata(&trace).map(|m| m.len())).transpose()?;
-    Ok(ValuesSample { round, variant, tokens_per_s, trace_bytes })
+    Ok(ValuesSample { round, variant, tokens_per_s, trace_bytes, load })
 }
 
 pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<ValuesSample>> {
@@ -73,6 +77,9 @@ pub fn section(md: &mut String, ctx: &Ctx, samples: &[ValuesSample]) -> Result<(
     writeln!(md, "| variant | median tokens/s | min–max |\n|---|---|---|")?;
     writeln!(md, "| A untraced | {:.2} | {a_lo:.2}–{a_hi:.2} |", median(&a))?;
     writeln!(md, "| V `--values` | {:.2} | {v_lo:.2}–{v_hi:.2} |", median(&v))?;
+    let loads: Vec<f64> = samples.iter().map(|s| s.load).collect();
+    let (load_lo, load_hi) = min_max(&loads);
+    writeln!(md, "\n1-minute load average before the runs: {load_lo:.1}–{load_hi:.1} (2 cores).")?;
     let size = samples.iter().rev().find_map(|s| s.trace_bytes).unwrap_or(0);
     writeln!(
         md,
@@ -87,6 +94,7 @@ pub fn section(md: &mut String, ctx: &Ctx, samples: &[ValuesSample]) -> Result<(
 pub fn csv(csv: &mut String, samples: &[ValuesSample]) -> Result<()> {
     for s in samples {
         writeln!(csv, "values_tokens_per_s,{}-t{THREADS},{},{}", s.variant, s.round, s.tokens_per_s)?;
+        writeln!(csv, "values_load_average,{}-t{THREADS},{},{}", s.variant, s.round, s.load)?;
         if let Some(bytes) = s.trace_bytes {
             writeln!(csv, "values_trace_bytes,V-t{THREADS},{},{bytes}", s.round)?;
         }
