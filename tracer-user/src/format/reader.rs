@@ -394,27 +394,10 @@ impl<R: Read> TraceReader<R> {
             FrameKind::Value => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
-                let graph = c.u32().map_err(e)?;
-                let node_index = c.u32().map_err(e)?.checked_sub(1);
-                let dst = c.u32().map_err(e)?;
-                self.check_descriptor(dst)?;
-                let fused = c.u32().map_err(e)?.checked_sub(1);
-                if let Some(f) = fused {
-                    self.check_descriptor(f)?;
+                let value = super::values::decode((ts_ns, tid), &mut c).map_err(e)?;
+                for id in std::iter::once(value.dst).chain(value.fused) {
+                    self.check_descriptor(id)?;
                 }
-                let (site, flags, superseded, fingerprint) = super::values::decode_tail(&mut c).map_err(e)?;
-                let value = super::values::Value {
-                    ts_ns,
-                    tid,
-                    graph,
-                    node_index,
-                    dst,
-                    fused,
-                    site,
-                    flags,
-                    superseded,
-                    fingerprint,
-                };
                 Ok(Some(Record::Value(Box::new(value))))
             }
             FrameKind::Marker => {

@@ -89,10 +89,22 @@ pub fn encode_tail(out: &mut Vec<u8>, site: u64, flags: u32, superseded: u32, fp
     put_bytes(out, &fp.projection.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
 }
 
-/// The decoded tail: site, flags, superseded, fingerprint.
-pub type Tail = (u64, u32, u32, Option<Fingerprint>);
+/// A VALUE frame after its time and thread (written by
+/// `TraceWriter::value`): graph, node index + 1, descriptor, fused
+/// descriptor + 1, then [`encode_tail`]'s part.
+pub fn decode((ts_ns, tid): (u64, u32), c: &mut Cursor) -> Result<Value, CodecError> {
+    let graph = c.u32()?;
+    let node_index = c.u32()?.checked_sub(1);
+    let dst = c.u32()?;
+    let fused = c.u32()?.checked_sub(1);
+    let (site, flags, superseded, fingerprint) = decode_tail(c)?;
+    Ok(Value { ts_ns, tid, graph, node_index, dst, fused, site, flags, superseded, fingerprint })
+}
 
-pub fn decode_tail(c: &mut Cursor) -> Result<Tail, CodecError> {
+/// The decoded tail: site, flags, superseded, fingerprint.
+type Tail = (u64, u32, u32, Option<Fingerprint>);
+
+fn decode_tail(c: &mut Cursor) -> Result<Tail, CodecError> {
     let site = c.u64()?;
     let flags = c.u32()?;
     let superseded = c.u32()?;
