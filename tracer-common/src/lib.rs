@@ -13,6 +13,7 @@ pub mod ggml;
 pub mod kernel;
 pub mod layout;
 pub mod tracepoints;
+pub mod values;
 
 /// Ring buffer carrying every event to user space.
 pub const MAP_EVENTS: &str = "EVENTS";
@@ -152,6 +153,8 @@ pub enum EventKind {
     Routing = 9,
     /// One array of a ubatch ([`batch`]), an [`InputEvent`].
     Batch = 10,
+    /// A node output's head or chunk (`--values`, [`values::ValueEvent`]).
+    Value = 11,
     /// A backend buffer created, given a usage or freed, a [`BufferEvent`].
     Buffer = 12,
 }
@@ -564,4 +567,5 @@ mod user {
     unsafe impl aya::Pod for NodeEvent {}
     unsafe impl aya::Pod for InputEvent {}
     unsafe impl aya::Pod for BufferEvent {}
+    unsafe impl aya::Pod for values::ValueTask {}
 }

@@ -145,6 +145,11 @@ pub struct CheckArgs {
     pub tracepoints: TracepointChoice,
 }
 
+#[cfg(feature = "live")]
+fn values_regex(text: &str) -> Result<regex_lite::Regex, String> {
+    regex_lite::Regex::new(text).map_err(|e| format!("not a regular expression: {e}"))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum GgufFormat {
     Table,
@@ -207,6 +212,15 @@ pub struct TraceArgs {
     /// where the kernel has BTF. The summary says which ran.
     #[arg(long, value_enum, default_value_t = TracepointChoice::Auto, value_name = "KIND")]
     pub tracepoints: TracepointChoice,
+    /// Fingerprint every computed node's output (blake3, sum, RMS, min,
+    /// max, NaN/Inf counts, edge values, a 64-dim projection), read when
+    /// every thread is done with it. Costly: every node and barrier traps
+    /// on every thread, and the bytes cross the ring (at least 128 MiB with it).
+    #[arg(long, conflicts_with_all = ["op_timing", "all_threads"])]
+    pub values: bool,
+    /// With --values: keep only nodes whose name matches (all are still read).
+    #[arg(long, value_name = "REGEX", requires = "values", value_parser = values_regex)]
+    pub values_filter: Option<regex_lite::Regex>,
 }
 
 #[cfg(feature = "live")]
@@ -335,6 +349,14 @@ pub struct DiffArgs {
     /// Also write a self-contained HTML page.
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<std::path::PathBuf>,
+    /// Compare node output fingerprints (traces recorded with `--values`):
+    /// the first node whose output differs, then drift per layer.
+    #[arg(long, conflicts_with_all = ["perm", "html"])]
+    pub values: bool,
+    /// With --values: outputs differ only when RMS or the projection differ
+    /// by more than this relative amount (default: any byte differs).
+    #[arg(long, value_name = "X", requires = "values")]
+    pub rtol: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -266,6 +266,8 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
             Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
+            // Node values are read by `analyze::values`, on demand.
+            Record::Value(_) => {}
         }
     }
     a.buffers.finish(reader.descriptors());

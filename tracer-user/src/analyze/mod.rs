@@ -17,6 +17,8 @@ pub mod stats;
 pub mod summary;
 pub mod tensor;
 pub mod usage;
+pub mod values;
+pub mod values_diff;
 pub mod walk;
 
 pub use correlate::{Analysis, Decode, Phase, Ubatch, WeightUse, analyze, op_name, when};

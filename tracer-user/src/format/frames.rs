@@ -68,6 +68,8 @@ pub enum FrameKind {
     /// (`tracer_common::batch`), the batch's token count, then the values
     /// (at most `MAX_BATCH_TOKENS`).
     Batch = 17,
+    /// A node output's fingerprint (`--values`, [`super::values`]).
+    Value = 18,
     /// A backend buffer event (`format::buffers`): time, thread, action,
     /// buffer address, buft, context, size, usage and its type's name.
     Buffer = 19,
@@ -209,6 +211,9 @@ pub struct Options {
     pub mem_limit: Option<u64>,
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Node output fingerprints recorded (`--values`).
+    #[serde(default)]
+    pub values: bool,
 }
 
 /// Where a tensor's data lives.
@@ -313,6 +318,9 @@ pub struct Lost {
     pub op: u64,
     pub page_cache: u64,
     pub block: u64,
+    /// `--values` heads and chunks (a node whose bytes did not all arrive).
+    #[serde(default)]
+    pub value: u64,
 }
 
 impl Lost {
@@ -321,7 +329,7 @@ impl Lost {
         [EventKind::Call, EventKind::PageFault, EventKind::Op, EventKind::PageCache, EventKind::Block];
 
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op + self.page_cache + self.block
+        self.call + self.page_fault + self.op + self.page_cache + self.block + self.value
     }
 }
 
@@ -335,6 +343,7 @@ impl std::ops::Index<EventKind> for Lost {
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &self.op,
             EventKind::PageCache => &self.page_cache,
             EventKind::Block => &self.block,
+            EventKind::Value => &self.value,
         }
     }
 }
@@ -347,6 +356,7 @@ impl std::ops::IndexMut<EventKind> for Lost {
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,
             EventKind::Block => &mut self.block,
+            EventKind::Value => &mut self.value,
         }
     }
 }

@@ -409,6 +409,15 @@ impl<R: Read> TraceReader<R> {
                 let b = BufferRecord { ts_ns, tid, action, buffer, buft, context, size, usage, type_name };
                 Ok(Some(Record::Buffer(b)))
             }
+            FrameKind::Value => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let value = super::values::decode((ts_ns, tid), &mut c).map_err(e)?;
+                for id in std::iter::once(value.dst).chain(value.fused) {
+                    self.check_descriptor(id)?;
+                }
+                Ok(Some(Record::Value(Box::new(value))))
+            }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
@@ -477,6 +486,9 @@ impl<R: Read> TraceReader<R> {
                 let mut lost = Lost::default();
                 for kind in Lost::COUNTED {
                     lost[kind] = c.u64().map_err(e)?;
+                }
+                if !c.at_end() {
+                    lost.value = c.u64().map_err(e)?;
                 }
                 Ok(Some(Record::Lost(lost)))
             }

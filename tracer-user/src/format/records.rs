@@ -146,6 +146,8 @@ pub enum Record {
     Fault(Fault),
     PageCache(PageCache),
     Block(Block),
+    /// A node output's fingerprint (`--values`).
+    Value(Box<super::values::Value>),
     /// A model table was defined; its index in [`TraceReader::models`].
     Model(u32),
     Lost(Lost),

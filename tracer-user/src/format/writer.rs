@@ -34,6 +34,9 @@ pub struct WriterStats {
     /// I/O frames (faults, page cache, block) bytes, for the per-record figure.
     pub io_bytes: u64,
     pub total_bytes: u64,
+    /// VALUE frames (`--values`) and their bytes.
+    pub values: u64,
+    pub value_bytes: u64,
 }
 
 pub struct TraceWriter<W: Write> {
@@ -276,6 +279,33 @@ impl<W: Write> TraceWriter<W> {
         self.emit(FrameKind::Buffer).map(drop)
     }
 
+    /// A node output's fingerprint (see `FrameKind::Value`): `tail` is
+    /// `format::values::encode_tail`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn value(
+        &mut self,
+        (ts_ns, tid): (u64, u32),
+        graph: u32,
+        node_index: Option<u32>,
+        dst: &TensorRecord,
+        fused: Option<&TensorRecord>,
+        tail: &[u8],
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<()> {
+        let thread = self.thread(tid)?;
+        let dst = self.descriptor(dst, resolve)?;
+        let fused = fused.map(|f| self.descriptor(f, resolve)).transpose()?.map_or(0, |f| f + 1);
+        self.timestamp(ts_ns);
+        let f = &mut self.frame;
+        for v in [thread, graph, node_index.map_or(0, |i| i + 1), dst, fused] {
+            put_u64(f, u64::from(v));
+        }
+        f.extend_from_slice(tail);
+        self.stats.values += 1;
+        self.stats.value_bytes += self.emit(FrameKind::Value)?;
+        Ok(())
+    }
+
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {
         let thread = self.thread(call.header.tid)?;
         self.timestamp(call.header.ts_ns);
@@ -350,6 +380,8 @@ impl<W: Write> TraceWriter<W> {
         for kind in Lost::COUNTED {
             put_u64(&mut self.frame, lost[kind]);
         }
+        // After the older kinds: readers that predate it stop before it.
+        put_u64(&mut self.frame, lost.value);
         self.emit(FrameKind::Lost).map(drop)
     }
 

@@ -195,6 +195,7 @@ fn reads_ggml(event: &Event) -> bool {
             | Event::Routing(_)
             | Event::Batch(_)
             | Event::Buffer(_)
+            | Event::Value(_)
     )
 }
 
