@@ -12,7 +12,9 @@ name, shape, the GET_ROWS indices and the MoE routing (`ffn_moe_argsort-L`
 rankings, which `ffn_moe_topk-L` views). Greedy sampling on the same build
 and thread count makes both runs compute the same tokens. With --top2 the
 printed JSON also holds, per generated token, the best and the runner-up
-logit: how close the greedy choice was to a tie.
+logit: how close the greedy choice was to a tie. With --values each node
+also gets its output's fingerprint (blake3 of its elements' bytes in
+row-major order, f64 sum and RMS), as `ttrace run --values` records it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import llama_cpp.llama_cpp as L
 from pathlib import Path
 
 # ggml_tensor offsets (x86_64, see the project notes, section 5).
-TYPE, NE, OP, SRC, DATA, NAME = 0, 16, 80, 152, 248, 256
+TYPE, NE, NB, OP, SRC, DATA, NAME = 0, 16, 48, 80, 152, 248, 256
 GGML_TYPE_I32 = 26
 
 # ggml's op names, from the same libggml-base llama_cpp loaded.
@@ -63,6 +65,39 @@ def i32_data(t: int) -> list[int]:
     return list((ctypes.c_int32 * n).from_address(data)) if data else []
 
 
+# ggml types whose elements the fingerprint reads, as numpy dtypes (BF16
+# is read as its 16 bits and widened by hand).
+DTYPES = {0: "<f4", 1: "<f2", 26: "<i4", 30: "<u2"}
+
+
+def fingerprint(t: int) -> dict | None:
+    """blake3/sum/RMS of the node's elements, or None for a quantised type."""
+    import blake3
+    import numpy as np
+
+    type_id = read(t + TYPE, ctypes.c_int32)
+    if type_id not in DTYPES:
+        return None
+    ne = shape(t)
+    nb = [read(t + NB + 8 * i, ctypes.c_uint64) for i in range(4)]
+    data = read(t + DATA, ctypes.c_void_p)
+    if not data or min(ne) <= 0:
+        return None
+    span = np.dtype(DTYPES[type_id]).itemsize + sum((n - 1) * s for n, s in zip(ne, nb))
+    raw = np.frombuffer(ctypes.string_at(data, span), dtype=DTYPES[type_id])
+    view = np.lib.stride_tricks.as_strided(raw, shape=ne[::-1], strides=nb[::-1])
+    elements = np.ascontiguousarray(view)
+    if type_id == 30:
+        values = (elements.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    else:
+        values = elements.astype(np.float64)
+    return {
+        "blake3": blake3.blake3(elements.tobytes()).hexdigest(),
+        "sum": float(values.sum()),
+        "rms": float(np.sqrt(np.mean(values * values))),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -73,6 +108,7 @@ def main() -> None:
     ap.add_argument("--oracle", help="write the eval callback's nodes here (JSON)")
     ap.add_argument("--no-mmap", action="store_true", help="read the model into buffers instead of mapping it")
     ap.add_argument("--top2", action="store_true", help="print each step's two highest logits")
+    ap.add_argument("--values", action="store_true", help="with --oracle: each node's output fingerprint")
     args = ap.parse_args()
 
     L.llama_backend_init()
@@ -100,6 +136,8 @@ def main() -> None:
         if src1 and read(src1 + TYPE, ctypes.c_int32) == GGML_TYPE_I32 and op == GET_ROWS:
             node["rows"] = i32_data(src1)
             node["src0"] = tensor_name(read(t + SRC, ctypes.c_void_p))
+        if args.values and node["op"] not in ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"):
+            node["fingerprint"] = fingerprint(t)
         current.append(node)
         return True
 

@@ -72,10 +72,14 @@ def test_loaded_but_never_used_embedding_rows(ttrace, tmp_path, models, name, lo
     them, from gguf-py's table. Gemma's output projection reads the whole
     table, so nothing of it is unused."""
     out = tmp_path / "t.data"
-    script = [sys.executable, ORACLE, models[name], "-n", "6", "--threads", "2"]
+    # A private copy: --drop-caches cannot evict pages another process has
+    # mapped, and anything else running the shared model keeps them cached.
+    model = tmp_path / models[name].name
+    shutil.copyfile(models[name], model)
+    script = [sys.executable, ORACLE, model, "-n", "6", "--threads", "2"]
     script += ["--no-mmap"] if load == "no-mmap" else []
     # --model: not on a llama.cpp command line, so named to be watched from the start.
-    proc = subprocess.run([ttrace, "run", "--drop-caches", "--model", models[name], "-o", out, "--", *script],
+    proc = subprocess.run([ttrace, "run", "--drop-caches", "--model", model, "-o", out, "--", *script],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -233,7 +237,10 @@ def test_layout_rewrite_end_to_end(ttrace, tmp_path, llama_completion, models, f
     names the first token where they diverge."""
     n, limit = 24, ["--mem-limit", "32M"]
     a_trace, b_trace = tmp_path / "a.data", tmp_path / "b.data"
-    text_a = completion(ttrace, a_trace, llama_completion, models["moe"], flush_log_preload, n, limit)
+    # A private copy, cold whatever else maps the shared model (see above).
+    original = tmp_path / "moe.gguf"
+    shutil.copyfile(models["moe"], original)
+    text_a = completion(ttrace, a_trace, llama_completion, original, flush_log_preload, n, limit)
     mblt_a = tmp_path / "a.mblt"
     subprocess.run([ttrace, "export", a_trace, "--format", "mbolt", "-o", mblt_a], check=True, capture_output=True)
     perms = tmp_path / "perms.json"

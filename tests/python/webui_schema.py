@@ -140,8 +140,11 @@ def check_export(out: Path) -> dict:
     mm = json.loads((out / "memory-map.json").read_text())
     check(mm, MEMORY_MAP, "memory-map.json")
     check_memory_map(mm)
+    timeline = None
     if (out / "buffer-timeline.json").exists():
-        check(json.loads((out / "buffer-timeline.json").read_text()), BUFFER_TIMELINE, "buffer-timeline.json")
+        timeline = json.loads((out / "buffer-timeline.json").read_text())
+        check(timeline, BUFFER_TIMELINE, "buffer-timeline.json")
+        check_buffer_timeline(timeline)
 
     docs = {}
     for sub, spec in (("traces", TRACE), ("graphs", GRAPH)):
@@ -161,7 +164,35 @@ def check_export(out: Path) -> dict:
         check_trace(n, doc)
     for n, doc in docs["graphs"].items():
         check_graph(n, doc, docs["traces"][n])
-    return {"memory_map": mm, **docs}
+    return {"memory_map": mm, "buffer_timeline": timeline, **docs}
+
+
+def check_buffer_timeline(t: dict) -> None:
+    """What the UI's buffer list shows adds up: one alloc per buffer and a
+    dealloc per freed one, in time order, the running totals and the
+    metadata's counts and peak as the events give them."""
+    buffers = {b["id"]: b for b in t["buffers"]}
+    assert len(buffers) == len(t["buffers"]) == t["metadata"]["total_buffers"]
+    assert len(t["timeline"]) == t["metadata"]["total_events"]
+    assert all(b["size"] > 0 for b in buffers.values())
+    total = active = peak = 0
+    allocs = set()
+    for e in t["timeline"]:
+        b = buffers[e["buffer_id"]]
+        assert e["size"] == b["size"] and e["buffer_name"] == b["name"], e
+        if e["event"] == "alloc":
+            assert e["buffer_id"] not in allocs and e["timestamp_ms"] == b["alloc_time_ms"], e
+            allocs.add(e["buffer_id"])
+            total, active = total + b["size"], active + 1
+        else:
+            assert e["buffer_id"] in allocs and e["timestamp_ms"] == b["dealloc_time_ms"], e
+            total, active = total - b["size"], active - 1
+        peak = max(peak, total)
+        assert (e["cumulative_size"], e["num_active_buffers"]) == (total, active), e
+    assert allocs == set(buffers)
+    assert [e["timestamp_ms"] for e in t["timeline"]] == sorted(e["timestamp_ms"] for e in t["timeline"])
+    assert t["metadata"]["peak_occupancy_bytes"] == peak
+    assert sum(t["metadata"]["usage_breakdown"].values()) == len(buffers)
 
 
 def check_memory_map(mm: dict) -> None:

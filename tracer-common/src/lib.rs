@@ -13,6 +13,7 @@ pub mod ggml;
 pub mod kernel;
 pub mod layout;
 pub mod tracepoints;
+pub mod values;
 
 /// Ring buffer carrying every event to user space.
 pub const MAP_EVENTS: &str = "EVENTS";
@@ -106,6 +107,13 @@ pub mod programs {
     /// again (the nested run is skipped and counted).
     pub const RECURSION_TRIGGER: &str = "recursion_trigger";
     pub const RECURSION_SELFTEST: &str = "recursion_selftest";
+    /// `ggml_backend_buffer_init` return: a backend buffer was created
+    /// ([`BufferEvent`], [`buffer_action::CREATED`]).
+    pub const BUFFER_CREATED: &str = "buffer_created";
+    /// `ggml_backend_buffer_set_usage(buffer, usage)` and
+    /// `ggml_backend_buffer_free(buffer)` entry; the cookie is the
+    /// [`buffer_action`].
+    pub const BUFFER_CHANGED: &str = "buffer_changed";
 }
 
 /// Attach cookies of `call_args`/`call_return`: which function fired.
@@ -122,6 +130,11 @@ pub mod markers {
     pub const LLAMA_PROCESS: u64 = 4;
     /// `llama_perf_context_reset(ctx)`: llama's counters restart here.
     pub const LLAMA_PERF_RESET: u64 = 5;
+    /// `llama_context::output_reserve(n_outputs)` entry and return: a buffer
+    /// created in between on the same thread is llama.cpp's output buffer
+    /// (logits and embeddings), which ggml leaves at usage ANY.
+    pub const OUTPUT_RESERVE: u64 = 19;
+    pub const OUTPUT_RESERVE_RETURN: u64 = 20;
 }
 
 /// Discriminant of every event; also the index into [`MAP_LOST`].
@@ -140,6 +153,10 @@ pub enum EventKind {
     Routing = 9,
     /// One array of a ubatch ([`batch`]), an [`InputEvent`].
     Batch = 10,
+    /// A node output's head or chunk (`--values`, [`values::ValueEvent`]).
+    Value = 11,
+    /// A backend buffer created, given a usage or freed, a [`BufferEvent`].
+    Buffer = 12,
 }
 
 /// Number of slots in [`MAP_LOST`]; every `EventKind` value is below it.
@@ -461,6 +478,39 @@ pub struct RoutingEvent {
     pub ids: [i32; MAX_EXPERTS],
 }
 
+/// `BufferEvent::action`, also the attach cookie of `buffer_changed`.
+pub mod buffer_action {
+    pub const CREATED: u32 = 0;
+    pub const SET_USAGE: u32 = 1;
+    pub const FREED: u32 = 2;
+}
+
+/// Bytes of a buffer type's name a [`BufferEvent`] holds.
+pub const MAX_BUFFER_TYPE_NAME: usize = 32;
+
+/// A ggml backend buffer (`struct ggml_backend_buffer`) as a probe read it,
+/// at the build's `layout::BufferLayout` offsets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufferEvent {
+    pub header: EventHeader,
+    /// Address of the `ggml_backend_buffer`.
+    pub buffer: u64,
+    /// Its `buft` (CPU_REPACK replaces it after creation), and its
+    /// `context`: the data pointer for the CPU buffer types.
+    pub buft: u64,
+    pub context: u64,
+    pub size: u64,
+    /// `usage` as read; at SET_USAGE the value being set.
+    pub usage: u32,
+    /// A [`buffer_action`] value.
+    pub action: u32,
+    /// The buffer type's name (`CPU`, `CPU_Mapped`, `CPU_REPACK`), read
+    /// from the string its `get_name` returns; empty when that could not
+    /// be read.
+    pub type_name: [u8; MAX_BUFFER_TYPE_NAME],
+}
+
 /// A user-space page fault (`exceptions:page_fault_user`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -496,6 +546,9 @@ const _: () = {
     assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
     assert!(INPUT_EVENT_FIXED == 48);
     assert!((EventKind::Batch as u32) < EVENT_KIND_SLOTS);
+    assert!((EventKind::Buffer as u32) < EVENT_KIND_SLOTS);
+    assert!(size_of::<BufferEvent>() == 96);
+    assert!(offset_of!(BufferEvent, type_name) == 64);
 };
 
 #[cfg(feature = "user")]
@@ -513,4 +566,6 @@ mod user {
     unsafe impl aya::Pod for GraphEvent {}
     unsafe impl aya::Pod for NodeEvent {}
     unsafe impl aya::Pod for InputEvent {}
+    unsafe impl aya::Pod for BufferEvent {}
+    unsafe impl aya::Pod for values::ValueTask {}
 }

@@ -2,9 +2,14 @@
 //! through the shared ring buffer in `maps`, filtered to the traced processes.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// `values`: a locked add, the only full fence BPF offers (x86 lets a load
+// pass an earlier store otherwise).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 mod batch;
 mod block;
+mod buffers;
 mod calls;
 mod faults;
 mod ggml;
@@ -15,6 +20,7 @@ mod maps;
 mod pagecache;
 mod routing;
 mod selftest;
+mod values;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

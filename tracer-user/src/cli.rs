@@ -141,7 +141,7 @@ ttrace export moe.data --format mbolt -o routing.mblt && mbolt-sim cluster routi
 traces/token-NNNNN.json (the ubatch's op records) and graphs/token-NNNNN.json (the graph it executed) per generated \
 token (generate-phase ubatch, in order), traces/ and graphs/prompt-NNNNN.json per prompt ubatch (the UI opens \
 token-* only), memory-map.json with the model's tensor table, MoE expert tensors as one entry per expert \
-(NAME[E]); warm-up graphs are not written, nor buffer-timeline.json (no buffer allocations are traced).";
+(NAME[E]), buffer-timeline.json with ggml's backend buffers (when traced); warm-up graphs are not written.";
     format!("{examples}{}\n{tokens}", crate::export::columns::help())
 }
 
@@ -158,6 +158,11 @@ pub struct CheckArgs {
     #[cfg(feature = "live")]
     #[arg(long, value_enum, default_value_t = TracepointChoice::Auto, value_name = "KIND")]
     pub tracepoints: TracepointChoice,
+}
+
+#[cfg(feature = "live")]
+fn values_regex(text: &str) -> Result<regex_lite::Regex, String> {
+    regex_lite::Regex::new(text).map_err(|e| format!("not a regular expression: {e}"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -222,6 +227,15 @@ pub struct TraceArgs {
     /// where the kernel has BTF. The summary says which ran.
     #[arg(long, value_enum, default_value_t = TracepointChoice::Auto, value_name = "KIND")]
     pub tracepoints: TracepointChoice,
+    /// Fingerprint every computed node's output (blake3, sum, RMS, min,
+    /// max, NaN/Inf counts, edge values, a 64-dim projection), read when
+    /// every thread is done with it. Costly: every node and barrier traps
+    /// on every thread, and the bytes cross the ring (at least 128 MiB with it).
+    #[arg(long, conflicts_with_all = ["op_timing", "all_threads"])]
+    pub values: bool,
+    /// With --values: keep only nodes whose name matches (all are still read).
+    #[arg(long, value_name = "REGEX", requires = "values", value_parser = values_regex)]
+    pub values_filter: Option<regex_lite::Regex>,
 }
 
 #[cfg(feature = "live")]
@@ -350,6 +364,14 @@ pub struct DiffArgs {
     /// Also write a self-contained HTML page.
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<std::path::PathBuf>,
+    /// Compare node output fingerprints (traces recorded with `--values`):
+    /// the first node whose output differs, then drift per layer.
+    #[arg(long, conflicts_with_all = ["perm", "html"])]
+    pub values: bool,
+    /// With --values: outputs differ only when RMS or the projection differ
+    /// by more than this relative amount (default: any byte differs).
+    #[arg(long, value_name = "X", requires = "values")]
+    pub rtol: Option<f64>,
 }
 
 #[derive(Debug, Args)]

@@ -3,8 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    BlockEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS, NodeEvent,
-    OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
+    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS,
+    NodeEvent, OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
     TensorRecord,
 };
 
@@ -23,6 +23,27 @@ pub enum Event {
     /// An array of a `llama_decode` batch (`uid`: its token count, `tensor`:
     /// which array).
     Batch(InputRecord),
+    /// A backend buffer created, given a usage or freed.
+    Buffer(BufferEvent),
+    /// `--values`: a node output's head or one chunk of its bytes.
+    Value(Box<ValueRecord>),
+}
+
+/// A [`tracer_common::values::ValueEvent`] with its variable part: the
+/// node's record (head) or `len` bytes (chunk).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueRecord {
+    pub header: EventHeader,
+    pub run: u64,
+    pub node: u64,
+    pub site: u64,
+    pub fused: u64,
+    /// Head: bytes that follow. Chunk: offset of `data`.
+    pub offset: u64,
+    pub flags: u32,
+    /// Head: the node as read; `None` for a chunk.
+    pub tensor: Option<TensorRecord>,
+    pub data: Vec<u8>,
 }
 
 /// One token's expert ranking from an `ffn_moe_argsort-L` node (best first).
@@ -70,6 +91,8 @@ impl Event {
             Event::Input(e) => &e.header,
             Event::Routing(e) => &e.header,
             Event::Batch(e) => &e.header,
+            Event::Buffer(e) => &e.header,
+            Event::Value(e) => &e.header,
         }
     }
 }
@@ -106,7 +129,48 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         EventKind::Input => decode_input(bytes).map(Event::Input),
         EventKind::Routing => decode_routing(bytes).map(Event::Routing),
         EventKind::Batch => decode_input(bytes).map(Event::Batch),
+        EventKind::Buffer => read::<BufferEvent>(kind, bytes).map(Event::Buffer),
+        EventKind::Value => decode_value(bytes).map(|v| Event::Value(Box::new(v))),
     }
+}
+
+/// Value events are variable-length: the fixed part, then a head's tensor
+/// record or a chunk's `len` bytes.
+fn decode_value(bytes: &[u8]) -> Result<ValueRecord, DecodeError> {
+    use tracer_common::values::{VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, VALUE_HEAD_BYTES, part};
+    let short = |expected| DecodeError::Size { kind: "value", len: bytes.len(), expected };
+    if bytes.len() < VALUE_EVENT_FIXED {
+        return Err(short(VALUE_EVENT_FIXED));
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    // SAFETY: length checked; EventHeader is plain old data.
+    let header: EventHeader = unsafe { ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let (len, which, flags) = (u32_at(64) as usize, u32_at(68), u32_at(72));
+    let (tensor, data) = if which == part::HEAD {
+        if bytes.len() != VALUE_HEAD_BYTES {
+            return Err(short(VALUE_HEAD_BYTES));
+        }
+        // SAFETY: exactly one TensorRecord (Pod) after the fixed part.
+        let record = unsafe { ptr::read_unaligned(bytes[VALUE_EVENT_FIXED..].as_ptr().cast::<TensorRecord>()) };
+        (Some(record), Vec::new())
+    } else {
+        if len > VALUE_CHUNK_BYTES || bytes.len() != VALUE_EVENT_FIXED + len {
+            return Err(short(VALUE_EVENT_FIXED + len.min(VALUE_CHUNK_BYTES)));
+        }
+        (None, bytes[VALUE_EVENT_FIXED..].to_vec())
+    };
+    Ok(ValueRecord {
+        header,
+        run: u64_at(24),
+        node: u64_at(32),
+        site: u64_at(40),
+        fused: u64_at(48),
+        offset: u64_at(56),
+        flags,
+        tensor,
+        data,
+    })
 }
 
 /// Routing events hold `n_experts` valid ids.

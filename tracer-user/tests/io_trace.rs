@@ -55,7 +55,7 @@ fn scratch_trace(name: &str) -> PathBuf {
 #[test]
 fn block_requests_and_completions_match_the_kernel_blk_tracer() {
     common::require_root();
-    let argv = llama(&target_support::model("moe"), "4");
+    let argv = llama(&target_support::private_model("moe"), "4");
     let (a, missing) = blk_oracle_run("blk-oracle", &["run", "--drop-caches"], &argv);
     assert_eq!(a.io.disk.uncompleted, missing as u64, "report: uncompleted reads are the missing completions");
 }
@@ -67,7 +67,7 @@ fn block_requests_and_completions_match_the_kernel_blk_tracer() {
 #[test]
 fn five_cold_memory_limited_runs_of_the_real_model_match_the_blk_tracer() {
     common::require_root();
-    let mut argv = llama(&target_support::model("gemma"), "8");
+    let mut argv = llama(&target_support::private_model("gemma"), "8");
     argv.extend(["-c", "512"].map(String::from));
     let mut totals = Vec::new();
     for run in 0..5 {
@@ -217,7 +217,7 @@ fn synthetic_faults_land_on_their_file_offsets_and_are_major_once() {
 #[test]
 fn prefetch_reads_in_the_load_phase_and_a_memory_limit_streams_every_token() {
     common::require_root();
-    let model = target_support::model("bench");
+    let model = target_support::private_model("bench");
     let size = std::fs::metadata(&model).unwrap().len();
     let argv = llama(&model, "4");
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

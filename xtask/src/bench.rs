@@ -11,6 +11,7 @@ mod parts;
 mod sections;
 mod server;
 mod thesis_webui;
+mod values;
 mod viewer;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command};

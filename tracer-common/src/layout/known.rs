@@ -11,7 +11,7 @@
 
 use core::mem::{offset_of, size_of};
 
-use super::{ABSENT, CgraphLayout, GgmlLayout, ParamsLayout, TensorLayout, UbatchLayout};
+use super::{ABSENT, BufferLayout, CgraphLayout, GgmlLayout, ParamsLayout, TensorLayout, UbatchLayout};
 use crate::ggml::{GgmlTensor, MAX_NAME, MAX_OP_PARAMS, MAX_SRC};
 
 /// One struct's layout, named as the trace header and README name it.
@@ -232,6 +232,41 @@ pub const UBATCH_2025: Known<UbatchLayout> = Known {
     },
 };
 
+// ---- ggml_backend_buffer -----------------------------------------------
+
+/// `struct ggml_backend_buffer` with its `iface` of `n` function pointers.
+#[repr(C)]
+struct Buffer<const N: usize> {
+    iface: [u64; N],
+    buft: u64,
+    context: u64,
+    size: u64,
+    usage: u32,
+}
+
+macro_rules! buffer_layout {
+    ($t:ty) => {
+        BufferLayout {
+            buft: offset_of!($t, buft) as u32,
+            context: offset_of!($t, context) as u32,
+            size: offset_of!($t, size) as u32,
+            usage: offset_of!($t, usage) as u32,
+        }
+    };
+}
+
+pub const BUFFER_2024: Known<BufferLayout> = Known {
+    name: "ggml_backend_buffer/2024",
+    covers: "llama.cpp up to Apr 2026 (llama-cpp-python 0.3.2 - 0.3.16 read): 9 interface functions",
+    layout: buffer_layout!(Buffer<9>),
+};
+/// `set_tensor_2d` and `get_tensor_2d` joined the interface (tensor parallelism).
+pub const BUFFER_2026: Known<BufferLayout> = Known {
+    name: "ggml_backend_buffer/2026-04",
+    covers: "llama.cpp from Apr 2026 (llama-cpp-python 0.3.30, 0.3.36 read): 11 interface functions",
+    layout: buffer_layout!(Buffer<11>),
+};
+
 // ---- releases ----------------------------------------------------------
 
 /// `ggml_version()`'s text, `major.minor.patch`. Builds of 2025 report
@@ -332,6 +367,9 @@ pub struct Release {
     pub params: &'static Known<ParamsLayout>,
     /// `None`: sequences are not read (no known ubatch, or no hook for it).
     pub ubatch: Option<&'static Known<UbatchLayout>>,
+    /// Where the buffer probes read; user space checks it against the
+    /// build's own `ggml_backend_buffer_set_usage` (`live::buffer_layout`).
+    pub buffer: &'static Known<BufferLayout>,
     /// `false`: known only so the refusal can name it (ttrace's hooks do not exist there).
     pub supported: bool,
     /// llama-cpp-python versions of the range the tests trace.
@@ -352,6 +390,7 @@ impl Release {
                 Some(u) => u.layout,
                 None => GgmlLayout::UNSET.ubatch,
             },
+            buffer: self.buffer.layout,
         }
     }
 }
@@ -374,6 +413,7 @@ pub const RELEASES: &[Release] = &[
         cgraph: &CGRAPH_2023,
         params: &PARAMS_2024,
         ubatch: None,
+        buffer: &BUFFER_2024,
         supported: false,
         tested: &["0.3.2"],
         note: "`ggml_tensor` still has `grad`, and the CPU backend no per-node hook",
@@ -390,6 +430,7 @@ pub const RELEASES: &[Release] = &[
         cgraph: &CGRAPH_2024,
         params: &PARAMS_2024,
         ubatch: Some(&UBATCH_2025),
+        buffer: &BUFFER_2024,
         supported: true,
         tested: &["0.3.3"],
         note: "sequences from 0.3.10 on (before, llama.cpp has no `llama_context::process_ubatch`)",
@@ -406,6 +447,7 @@ pub const RELEASES: &[Release] = &[
         cgraph: &CGRAPH_2025,
         params: &PARAMS_2024,
         ubatch: Some(&UBATCH_2025),
+        buffer: &BUFFER_2024,
         supported: true,
         tested: &["0.3.16"],
         note: "no `ggml_cgraph.uid`: every graph is read whole at every run",
@@ -422,6 +464,7 @@ pub const RELEASES: &[Release] = &[
         cgraph: &CGRAPH_2026,
         params: &PARAMS_2024,
         ubatch: Some(&UBATCH_2025),
+        buffer: &BUFFER_2026,
         supported: true,
         tested: &["0.3.30", "0.3.36"],
         note: "",
@@ -473,6 +516,9 @@ const _: () = {
     assert!(PARAMS_2024.layout.ith == 0 && PARAMS_2024.layout.nth == 4);
     let u = UBATCH_2025.layout;
     assert!(u.size == 88 && u.n_tokens == 4 && u.token == 24 && u.pos == 40 && u.seq_id == 56 && u.output == 80);
+    let (b, n) = (BUFFER_2024.layout, BUFFER_2026.layout);
+    assert!(b.buft == 0x48 && b.context == 0x50 && b.size == 0x58 && b.usage == 0x60);
+    assert!(n.buft == 0x58 && n.context == 0x60 && n.size == 0x68 && n.usage == 0x70);
     // Every table is usable by the probes as it is.
     let mut i = 0;
     while i < RELEASES.len() {

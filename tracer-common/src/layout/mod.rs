@@ -94,6 +94,18 @@ pub struct UbatchLayout {
     pub output: u32,
 }
 
+/// Byte offsets in `struct ggml_backend_buffer` (after its `iface` of
+/// function pointers, which grew in 2026); all 0: unknown, and the buffer
+/// probes record nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BufferLayout {
+    pub buft: u32,
+    pub context: u32,
+    pub size: u32,
+    pub usage: u32,
+}
+
 /// Everything the ggml and llama probes read, as one global. `valid` is 0
 /// until user space writes it; the programs record nothing before.
 #[repr(C)]
@@ -104,6 +116,7 @@ pub struct GgmlLayout {
     pub cgraph: CgraphLayout,
     pub params: ParamsLayout,
     pub ubatch: UbatchLayout,
+    pub buffer: BufferLayout,
 }
 
 impl GgmlLayout {
@@ -128,6 +141,7 @@ impl GgmlLayout {
         cgraph: CgraphLayout { bytes: 0, size: 0, n_nodes: 0, nodes: 0, uid: 0 },
         params: ParamsLayout { ith: 0, nth: 0 },
         ubatch: UbatchLayout { size: 0, n_tokens: 0, token: 0, pos: 0, seq_id: 0, output: 0 },
+        buffer: BufferLayout { buft: 0, context: 0, size: 0, usage: 0 },
     };
 
     /// Whether the probes can use it as it is: every offset inside its
@@ -140,6 +154,9 @@ impl GgmlLayout {
             return Err(e);
         }
         if let Err(e) = self.params.check() {
+            return Err(e);
+        }
+        if let Err(e) = self.buffer.check() {
             return Err(e);
         }
         self.ubatch.check()
@@ -328,12 +345,40 @@ impl UbatchLayout {
     }
 }
 
+impl BufferLayout {
+    /// Fields are read straight from the target, each on its own: only
+    /// alignment and a sane bound (the struct is 120 bytes today).
+    pub const fn check(&self) -> Result<(), LayoutError> {
+        if !self.known() {
+            return Ok(());
+        }
+        check_fields!(
+            "ggml_backend_buffer",
+            BUFFER_MAX_BYTES,
+            u32::MAX,
+            [
+                ("buft", self.buft, 8, 8),
+                ("context", self.context, 8, 8),
+                ("size", self.size, 8, 8),
+                ("usage", self.usage, 4, 4),
+            ]
+        )
+    }
+
+    pub const fn known(&self) -> bool {
+        self.usage != 0
+    }
+}
+
+/// Upper bound of `sizeof(struct ggml_backend_buffer)` the checks accept.
+pub const BUFFER_MAX_BYTES: u32 = 256;
+
 #[cfg(feature = "user")]
 // SAFETY: `u32` fields only, no padding.
 unsafe impl aya::Pod for GgmlLayout {}
 
 const _: () = {
-    assert!(size_of::<GgmlLayout>() == 4 * (1 + 13 + 5 + 2 + 6));
+    assert!(size_of::<GgmlLayout>() == 4 * (1 + 13 + 5 + 2 + 6 + 4));
     // A masked (aligned) offset plus the widest read at it stays in the
     // buffer, and so does the masked read size.
     assert!((TENSOR_OFFSET_MASK & !7) as usize + MAX_SRC * 8 <= TENSOR_SCRATCH_BYTES);

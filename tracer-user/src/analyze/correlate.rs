@@ -174,6 +174,8 @@ pub struct Analysis {
     pub requests: Vec<sequences::Request>,
     /// Page faults, page-cache fills and disk reads of the model files.
     pub io: io::IoAnalysis,
+    /// ggml's backend buffers (`ttrace run`/`attach` record them by default).
+    pub buffers: super::buffers::Buffers,
 }
 
 impl Analysis {
@@ -213,6 +215,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
         }
         match record {
             Record::Marker(m) => {
+                a.buffers.on_marker(&m);
                 bounds.on_marker(&mut a, &m);
                 // A graph's last op on each thread lasts until the graph returns.
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
@@ -223,6 +226,12 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             }
             Record::Op(op) => {
                 a.ops += 1;
+                for &(_, id) in &op.srcs {
+                    let d = reader.descriptor(id);
+                    if !matches!(d.memory, Memory::ModelFile { .. }) {
+                        a.buffers.note_read(d.data);
+                    }
+                }
                 io.on_op(op.tid);
                 let name = op_name(reader.header(), reader.descriptor(op.dst).op);
                 *a.op_counts.entry(name.clone()).or_default() += 1;
@@ -253,11 +262,15 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                 io.on_block(&event, when(bounds.current, &a.ubatches));
             }
             Record::Batch(b) => bounds.on_batch(b),
+            Record::Buffer(b) => a.buffers.on_record(&b),
             Record::Lost(lost) => a.lost = lost,
             Record::End(trailer) => a.trailer = Some(trailer),
             Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
+            // Node values are read by `analyze::values`, on demand.
+            Record::Value(_) => {}
         }
     }
+    a.buffers.finish(reader.descriptors());
     a.header = reader.header().clone();
     a.truncated = reader.truncated;
     a.io = io.finish();

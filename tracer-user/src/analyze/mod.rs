@@ -4,6 +4,7 @@
 //! context for whoever needs every event ([`stats`], the exports). Nothing
 //! here writes a file other tools open: that is `export`'s job.
 
+pub mod buffers;
 pub mod correlate;
 pub mod diff;
 pub mod io;
@@ -17,6 +18,8 @@ pub mod stats;
 pub mod summary;
 pub mod tensor;
 pub mod usage;
+pub mod values;
+pub mod values_diff;
 pub mod walk;
 
 pub use correlate::{Analysis, Decode, Phase, Ubatch, WeightUse, analyze, op_name, when};

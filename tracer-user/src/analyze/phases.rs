@@ -48,7 +48,7 @@ fn scan_noting_routing<R: Read>(mut reader: TraceReader<R>) -> Result<(Analysis,
             Record::End(trailer) => a.trailer = Some(trailer),
             Record::Routing(_) => routed = true,
             Record::Batch(b) => bounds.on_batch(b),
-            Record::PageCache(_) | Record::Block(_) | Record::Model(_) => {}
+            Record::PageCache(_) | Record::Block(_) | Record::Model(_) | Record::Buffer(_) | Record::Value(_) => {}
         }
         // Only ops of a ubatch whose token count is still open can change it.
         reader.skip_ops(bounds.current.is_none_or(|u| a.ubatches[u].n_tokens.is_some()));

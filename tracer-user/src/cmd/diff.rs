@@ -16,6 +16,9 @@ use crate::{
 };
 
 pub fn run(args: DiffArgs) -> Result<ExitCode> {
+    if args.values {
+        return super::diff_values::run(&args);
+    }
     let perm = args.perm.as_deref().map(|p| read_permutation(p, &args.perm_key)).transpose()?;
     let (a, sa) = read(&args.a)?;
     let (b, sb) = read(&args.b)?;

@@ -4,6 +4,7 @@ pub mod attach;
 #[cfg(feature = "live")]
 pub mod check;
 pub mod diff;
+mod diff_values;
 pub mod export;
 pub mod gguf;
 pub mod report;
@@ -31,8 +32,10 @@ fn session_spec(
         op_timing: args.op_timing || args.all_threads,
         libs: args.lib.clone(),
         duration: None,
-        ring_bytes: args.ring_bytes,
+        // Node outputs need room: Gemma 3 270M sends ~2 MiB per token.
+        ring_bytes: if args.values { args.ring_bytes.max(128 << 20) } else { args.ring_bytes },
         tracepoints: args.tracepoints,
         owner,
+        values: args.values.then(|| crate::live::session::ValuesSpec { filter: args.values_filter.clone() }),
     }
 }

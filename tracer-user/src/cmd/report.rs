@@ -38,9 +38,37 @@ pub fn run(args: ReportArgs) -> Result<()> {
         writeln!(out)?;
     } else {
         write!(out, "{text}{}", summary::render_details(&analysis, &stats))?;
+        if analysis.header.options.values {
+            let rows = analyze::values::read(&args.file, &analysis)
+                .with_context(|| format!("reading {}", args.file.display()))?;
+            write!(out, "{}", values_section(&rows))?;
+        }
     }
     out.flush()?;
     Ok(())
+}
+
+/// `--values` traces: how many outputs were fingerprinted, why the others
+/// were not, and the first NaN or Inf.
+fn values_section(rows: &[analyze::values::ValueRow]) -> String {
+    let done = rows.iter().filter(|r| r.fingerprint.is_some()).count();
+    let mut s = format!("\nnode values: {done} outputs fingerprinted");
+    for (why, n) in analyze::values::unfingerprinted(rows) {
+        s += &format!(", {n} {why}");
+    }
+    s += "\n";
+    s += &match analyze::values::first_non_finite(rows) {
+        None => "  first NaN/Inf: none\n".to_string(),
+        Some(r) => format!(
+            "  first NaN/Inf: token {} (ubatch {}), layer {}, node {} ({})\n",
+            r.token_index.map_or("prompt".to_string(), |t| t.to_string()),
+            r.ubatch.map_or("-".to_string(), |u| u.to_string()),
+            r.layer.map_or("-".to_string(), |l| l.to_string()),
+            r.name,
+            r.op
+        ),
+    };
+    s
 }
 
 pub fn read_analysis(path: &Path) -> Result<Analysis> {

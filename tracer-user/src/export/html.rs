@@ -89,6 +89,7 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
             "load_mode": u.load_mode, "caches_dropped": u.caches_dropped, "total": u.total, "layers": u.layers,
         })),
         "non_layer": layer_key(None),
+        "buffers": super::buffers::html_rows(a),
     });
     // `</` inside the JSON would end the script element early.
     let json = serde_json::to_string(&data).map_err(|e| ExportError::Invalid(e.to_string()))?.replace("</", "<\\/");

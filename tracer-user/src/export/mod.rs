@@ -18,6 +18,7 @@
 
 pub mod blkparse;
 pub mod buckets;
+pub mod buffers;
 pub mod chrome;
 pub mod columns;
 pub mod diff;
@@ -35,6 +36,7 @@ pub mod summary;
 mod text;
 pub mod tokens;
 pub mod ubatch_weights;
+mod values_jsonl;
 
 use std::{io, path::Path};
 
@@ -85,6 +87,8 @@ pub enum Format {
     Blkparse,
     /// MoE routing as mbolt's MBLT v1 routing log (`mbolt-sim cluster trace.mblt -o perms.json`).
     Mbolt,
+    /// Node output fingerprints (`run --values`), one JSON object per line.
+    ValuesJsonl,
 }
 
 /// What an export wrote, for the command's message.
@@ -128,6 +132,7 @@ pub fn export(
         Format::Dot => dot::write(trace, analysis, out, options.ubatch, &progress),
         Format::Blkparse => blkparse::write(trace, out),
         Format::Mbolt => mbolt::write(analysis, out),
+        Format::ValuesJsonl => values_jsonl::write(trace, analysis, out),
     };
     progress.finish_and_clear();
     written

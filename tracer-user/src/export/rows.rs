@@ -142,6 +142,8 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::LLAMA_DECODE => "llama_decode".into(),
         markers::LLAMA_PROCESS => "llama_process".into(),
         markers::LLAMA_PERF_RESET => "llama_perf_reset".into(),
+        markers::OUTPUT_RESERVE => "output_reserve".into(),
+        markers::OUTPUT_RESERVE_RETURN => "output_reserve_return".into(),
         other => format!("marker#{other}").into(),
     }
 }

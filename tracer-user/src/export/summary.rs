@@ -168,6 +168,7 @@ pub fn render_details(a: &Analysis, s: &Stats) -> String {
     if let Some(u) = &s.loaded_vs_used {
         out.push_str(&super::research::render_usage(u));
     }
+    out.push_str(&super::buffers::render_text(a));
     for note in &s.notes {
         let _ = writeln!(out, "\nnote: {note}");
     }

@@ -91,6 +91,10 @@ impl<'a> Cursor<'a> {
         Ok(out)
     }
 
+    pub fn at_end(&self) -> bool {
+        self.pos >= self.bytes.len()
+    }
+
     pub fn rest(&mut self) -> &'a [u8] {
         let out = &self.bytes[self.pos..];
         self.pos = self.bytes.len();

@@ -68,6 +68,11 @@ pub enum FrameKind {
     /// (`tracer_common::batch`), the batch's token count, then the values
     /// (at most `MAX_BATCH_TOKENS`).
     Batch = 17,
+    /// A node output's fingerprint (`--values`, [`super::values`]).
+    Value = 18,
+    /// A backend buffer event (`format::buffers`): time, thread, action,
+    /// buffer address, buft, context, size, usage and its type's name.
+    Buffer = 19,
 }
 
 /// Late-found hooks (see `FrameKind::Hooks`).
@@ -206,6 +211,9 @@ pub struct Options {
     pub mem_limit: Option<u64>,
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// Node output fingerprints recorded (`--values`).
+    #[serde(default)]
+    pub values: bool,
 }
 
 /// Where a tensor's data lives.
@@ -310,6 +318,9 @@ pub struct Lost {
     pub op: u64,
     pub page_cache: u64,
     pub block: u64,
+    /// `--values` heads and chunks (a node whose bytes did not all arrive).
+    #[serde(default)]
+    pub value: u64,
 }
 
 impl Lost {
@@ -318,7 +329,7 @@ impl Lost {
         [EventKind::Call, EventKind::PageFault, EventKind::Op, EventKind::PageCache, EventKind::Block];
 
     pub fn total(&self) -> u64 {
-        self.call + self.page_fault + self.op + self.page_cache + self.block
+        self.call + self.page_fault + self.op + self.page_cache + self.block + self.value
     }
 }
 
@@ -327,11 +338,12 @@ impl std::ops::Index<EventKind> for Lost {
 
     fn index(&self, kind: EventKind) -> &u64 {
         match kind {
-            EventKind::Call | EventKind::Batch => &self.call,
+            EventKind::Call | EventKind::Batch | EventKind::Buffer => &self.call,
             EventKind::PageFault => &self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &self.op,
             EventKind::PageCache => &self.page_cache,
             EventKind::Block => &self.block,
+            EventKind::Value => &self.value,
         }
     }
 }
@@ -339,11 +351,12 @@ impl std::ops::Index<EventKind> for Lost {
 impl std::ops::IndexMut<EventKind> for Lost {
     fn index_mut(&mut self, kind: EventKind) -> &mut u64 {
         match kind {
-            EventKind::Call | EventKind::Batch => &mut self.call,
+            EventKind::Call | EventKind::Batch | EventKind::Buffer => &mut self.call,
             EventKind::PageFault => &mut self.page_fault,
             EventKind::Op | EventKind::Graph | EventKind::Node | EventKind::Input | EventKind::Routing => &mut self.op,
             EventKind::PageCache => &mut self.page_cache,
             EventKind::Block => &mut self.block,
+            EventKind::Value => &mut self.value,
         }
     }
 }

@@ -4,6 +4,7 @@ pub mod codec;
 pub mod frames;
 pub mod reader;
 pub mod records;
+pub mod values;
 pub mod writer;
 
 pub use frames::{

@@ -11,7 +11,9 @@ use std::{
 
 use tracer_common::{BlockKind, PageCacheKind};
 
-pub use super::records::{Batch, BatchArray, Block, Fault, Marker, Op, PageCache, Record, Routing};
+pub use super::records::{
+    Batch, BatchArray, Block, BufferAction, BufferRecord, Fault, Marker, Op, PageCache, Record, Routing,
+};
 
 use super::{
     codec::{CodecError, Cursor},
@@ -391,6 +393,31 @@ impl<R: Read> TraceReader<R> {
                 let values = (0..n).map(|_| c.i64().map(|v| v as i32)).collect::<Result<_, _>>().map_err(e)?;
                 Ok(Some(Record::Batch(Batch { ts_ns, tid, array, n_tokens, values })))
             }
+            FrameKind::Buffer => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let action = match c.u32().map_err(e)? {
+                    tracer_common::buffer_action::CREATED => BufferAction::Created,
+                    tracer_common::buffer_action::SET_USAGE => BufferAction::SetUsage,
+                    tracer_common::buffer_action::FREED => BufferAction::Freed,
+                    other => return Err(format!("unknown buffer action {other}")),
+                };
+                let (buffer, buft) = (c.u64().map_err(e)?, c.u64().map_err(e)?);
+                let (context, size) = (c.u64().map_err(e)?, c.u64().map_err(e)?);
+                let usage = c.u32().map_err(e)?;
+                let type_name = String::from_utf8_lossy(c.bytes().map_err(e)?).into_owned();
+                let b = BufferRecord { ts_ns, tid, action, buffer, buft, context, size, usage, type_name };
+                Ok(Some(Record::Buffer(b)))
+            }
+            FrameKind::Value => {
+                let ts_ns = self.ts(&mut c).map_err(e)?;
+                let tid = self.tid(c.u32().map_err(e)?)?;
+                let value = super::values::decode((ts_ns, tid), &mut c).map_err(e)?;
+                for id in std::iter::once(value.dst).chain(value.fused) {
+                    self.check_descriptor(id)?;
+                }
+                Ok(Some(Record::Value(Box::new(value))))
+            }
             FrameKind::Marker => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
@@ -459,6 +486,9 @@ impl<R: Read> TraceReader<R> {
                 let mut lost = Lost::default();
                 for kind in Lost::COUNTED {
                     lost[kind] = c.u64().map_err(e)?;
+                }
+                if !c.at_end() {
+                    lost.value = c.u64().map_err(e)?;
                 }
                 Ok(Some(Record::Lost(lost)))
             }

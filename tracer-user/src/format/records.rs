@@ -110,15 +110,44 @@ pub struct Batch {
     pub values: Vec<i32>,
 }
 
+/// What happened to a backend buffer (see `FrameKind::Buffer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferAction {
+    Created,
+    SetUsage,
+    Freed,
+}
+
+/// A ggml backend buffer as a probe read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BufferRecord {
+    pub ts_ns: u64,
+    pub tid: u32,
+    pub action: BufferAction,
+    /// Address of the `ggml_backend_buffer`.
+    pub buffer: u64,
+    pub buft: u64,
+    /// The data pointer for the CPU buffer types.
+    pub context: u64,
+    pub size: u64,
+    /// ggml's `enum ggml_backend_buffer_usage` value (at `SetUsage`, the one set).
+    pub usage: u32,
+    /// `CPU`, `CPU_Mapped`, `CPU_REPACK`; empty when the probe could not read it.
+    pub type_name: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Record {
     Op(Op),
+    Buffer(BufferRecord),
     Batch(Batch),
     Routing(Routing),
     Marker(Marker),
     Fault(Fault),
     PageCache(PageCache),
     Block(Block),
+    /// A node output's fingerprint (`--values`).
+    Value(Box<super::values::Value>),
     /// A model table was defined; its index in [`TraceReader::models`].
     Model(u32),
     Lost(Lost),

@@ -74,7 +74,7 @@ fn sample() -> Vec<u8> {
     };
     let pos = FilePos { model: 0, file: 0, offset: 0x40 };
     w.fault(&fault, Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 }, Some(pos)).unwrap();
-    w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0 }).unwrap();
+    w.lost(Lost { call: 0, page_fault: 1, op: 2, page_cache: 0, block: 0, value: 3 }).unwrap();
     assert_eq!(w.stats.ops, 2);
     assert_eq!(w.stats.descriptors, 4, "the shared weight is defined once");
     w.finish(&Trailer { stop_reason: super::StopReason::TargetExited, exit_code: Some(0), ..Default::default() })
@@ -114,8 +114,46 @@ fn round_trips_every_frame_kind() {
     assert!(matches!(&records[4], Record::Fault(f) if f.address == 0x7040 && f.ts_ns == 2_100
         && f.file == Some(FilePos { model: 0, file: 0, offset: 0x40 })
         && f.memory == Memory::ModelFile { model: 0, tensor: 3, offset: 0x40 }));
-    assert!(matches!(&records[5], Record::Lost(l) if l.total() == 3));
+    assert!(matches!(&records[5], Record::Lost(l) if l.total() == 6 && l.value == 3));
     assert!(matches!(&records[6], Record::End(t) if t.exit_code == Some(0)));
+}
+
+#[test]
+fn a_value_frame_round_trips_with_its_fingerprint() {
+    use super::values::{Fingerprint, encode_tail};
+    let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
+    let fp = Fingerprint {
+        elements: 4096,
+        blake3: [7; 32],
+        sum: -1.5,
+        rms: 0.25,
+        min: -3.0,
+        max: f64::INFINITY,
+        nan: 0,
+        inf: 1,
+        first: vec![1.0, 2.0, 3.0],
+        last: vec![4.0, 5.0, f32::INFINITY],
+        projection: std::array::from_fn(|i| i as f32),
+    };
+    let (mul, rms) = (tensor("norm-0", 0x100, SLOT_DST), tensor("attn_norm-0", 0x200, SLOT_DST));
+    let mut tail = Vec::new();
+    encode_tail(&mut tail, 0x1ad85, 2, 1, Some(&fp));
+    w.value((3_000, 9), 0, Some(17), &mul, Some(&rms), &tail, &mut |_| Memory::Anon).unwrap();
+    let mut tail = Vec::new();
+    encode_tail(&mut tail, 0x1ad85, 8, 0, None);
+    w.value((3_100, 9), 0, None, &rms, None, &tail, &mut |_| Memory::Anon).unwrap();
+    let bytes = w.finish(&Trailer::default()).unwrap();
+    let (r, records) = read_all(&bytes).unwrap();
+    let Record::Value(v) = &records[0] else { panic!("{:?}", records[0]) };
+    assert_eq!(
+        (v.ts_ns, v.tid, v.graph, v.node_index, v.site, v.flags, v.superseded),
+        (3_000, 9, 0, Some(17), 0x1ad85, 2, 1)
+    );
+    assert_eq!(r.descriptor(v.dst).name, "norm-0");
+    assert_eq!(v.fused.map(|f| r.descriptor(f).name.clone()).as_deref(), Some("attn_norm-0"));
+    assert_eq!(v.fingerprint.as_ref(), Some(&fp));
+    let Record::Value(v) = &records[1] else { panic!("{:?}", records[1]) };
+    assert_eq!((v.node_index, v.fused, v.flags, v.fingerprint.is_none()), (None, None, 8, true));
 }
 
 #[test]

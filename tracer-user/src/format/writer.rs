@@ -34,6 +34,9 @@ pub struct WriterStats {
     /// I/O frames (faults, page cache, block) bytes, for the per-record figure.
     pub io_bytes: u64,
     pub total_bytes: u64,
+    /// VALUE frames (`--values`) and their bytes.
+    pub values: u64,
+    pub value_bytes: u64,
 }
 
 pub struct TraceWriter<W: Write> {
@@ -263,6 +266,46 @@ impl<W: Write> TraceWriter<W> {
         self.emit(FrameKind::Batch).map(drop)
     }
 
+    /// A backend buffer event (see `FrameKind::Buffer`).
+    pub fn buffer(&mut self, b: &tracer_common::BufferEvent) -> io::Result<()> {
+        let thread = self.thread(b.header.tid)?;
+        self.timestamp(b.header.ts_ns);
+        let f = &mut self.frame;
+        for v in [u64::from(thread), u64::from(b.action), b.buffer, b.buft, b.context, b.size, u64::from(b.usage)] {
+            put_u64(f, v);
+        }
+        put_bytes(f, tracer_common::c_str(&b.type_name));
+        self.stats.markers += 1;
+        self.emit(FrameKind::Buffer).map(drop)
+    }
+
+    /// A node output's fingerprint (see `FrameKind::Value`): `tail` is
+    /// `format::values::encode_tail`'s.
+    #[allow(clippy::too_many_arguments)]
+    pub fn value(
+        &mut self,
+        (ts_ns, tid): (u64, u32),
+        graph: u32,
+        node_index: Option<u32>,
+        dst: &TensorRecord,
+        fused: Option<&TensorRecord>,
+        tail: &[u8],
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<()> {
+        let thread = self.thread(tid)?;
+        let dst = self.descriptor(dst, resolve)?;
+        let fused = fused.map(|f| self.descriptor(f, resolve)).transpose()?.map_or(0, |f| f + 1);
+        self.timestamp(ts_ns);
+        let f = &mut self.frame;
+        for v in [thread, graph, node_index.map_or(0, |i| i + 1), dst, fused] {
+            put_u64(f, u64::from(v));
+        }
+        f.extend_from_slice(tail);
+        self.stats.values += 1;
+        self.stats.value_bytes += self.emit(FrameKind::Value)?;
+        Ok(())
+    }
+
     pub fn marker(&mut self, call: &CallEvent) -> io::Result<()> {
         let thread = self.thread(call.header.tid)?;
         self.timestamp(call.header.ts_ns);
@@ -337,6 +380,8 @@ impl<W: Write> TraceWriter<W> {
         for kind in Lost::COUNTED {
             put_u64(&mut self.frame, lost[kind]);
         }
+        // After the older kinds: readers that predate it stop before it.
+        put_u64(&mut self.frame, lost.value);
         self.emit(FrameKind::Lost).map(drop)
     }
 

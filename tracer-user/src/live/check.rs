@@ -188,7 +188,14 @@ impl Gate {
 fn reads_ggml(event: &Event) -> bool {
     matches!(
         event,
-        Event::Op(_) | Event::Graph(_) | Event::Node(_) | Event::Input(_) | Event::Routing(_) | Event::Batch(_)
+        Event::Op(_)
+            | Event::Graph(_)
+            | Event::Node(_)
+            | Event::Input(_)
+            | Event::Routing(_)
+            | Event::Batch(_)
+            | Event::Buffer(_)
+            | Event::Value(_)
     )
 }
 

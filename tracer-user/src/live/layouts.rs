@@ -172,6 +172,10 @@ pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Res
     if ubatch.is_none() {
         layout.ubatch = GgmlLayout::UNSET.ubatch;
     }
+    if let Some(off) = buffers_off(release, facts) {
+        layout.buffer = GgmlLayout::UNSET.buffer;
+        disabled.push(off);
+    }
     if let Some(patch) = patch {
         apply_patch(&mut layout, patch).map_err(|why| Refusal {
             structure: "ggml_tensor",
@@ -180,9 +184,11 @@ pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Res
         })?;
     }
     let ubatch_known = layout.ubatch.known();
+    let buffer_known = layout.buffer.known();
     let offsets = fields(&mut layout)
         .into_iter()
         .filter(|(name, v)| **v != ABSENT && (ubatch_known || !name.starts_with("llama_ubatch")))
+        .filter(|(name, _)| buffer_known || !name.starts_with("ggml_backend_buffer"))
         .map(|(name, v)| (name.to_string(), *v))
         .collect();
     let mut layouts = BTreeMap::new();
@@ -191,6 +197,9 @@ pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Res
     layouts.insert("ggml_compute_params".to_string(), release.params.name.to_string());
     if let Some(u) = ubatch.filter(|_| ubatch_known) {
         layouts.insert("llama_ubatch".to_string(), u.name.to_string());
+    }
+    if buffer_known {
+        layouts.insert("ggml_backend_buffer".to_string(), release.buffer.name.to_string());
     }
     let build = TargetBuild {
         ggml_version: facts.ggml_version.clone(),
@@ -249,14 +258,33 @@ fn newest_name_offset() -> u32 {
     newest().map_or(0, |r| r.tensor.layout.name)
 }
 
+/// Buffers are off where the build has no `ggml_backend_buffer_set_usage`
+/// to probe, or where its code stores `usage` elsewhere than the table says
+/// (a release range whose interface grew inside it). Code ttrace does not
+/// decode leaves the table's word standing.
+fn buffers_off(release: &Release, facts: &BuildFacts) -> Option<Disabled> {
+    let table = release.buffer.layout.usage;
+    let reason = match facts.buffer_usage {
+        _ if !facts.defines(crate::live::target::SET_USAGE) => {
+            "this build has no ggml_backend_buffer_set_usage symbol".to_string()
+        }
+        Some(found) if found != table => format!(
+            "its ggml_backend_buffer_set_usage stores usage at offset {found}, the {} table at {table}",
+            release.buffer.name
+        ),
+        _ => return None,
+    };
+    Some(Disabled { feature: "buffers".into(), structure: "ggml_backend_buffer".into(), reason })
+}
+
 pub fn sequences_off(reason: &str) -> Disabled {
     Disabled { feature: "sequences".into(), structure: "llama_ubatch".into(), reason: reason.into() }
 }
 
 /// Every offset of a layout by `struct.field`, as the header and
 /// [`PATCH_ENV`] name them.
-pub fn fields(l: &mut GgmlLayout) -> [(&'static str, &mut u32); 24] {
-    let GgmlLayout { valid: _, tensor: t, cgraph: c, params: p, ubatch: u } = l;
+pub fn fields(l: &mut GgmlLayout) -> [(&'static str, &mut u32); 28] {
+    let GgmlLayout { valid: _, tensor: t, cgraph: c, params: p, ubatch: u, buffer: b } = l;
     [
         ("ggml_tensor.size", &mut t.size),
         ("ggml_tensor.type", &mut t.type_),
@@ -282,6 +310,10 @@ pub fn fields(l: &mut GgmlLayout) -> [(&'static str, &mut u32); 24] {
         ("llama_ubatch.pos", &mut u.pos),
         ("llama_ubatch.seq_id", &mut u.seq_id),
         ("llama_ubatch.output", &mut u.output),
+        ("ggml_backend_buffer.buft", &mut b.buft),
+        ("ggml_backend_buffer.context", &mut b.context),
+        ("ggml_backend_buffer.size", &mut b.size),
+        ("ggml_backend_buffer.usage", &mut b.usage),
     ]
 }
 

@@ -230,6 +230,17 @@ impl Tracer {
         global.set(0, layout, 0).map_err(|source| LoadError::Map { map: MAP, error: Box::new(source) })
     }
 
+    /// Set `slots` of the `u64` array map `name` (a probe family's settings).
+    pub fn set_array(&mut self, name: &'static str, slots: &[(u32, u64)]) -> Result<(), LoadError> {
+        let map = self.ebpf.map_mut(name).ok_or(LoadError::Missing { what: "map", name })?;
+        let mut array: Array<_, u64> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })?;
+        for &(slot, value) in slots {
+            array.set(slot, value, 0).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })?;
+        }
+        Ok(())
+    }
+
     /// Stop the target with SIGSTOP when its first ubatch graph starts (see
     /// `config::STOP_AT_FIRST_GRAPH`); the caller continues it.
     pub fn stop_at_first_graph(&mut self) -> Result<(), LoadError> {

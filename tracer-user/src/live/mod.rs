@@ -18,3 +18,5 @@ pub mod selftest;
 pub mod session;
 pub mod target;
 pub mod tracefs;
+pub mod values;
+pub mod values_fingerprint;

@@ -258,11 +258,13 @@ pub struct Recorder<W: Write> {
     /// Model-file requests issued and not yet completed, by (dev, sector).
     /// A set: a requeued request is issued twice and completed once.
     in_flight: HashSet<(u32, u64)>,
+    /// `--values`: node outputs being put together.
+    pub values: Option<super::values::ValueRecorder>,
 }
 
 impl<W: Write> Recorder<W> {
     pub fn new(writer: TraceWriter<W>, resolver: Resolver) -> Self {
-        Self { writer, resolver, graphs: GraphAssembler::default(), in_flight: HashSet::new() }
+        Self { writer, resolver, graphs: GraphAssembler::default(), in_flight: HashSet::new(), values: None }
     }
 
     /// Model-file reads issued whose completion has not been recorded.
@@ -282,7 +284,15 @@ impl<W: Write> Recorder<W> {
     pub fn record(&mut self, event: &Event) -> io::Result<()> {
         // A graph's records end with its DONE event, not at the next record
         // of another kind: other threads' records interleave with them.
+        // A run's node outputs end before its graph returns or the next one starts.
+        if matches!(event, Event::Graph(_) | Event::Call(_)) {
+            self.flush_values()?;
+        }
         match event {
+            Event::Value(v) => match self.values.as_mut().and_then(|values| values.on_event(v)) {
+                Some(done) => self.write_value(done),
+                None => Ok(()),
+            },
             Event::Graph(g) => {
                 let ready = self.graphs.on_graph(g);
                 self.write_graphs(ready)
@@ -327,6 +337,7 @@ impl<W: Write> Recorder<W> {
             }
             Event::Routing(routing) => self.writer.routing(routing),
             Event::Batch(batch) => self.writer.batch(batch),
+            Event::Buffer(buffer) => self.writer.buffer(buffer),
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.track_request(event);
@@ -340,8 +351,24 @@ impl<W: Write> Recorder<W> {
         }
     }
 
+    /// Write every node output still being put together.
+    pub fn flush_values(&mut self) -> io::Result<()> {
+        let done = self.values.as_mut().map(|v| v.flush()).unwrap_or_default();
+        done.into_iter().try_for_each(|d| self.write_value(d))
+    }
+
+    fn write_value(&mut self, d: super::values::Finished) -> io::Result<()> {
+        let resolver = &mut self.resolver;
+        let fused = d.fused.as_ref();
+        self.writer.value(d.ts_tid, d.graph, d.node_index, &d.tensor, fused, &d.tail, &mut |r| resolver.memory_of(r))
+    }
+
     /// Graph definitions and runs the assembler has completed.
     pub fn write_graphs(&mut self, ready: Ready) -> io::Result<()> {
+        if let Some(values) = self.values.as_mut() {
+            ready.definition.iter().for_each(|d| values.on_definition(d));
+            ready.run.iter().for_each(|r| values.on_run(r.graph));
+        }
         if let Some(definition) = ready.definition {
             let records =
                 definition.nodes.iter().flat_map(|(dst, srcs)| std::iter::once(dst).chain(srcs.iter().map(|(_, r)| r)));

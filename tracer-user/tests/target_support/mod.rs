@@ -90,3 +90,14 @@ pub fn model(name: &str) -> PathBuf {
     let p = json["models"][name].as_str().unwrap_or_else(|| panic!("{} lists no model `{name}`", file.display()));
     PathBuf::from(p)
 }
+
+/// A copy of model `name` of this test's own, for cold-cache runs:
+/// `--drop-caches` cannot evict pages another process has mapped, so a run
+/// of the shared file is not cold while anything else runs that model.
+pub fn private_model(name: &str) -> PathBuf {
+    let shared = model(name);
+    let copy = scratch(&format!("model-{name}")).join(shared.file_name().expect("a model file name"));
+    std::fs::copy(&shared, &copy).unwrap_or_else(|e| panic!("copying {} to {}: {e}", shared.display(), copy.display()));
+    std::fs::File::open(&copy).and_then(|f| f.sync_all()).unwrap();
+    copy
+}

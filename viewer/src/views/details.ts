@@ -82,8 +82,9 @@ export class Details {
       ["name", String(o.name)],
       ["ubatch", o.ubatch === null ? "–" : this.link(String(o.ubatch), () => this.ctx.store.select({ ubatch: num(o.ubatch) }))],
       ["layer", o.layer === null ? "–" : String(o.layer)],
-      ["output", `${o.dst} (${o.dst_memory})`],
-      ["sources", arr(o.srcs).join(", ")],
+      // A buffer names what non-file memory holds (KV cache, compute, repacked weights).
+      ["output", `${o.dst} (${o.dst_buffer ? obj(o.dst_buffer).usage : o.dst_memory})`],
+      ["sources", arr(o.srcs).map((n, i) => { const b = arr(o.src_buffers)[i]; return b ? `${n} (${obj(b).usage})` : String(n); }).join(", ")],
       ["weights", wbox],
       ["weight bytes", `${int(num(o.weight_bytes))} B`],
       ["reads", reads.map((r) => `${this.ctx.tensor(num(r.tensor))?.name ?? r.tensor} [${r.y0}, ${r.y1})${r.copy ? " copy" : ""}`).join("; ") || "–"],

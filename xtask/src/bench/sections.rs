@@ -7,7 +7,7 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, server, viewer};
+use super::{Ctx, attach, export, overhead, parts, server, values, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -25,12 +25,22 @@ pub enum Part {
     Attach,
     /// `ttrace view` on a ≥ 10 M-op trace: ready time, RSS, query times, first paint and frames.
     Viewer,
+    /// `ttrace run --values` against untraced on Gemma.
+    Values,
 }
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 7] =
-        [Part::Overhead, Part::Ingest, Part::Export, Part::Profile, Part::Server, Part::Attach, Part::Viewer];
+    pub const ALL: [Part; 8] = [
+        Part::Overhead,
+        Part::Ingest,
+        Part::Export,
+        Part::Profile,
+        Part::Server,
+        Part::Attach,
+        Part::Viewer,
+        Part::Values,
+    ];
 
     /// How its `## ` headings start (the rest may hold figures).
     pub fn headings(self) -> &'static [&'static str] {
@@ -42,6 +52,7 @@ impl Part {
             Part::Server => &["llama-server under"],
             Part::Attach => &["Attach latency"],
             Part::Viewer => &["Viewer"],
+            Part::Values => &["Values mode overhead"],
         }
     }
 
@@ -55,6 +66,7 @@ impl Part {
             Part::Server => &["server_"],
             Part::Attach => &["attach_"],
             Part::Viewer => &["viewer_"],
+            Part::Values => &["values_"],
         }
     }
 
@@ -79,6 +91,7 @@ impl Part {
                 Measured::Attach(attach::run(ctx, tiny)?)
             }
             Part::Viewer => Measured::Viewer(viewer::run(ctx, model)?),
+            Part::Values => Measured::Values(values::run(ctx, model)?),
         })
     }
 }
@@ -99,6 +112,7 @@ pub enum Measured {
     Server(Vec<server::ServerSample>),
     Attach(Vec<attach::AttachSample>),
     Viewer(viewer::Viewer),
+    Values(Vec<values::ValuesSample>),
 }
 
 impl Measured {
@@ -114,6 +128,7 @@ impl Measured {
             Measured::Server(served) => server::section(md, ctx, served),
             Measured::Attach(samples) => attach::section(md, samples),
             Measured::Viewer(v) => Ok(viewer::section(md, v)?),
+            Measured::Values(samples) => values::section(md, ctx, samples),
         }
     }
 
@@ -129,6 +144,7 @@ impl Measured {
             Measured::Server(served) => server::csv(csv, served),
             Measured::Attach(samples) => attach::csv(csv, samples),
             Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
+            Measured::Values(samples) => values::csv(csv, samples),
         }
     }
 }

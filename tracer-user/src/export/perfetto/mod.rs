@@ -22,7 +22,9 @@
 //!   completion (overlapping requests on separate lanes), a counter
 //!   `disk bytes per 10 ms` (uuid 5, completed bytes), a counter
 //!   `model bytes read from disk (cumulative)` (uuid 6) and `page_cache_add`
-//!   instants on the thread that caused them.
+//!   instants on the thread that caused them;
+//! - with buffer records: a `backend buffers` group (uuid 0x5_0000_0000) with
+//!   a bytes counter per usage ([`buffers`]).
 //!
 //! The cumulative counter steps at each read request's issue by the request's
 //! model-file bytes (a requeued request counts once), so its last value is
@@ -45,6 +47,7 @@
 //! Names and annotation strings are interned on one packet sequence, and
 //! timestamps are deltas on it where packets come in time order ([`clock`]).
 
+mod buffers;
 mod clock;
 mod disk;
 pub mod proto;
@@ -162,6 +165,7 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
     }
     let io = ExportError::write(out);
     sink.preamble(a).map_err(|e| rewrite(e, out))?;
+    sink.buffer_counters(a).map_err(|e| rewrite(e, out))?;
     walk::walk(trace, a, progress, &mut sink).map_err(|e| rewrite(e, out))?;
     let tids: Vec<u32> = sink.faults.keys().copied().collect();
     for tid in tids {

@@ -111,7 +111,10 @@ pub fn shape(e: &OpEvent, t: &Tables, experts: &RoutedExperts) -> (EntryShape, S
     (EntryShape { bytes: out.into(), cuts: [dst_end, layer_end] }, scope)
 }
 
-/// One source, keys sorted: `bytes_read` (model tensors only), `disk_offset`
+/// One source, keys sorted: `buffer` (what the backend buffer holding it
+/// holds: `KV cache`, `compute`, `repacked weights`, …), `buffer_id` and
+/// `buffer_name` (for `BUFFER` sources in a traced buffer), `bytes_read`
+/// (model tensors only), `disk_offset`
 /// (file-backed ones), `layer_id` (the tensor's, else the op's),
 /// `memory_class`, `memory_source`, `model_tensor`, `name`, `size_bytes`,
 /// `tensor_ptr`.
@@ -119,12 +122,21 @@ fn source(out: &mut Vec<u8>, d: &Descriptor, read: Option<&WeightRead>, op_layer
     let weight = weight_of(d);
     let mt = weight.and_then(|w| model_tensor(t.models, w.model, w.tensor));
     out.push(b'{');
+    let file_backed = weight.filter(|w| !w.copy);
+    if let Some(b) = t.analysis.buffers.at(d.data).filter(|_| file_backed.is_none()) {
+        out.extend_from_slice(b"\"buffer\":");
+        string(out, b.label());
+        out.extend_from_slice(b",\"buffer_id\":");
+        num(out, b.id);
+        out.extend_from_slice(b",\"buffer_name\":");
+        string(out, &b.name());
+        out.push(b',');
+    }
     if let Some(read) = read {
         out.extend_from_slice(b"\"bytes_read\":");
         num(out, read.bytes);
         out.push(b',');
     }
-    let file_backed = weight.filter(|w| !w.copy);
     if let (Some(w), Some(mt)) = (file_backed, mt) {
         out.extend_from_slice(b"\"disk_offset\":");
         num(out, mt.file_offset + w.offset);

@@ -13,8 +13,8 @@
 //!   ubatches, in the same layout. The UI opens `token-*` only; a prompt
 //!   ubatch evaluates several tokens (`token_id` is its last one,
 //!   `token_ids` all of them). Warm-up and auxiliary graphs are not written.
-//! - No `buffer-timeline.json`: ttrace does not record ggml's backend
-//!   buffer allocations, and the UI loads that file only if it is there.
+//! - `buffer-timeline.json`: ggml's backend buffers, when the trace has
+//!   them ([`crate::export::buffers::timeline`]); the UI loads it if there.
 //!
 //! Per source, `bytes_read` (model tensors only) is what the op read: the
 //! indexed rows of a GET_ROWS, the routed experts' slices of an MoE expert
@@ -119,6 +119,9 @@ pub fn write(trace: &Path, a: &Analysis, out: &Path, progress: &ProgressBar) -> 
     })?;
     if let Some(model) = a.models.first() {
         write_json(&out.join("memory-map.json"), &memory_map::build(model))?;
+    }
+    if let Some(timeline) = super::buffers::timeline(a) {
+        write_json(&out.join("buffer-timeline.json"), &timeline)?;
     }
     Ok(Written { events: progress.position(), items: files })
 }

@@ -12,7 +12,7 @@ const OLD_CPU: &[&str] = &["ggml_op_name", "ggml_graph_compute"];
 fn facts(version: Option<&str>, symbols: &[&'static str]) -> BuildFacts {
     BuildFacts {
         ggml_version: version.map(str::to_string),
-        symbols: symbols.iter().copied().collect(),
+        symbols: symbols.iter().copied().chain([crate::live::target::SET_USAGE]).collect(),
         ..Default::default()
     }
 }
@@ -103,6 +103,29 @@ fn without_the_ubatch_hook_only_sequences_turn_off() {
     assert!(off.reason.contains("process_ubatch"), "{off}");
     assert!(!choice.build.layouts.contains_key("llama_ubatch"));
     assert!(!choice.build.offsets.keys().any(|k| k.starts_with("llama_ubatch")));
+}
+
+#[test]
+fn buffers_turn_off_where_set_usage_disagrees_with_the_table() {
+    let mut f = facts(Some("0.25.3"), CPU);
+    f.buffer_usage = Some(0x70);
+    let choice = choose(&f, true, None).unwrap();
+    assert!(choice.layout.buffer.known() && choice.disabled.is_empty(), "{:?}", choice.disabled);
+    assert_eq!(choice.build.layouts["ggml_backend_buffer"], "ggml_backend_buffer/2026-04");
+    assert_eq!(choice.build.offsets["ggml_backend_buffer.buft"], 0x58);
+    // A 0.3.16 build (ggml 0.0.x) stores it at 0x60, as the 2024 table says.
+    f = facts(Some("0.0.6123"), CPU);
+    f.buffer_usage = Some(0x60);
+    assert_eq!(choose(&f, true, None).unwrap().layout.buffer.usage, 0x60);
+    f.buffer_usage = Some(0x70);
+    let off = choose(&f, true, None).unwrap();
+    assert!(!off.layout.buffer.known() && !off.build.layouts.contains_key("ggml_backend_buffer"));
+    let [d] = &off.disabled[..] else { panic!("{:?}", off.disabled) };
+    assert_eq!(d.feature, "buffers");
+    assert!(d.reason.contains("offset 112, the ggml_backend_buffer/2024 table at 96"), "{d}");
+    let mut none = facts(Some("0.25.3"), CPU);
+    none.symbols.remove(crate::live::target::SET_USAGE);
+    assert!(choose(&none, true, None).unwrap().disabled[0].reason.contains("no ggml_backend_buffer_set_usage"));
 }
 
 #[test]

@@ -64,6 +64,11 @@ impl Layouts {
         Ok(())
     }
 
+    /// Whether the buffer probes should be attached.
+    pub fn buffers(&self) -> bool {
+        self.choice.as_ref().is_some_and(|c| c.layout.buffer.known())
+    }
+
     /// Whether the ubatch probe should be attached.
     pub fn sequences(&self) -> bool {
         self.choice.as_ref().is_some_and(|c| c.layout.ubatch.known()) && !self.ubatch_off

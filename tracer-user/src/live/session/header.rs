@@ -36,6 +36,7 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
             drop_caches: spec.drop_caches,
             mem_limit: spec.mem_limit,
             cgroup: spec.cgroup.clone(),
+            values: spec.values.is_some(),
         },
         maps: String::new(),
     }

@@ -9,6 +9,7 @@ mod header;
 mod plan;
 mod signals;
 mod trace_file;
+mod values;
 
 use std::{
     fs::File,
@@ -74,6 +75,14 @@ pub struct SessionSpec {
     pub tracepoints: TracepointChoice,
     /// Owner of the trace file (the user behind sudo).
     pub owner: Option<UserSpec>,
+    /// `--values`: node output fingerprints.
+    pub values: Option<ValuesSpec>,
+}
+
+/// `--values [--values-filter REGEX]`.
+pub struct ValuesSpec {
+    /// Only nodes whose name matches are kept (all are read).
+    pub filter: Option<regex_lite::Regex>,
 }
 
 pub struct Outcome {
@@ -206,6 +215,9 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
             layouts.disabled.push(crate::live::layouts::routing_off());
         }
         attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs, names.as_ref())?;
+        if spec.values.is_some() {
+            values::start(&mut tracer, &libs, names.as_ref(), pid)?;
+        }
     }
     header.libraries = attached.libraries.clone();
     let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
@@ -214,6 +226,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
         tracer.stop_at_first_graph()?;
     }
     let mut recorder = Recorder::new(writer, resolver);
+    recorder.values = spec.values.as_ref().map(|v| crate::live::values::ValueRecorder::new(v.filter.clone()));
     if let Some(layout) = recorder_layout {
         recorder.graphs.set_layout(layout);
     }
@@ -240,7 +253,12 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
 }
 
 fn op_options(spec: &SessionSpec, layouts: &Layouts) -> OpOptions {
-    OpOptions { all_threads: spec.all_threads, op_timing: spec.op_timing, sequences: layouts.sequences() }
+    OpOptions {
+        all_threads: spec.all_threads,
+        op_timing: spec.op_timing,
+        sequences: layouts.sequences(),
+        buffers: layouts.buffers(),
+    }
 }
 
 /// Dropping the page cache cannot evict pages that another process maps (a
@@ -367,6 +385,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
+    recorder.flush_values()?;
     if recorder.graphs.incomplete > 0 {
         log::warn!("{} graphs were not recorded whole (ring buffer full)", recorder.graphs.incomplete);
     }
@@ -445,6 +464,9 @@ impl Session<'_> {
             self.layouts.disabled.push(crate::live::layouts::routing_off());
         }
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
+        if self.spec.values.is_some() {
+            values::start(tracer, libs, names, self.attached.pid)?;
+        }
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),
             op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),

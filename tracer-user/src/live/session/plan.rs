@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::Result;
-use tracer_common::{hooks, markers, programs};
+use tracer_common::{buffer_action, hooks, markers, programs};
 
 use crate::{
     format::frames::Library,
@@ -23,7 +23,13 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 14] = [
+pub(super) const HOOKS: [(&str, &str, u64); 19] = [
+    // Backend buffers (a handful per run): before anything allocates one.
+    (target::BUFFER_INIT, programs::BUFFER_CREATED, 0),
+    (target::SET_USAGE, programs::BUFFER_CHANGED, buffer_action::SET_USAGE as u64),
+    (target::BUFFER_FREE, programs::BUFFER_CHANGED, buffer_action::FREED as u64),
+    (target::OUTPUT_RESERVE, programs::CALL_ARGS, markers::OUTPUT_RESERVE),
+    (target::OUTPUT_RESERVE, programs::CALL_RETURN, markers::OUTPUT_RESERVE_RETURN),
     ("ggml_graph_compute", programs::GRAPH_COMPUTE, 0),
     ("ggml_graph_compute", programs::CALL_RETURN, markers::GRAPH_COMPUTE_RETURN),
     // MoE routing: a trap per MoE layer and thread, in both modes.
@@ -59,6 +65,8 @@ pub(super) struct OpOptions {
     pub op_timing: bool,
     /// The ubatch probe: the build's `llama_ubatch` layout is known.
     pub sequences: bool,
+    /// The buffer probes: the build's `ggml_backend_buffer` layout is known.
+    pub buffers: bool,
 }
 
 pub(super) struct Attached {
@@ -86,7 +94,7 @@ impl Attached {
 
     /// Attach every hook `libs` provides that is not attached yet.
     fn attach(&mut self, tracer: &mut Tracer, libs: &HookLibs, options: OpOptions) -> Result<usize> {
-        let OpOptions { op_timing, sequences, .. } = options;
+        let OpOptions { op_timing, sequences, buffers, .. } = options;
         let mut added = 0;
         // One ELF parse per library for all its hook offsets.
         let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
@@ -94,7 +102,13 @@ impl Attached {
             // Either the per-node probes or the per-graph one: both would count every op twice.
             let per_node = program == programs::GGML_OP;
             let per_graph = symbol == "ggml_graph_compute";
-            if (per_node && !op_timing) || (per_graph && op_timing) || (program == programs::UBATCH && !sequences) {
+            let buffer_probe =
+                [target::BUFFER_INIT, target::SET_USAGE, target::BUFFER_FREE, target::OUTPUT_RESERVE].contains(&symbol);
+            if (per_node && !op_timing)
+                || (per_graph && op_timing)
+                || (program == programs::UBATCH && !sequences)
+                || (buffer_probe && !buffers)
+            {
                 continue;
             }
             if program == programs::MUL_MAT_ID_ENTRY && libs.path_of(ARGSORT).is_some() {

@@ -137,6 +137,11 @@ struct SymInfo {
 
 /// Looks `names` up among the defined symbols of .dynsym, then .symtab.
 fn find_symbols(file: &Elf64<'_>, names: &[&str]) -> Vec<Option<SymInfo>> {
+    find_matching(file, names, |name, want| name == want.as_bytes())
+}
+
+/// The first defined symbol per `names` entry that `accept(name, entry)`.
+fn find_matching(file: &Elf64<'_>, names: &[&str], accept: impl Fn(&[u8], &str) -> bool) -> Vec<Option<SymInfo>> {
     let endian = file.endian();
     let mut found = vec![None; names.len()];
     for table in [file.elf_dynamic_symbol_table(), file.elf_symbol_table()] {
@@ -146,7 +151,7 @@ fn find_symbols(file: &Elf64<'_>, names: &[&str]) -> Vec<Option<SymInfo>> {
             }
             let Ok(name) = table.symbol_name(endian, sym) else { continue };
             for (slot, want) in found.iter_mut().zip(names) {
-                if slot.is_none() && name == want.as_bytes() {
+                if slot.is_none() && accept(name, want) {
                     *slot = Some(SymInfo { addr: sym.st_value(endian), size: sym.st_size(endian) });
                 }
             }
@@ -210,6 +215,16 @@ pub fn returned_string(path: &Path, function: &str) -> Option<String> {
             .and_then(|p| image.c_string(p))
             .map(|b| String::from_utf8_lossy(b).into_owned());
         Ok(text)
+    })
+    .ok()
+    .flatten()
+}
+
+/// The first `len` bytes of function `function`'s code in `path`.
+pub fn function_head(path: &Path, function: &str, len: u64) -> Option<Vec<u8>> {
+    with_elf(path, |file| {
+        let image = Image::new(file);
+        Ok(find_symbols(file, &[function])[0].and_then(|f| image.bytes(f.addr, len.min(f.size))).map(<[u8]>::to_vec))
     })
     .ok()
     .flatten()
@@ -466,6 +481,18 @@ fn is_op_name(name: &[u8]) -> bool {
     !name.is_empty()
         && !name[0].is_ascii_digit()
         && name.iter().all(|&b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Link-time address and size of the first defined symbol of each `names`
+/// entry, where a compiler clone (`name.isra.0`, `name.constprop.0`) also
+/// counts: `--values` needs the node loop, a static function.
+pub fn symbol_ranges(path: &Path, names: &[&str]) -> Result<Vec<Option<(u64, u64)>>, TargetError> {
+    let clone = |name: &[u8], want: &str| {
+        name.strip_prefix(want.as_bytes()).is_some_and(|rest| rest.is_empty() || rest[0] == b'.')
+    };
+    with_elf(path, |file| {
+        Ok(find_matching(file, names, clone).into_iter().map(|s| s.map(|s| (s.addr, s.size))).collect())
+    })
 }
 
 #[cfg(test)]

@@ -17,9 +17,23 @@ pub const CPU_HOOKS: [&str; 5] = [
     // MoE routing where argsort has no symbol (a local one, in .symtab).
     "ggml_compute_forward_mul_mat_id",
 ];
-pub const BASE_HOOKS: [&str; 4] =
-    ["ggml_backend_sched_graph_compute_async", "ggml_op_name", "ggml_unary_op_name", "ggml_glu_op_name"];
-pub const LLAMA_HOOKS: [&str; 4] = ["llama_decode", "llama_process", "llama_perf_context_reset", PROCESS_UBATCH];
+pub const BASE_HOOKS: [&str; 7] = [
+    "ggml_backend_sched_graph_compute_async",
+    "ggml_op_name",
+    "ggml_unary_op_name",
+    "ggml_glu_op_name",
+    BUFFER_INIT,
+    super::version::SET_USAGE,
+    BUFFER_FREE,
+];
+/// Backend buffers: the only constructor, and the end of every buffer.
+pub const BUFFER_INIT: &str = "ggml_backend_buffer_init";
+pub const BUFFER_FREE: &str = "ggml_backend_buffer_free";
+pub const LLAMA_HOOKS: [&str; 5] =
+    ["llama_decode", "llama_process", "llama_perf_context_reset", PROCESS_UBATCH, OUTPUT_RESERVE];
+/// `llama_context::output_reserve(int)`: the buffer it creates holds the
+/// logits (ggml leaves its usage ANY, like the KV cache's).
+pub const OUTPUT_RESERVE: &str = "_ZN13llama_context14output_reserveEi";
 /// `llama_context::process_ubatch(const llama_ubatch &, llm_graph_type,
 /// llama_memory_context_i *, ggml_status &)`, exported from libllama: each
 /// ubatch's sequence ids and positions (`tracer-ebpf/src/batch.rs`). Another

@@ -19,18 +19,18 @@ use std::path::PathBuf;
 pub use cgroup::{CgroupError, CgroupVersion, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
     ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, returned_string,
-    symbol_file_offsets,
+    symbol_file_offsets, symbol_ranges,
 };
 pub use hooks::{
-    BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, PROCESS_UBATCH, REQUIRED_HOOKS, VERSION_SYMBOLS,
-    classify, mapped_files, missing_hooks,
+    BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, OUTPUT_RESERVE, PROCESS_UBATCH,
+    REQUIRED_HOOKS, VERSION_SYMBOLS, classify, mapped_files, missing_hooks,
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
 pub use residency::resident_bytes;
 pub use spawn::{HeldChild, RunningChild, SpawnOptions};
 pub use user::UserSpec;
-pub use version::BuildFacts;
+pub use version::{BuildFacts, SET_USAGE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {

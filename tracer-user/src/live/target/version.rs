@@ -18,6 +18,10 @@ pub struct BuildFacts {
     pub llama_build_number: Option<i64>,
     /// The symbols of `tracer_common::layout::known`'s rules the build defines.
     pub symbols: BTreeSet<&'static str>,
+    /// Where `ggml_backend_buffer_set_usage` stores its argument: the
+    /// `usage` offset of this build's `ggml_backend_buffer`, read from its
+    /// code (`None`: no such function, or code ttrace does not decode).
+    pub buffer_usage: Option<u32>,
 }
 
 impl BuildFacts {
@@ -32,6 +36,10 @@ impl BuildFacts {
                 .path_of("LLAMA_BUILD_NUMBER")
                 .and_then(|path| elf::int_variable(path, "LLAMA_BUILD_NUMBER")),
             symbols: libs.symbols.keys().copied().collect(),
+            buffer_usage: libs
+                .path_of(SET_USAGE)
+                .and_then(|path| elf::function_head(path, SET_USAGE, 32))
+                .and_then(|code| usage_store(&code)),
         }
     }
 
@@ -54,5 +62,26 @@ impl BuildFacts {
             _ => {}
         }
         parts.join(", ")
+    }
+}
+
+/// `void ggml_backend_buffer_set_usage(buffer, usage)` begins with
+/// `buffer->usage = usage` once its assertion passed.
+pub const SET_USAGE: &str = "ggml_backend_buffer_set_usage";
+
+/// The displacement of the first `mov %esi, disp8(%rdi)` (`89 77 XX`) in
+/// `code`: every build read so far stores `usage` so (gcc, -O2/-O3).
+fn usage_store(code: &[u8]) -> Option<u32> {
+    code.windows(3).find(|w| w[0] == 0x89 && w[1] == 0x77).map(|w| u32::from(w[2]))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn usage_store_is_found_after_the_prologue() {
+        // 0c1e570: push %rbp; push %rbx; ... test %rdi,%rdi; je; mov %esi,0x70(%rdi)
+        let code = [0x55, 0x53, 0x48, 0x83, 0xec, 0x08, 0x48, 0x85, 0xff, 0x74, 0x30, 0x89, 0x77, 0x70, 0x48];
+        assert_eq!(super::usage_store(&code), Some(0x70));
+        assert_eq!(super::usage_store(&[0x55, 0xc3]), None);
     }
 }

@@ -104,6 +104,11 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
             .map(|&t| json!({"tensor": t, "name": idx.tensors.rows.get(t as usize).map(|r| r.name.as_str())}))
             .collect();
         let ubatch = (ops.ubatch[i] != NONE_U32).then_some(ops.ubatch[i]);
+        let buffer = |id: &Option<u32>| {
+            id.and_then(|id| idx.analysis.buffers.list.get(id as usize)).map(|b| {
+                json!({"id": b.id, "name": b.name(), "usage": b.label()})
+            })
+        };
         Ok(json!({
             "op": seq, "row": i, "name": ops.op_names[sig.op as usize], "ubatch": ubatch,
             "phase": ubatch.and_then(|u| idx.phase_of(u)), "start_ns": ops.start[i],
@@ -111,6 +116,7 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
             "dst": ops.strings[sig.dst as usize], "dst_memory": MemoryClass::NAMES[sig.memory as usize],
             "srcs": sig.src_names.iter().map(|&n| ops.strings[n as usize].as_str()).collect::<Vec<_>>(),
             "weight_bytes": ops.weight_bytes(i), "weights": weights, "reads": reads,
+            "dst_buffer": buffer(&sig.dst_buffer), "src_buffers": sig.src_buffers.iter().map(buffer).collect::<Vec<_>>(),
         }))
     })
     .await

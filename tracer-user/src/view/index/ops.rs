@@ -31,6 +31,10 @@ pub struct Sig {
     pub memory: MemoryClass,
     /// Model tensors read (through the mapping or a copy), source order.
     pub weights: Vec<u32>,
+    /// The backend buffer (`Buffer::id`) holding the output and each
+    /// source, where they are not model-file bytes.
+    pub dst_buffer: Option<u32>,
+    pub src_buffers: Vec<Option<u32>>,
 }
 
 /// docs/VIEW_API.md's `memory` codes.
@@ -132,6 +136,10 @@ impl OpsBuilder {
         let srcs = &srcs[..n];
         let src_names: Vec<u32> = srcs.iter().map(|d| self.strings.id(&d.name)).collect();
         let joined = srcs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(";");
+        let buffer = |d: &Descriptor| match d.memory {
+            Memory::ModelFile { .. } => None,
+            _ => tables.analysis.buffers.at(d.data).map(|b| b.id),
+        };
         let sig = Sig {
             op: self.op_names.id(name),
             dst: self.strings.id(&dst.name),
@@ -144,6 +152,8 @@ impl OpsBuilder {
                 .filter_map(|d| weight_of(d))
                 .filter_map(|w| Some(first_of_model.get(w.model as usize)? + w.tensor))
                 .collect(),
+            dst_buffer: buffer(dst),
+            src_buffers: srcs.iter().map(|d| buffer(d)).collect(),
         };
         let next = self.sig_list.len() as u32;
         let sig_id = *self.sigs.entry(sig.clone()).or_insert(next);

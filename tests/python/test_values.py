@@ -1,0 +1,146 @@
+"""`ttrace run --values` against llama.cpp's own eval callback: every node
+output the callback sees (graph_oracle.py --values, same build, greedy, same
+prompt and threads) has, in ttrace's trace, the same blake3 and the same sum
+and RMS within 1e-6 relative. Nodes only one side can see are listed, each
+with its reason: RMS_NORM fused into the next MUL (ttrace's run computes the
+pair at once and never writes the norm; the callback splits the graph at
+every node, which prevents fusion), SET_ROWS (a view of a whole layer's KV
+cache, not copied). Then `diff --values` names the node where two runs part,
+the same node as comparing two oracle dumps. Needs root."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_exports import export
+
+ORACLE = Path(__file__).with_name("graph_oracle.py")
+EMPTY_OPS = {"NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"}
+TOKENS = 3
+
+
+# Both sides load the libraries of llama-build, whose libggml-cpu keeps its
+# .symtab (--values needs the static node loop's address); the wheel's copy
+# is stripped. Same sources, same build flags.
+@pytest.fixture(autouse=True)
+def llama_build_libs(paths, monkeypatch):
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", paths["llama_lib_dir"])
+
+
+def oracle_args(model: Path, threads: int, out: Path | None) -> list:
+    args = [sys.executable, ORACLE, model, "-n", str(TOKENS), "--threads", str(threads)]
+    return args + (["--oracle", str(out), "--values"] if out else [])
+
+
+def run_oracle(model: Path, threads: int, out: Path) -> dict:
+    proc = subprocess.run(oracle_args(model, threads, out), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def run_traced(ttrace, model: Path, threads: int, trace: Path) -> list[dict]:
+    proc = subprocess.run([ttrace, "run", "--values", "-o", trace, "--", *oracle_args(model, threads, None)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = export(ttrace, trace, "values-jsonl", trace.with_suffix(".jsonl"))
+    return [json.loads(line) for line in rows.read_text().splitlines()]
+
+
+def keyed(nodes, ubatch_of, name_of):
+    """(ubatch, name, occurrence) -> node, in order."""
+    seen: dict[tuple, int] = {}
+    out = {}
+    for n in nodes:
+        key = (ubatch_of(n), name_of(n))
+        occ = seen.get(key, 0)
+        seen[key] = occ + 1
+        out[(*key, occ)] = n
+    return out
+
+
+def oracle_nodes(oracle: dict) -> dict:
+    nodes = [(u, n) for u, ns in enumerate(oracle["ubatches"]) for n in ns if n["op"] not in EMPTY_OPS]
+    return keyed(nodes, lambda un: un[0], lambda un: un[1]["name"])
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0) or a == b
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-q8", "gemma"])
+def test_values_match_the_eval_callback(ttrace, tmp_path, models, name):
+    oracle = run_oracle(models[name], 2, tmp_path / "oracle.json")
+    rows = run_traced(ttrace, models[name], 2, tmp_path / "t.data")
+    want = oracle_nodes(oracle)
+    got = keyed(rows, lambda r: r["ubatch"], lambda r: r["name"])
+    assert {k[0] for k in got} == set(range(TOKENS + 1)), "a ubatch without values"
+
+    matched, unseen = 0, {}
+    for key, (_, node) in want.items():
+        row = got.get(key)
+        assert row is not None, f"{key} ({node['op']}): in llama.cpp's graph, not in ttrace's values"
+        fp = node["fingerprint"]
+        if row["blake3"] is None:
+            # Listed, with the reason ttrace gives.
+            why = "fused" if row["fused_into"] else ",".join(f for f in row["flags"] if f not in ("view", "non_contiguous"))
+            unseen.setdefault(why, []).append(key)
+            continue
+        assert fp is not None, f"{key}: ttrace read a {row['type']} output the oracle cannot"
+        assert row["blake3"] == fp["blake3"], f"{key} ({node['op']}): blake3 differs"
+        assert close(row["sum"], fp["sum"]) and close(row["rms"], fp["rms"]), (key, row["sum"], fp["sum"])
+        matched += 1
+    extra = sorted(set(got) - set(want))
+    print(f"{name}: {matched} outputs equal; not fingerprinted by ttrace: "
+          + ", ".join(f"{why}: {len(keys)} (first {keys[0]})" for why, keys in unseen.items())
+          + f"; only in ttrace: {extra[:5]}")
+    assert matched > 0 and not extra
+    # Only the two known reasons: the norm fused away, the KV cache views.
+    assert set(unseen) <= {"fused", "set_rows"}, unseen
+    assert all(want[k][1]["op"] == "RMS_NORM" for k in unseen.get("fused", []))
+    assert all(want[k][1]["op"] == "SET_ROWS" for k in unseen.get("set_rows", []))
+
+
+def first_oracle_divergence(a: dict, b: dict, visible) -> tuple | None:
+    """The first node, in run order, whose bytes differ between two oracle dumps."""
+    wa, wb = oracle_nodes(a), oracle_nodes(b)
+    for key, (_, node) in wa.items():
+        other = wb.get(key)
+        if key not in visible or other is None:
+            continue
+        fa, fb = node["fingerprint"], other[1]["fingerprint"]
+        if fa and fb and fa["blake3"] != fb["blake3"]:
+            return key
+    return None
+
+
+def diff_values(ttrace, a: Path, b: Path) -> tuple[int, dict]:
+    proc = subprocess.run([ttrace, "diff", a, b, "--values", "--json"], capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_diff_values_names_where_runs_part(ttrace, tmp_path, models):
+    tiny, q8 = models["tiny"], models["tiny-q8"]
+    traces = {}
+    for label, model, threads in [("t2a", tiny, 2), ("t2b", tiny, 2), ("t1", tiny, 1), ("q8", q8, 2)]:
+        traces[label] = tmp_path / f"{label}.data"
+        rows = run_traced(ttrace, model, threads, traces[label])
+        if label == "t2a":
+            visible = {k for k, r in keyed(rows, lambda r: r["ubatch"], lambda r: r["name"]).items() if r["blake3"]}
+
+    status, same = diff_values(ttrace, traces["t2a"], traces["t2b"])
+    assert status == 0 and same["first"] is None and same["compared"] > 0
+
+    oracles = {t: run_oracle(m, t_, tmp_path / f"o-{t}.json") for t, m, t_ in [("t2", tiny, 2), ("t1", tiny, 1), ("q8", q8, 2)]}
+    for other in ["t1", "q8"]:
+        want = first_oracle_divergence(oracles["t2"], oracles[other], visible)
+        status, d = diff_values(ttrace, traces["t2a"], traces[other])
+        got = d["first"] and (d["first"]["node"]["ubatch"], d["first"]["node"]["name"], d["first"]["node"]["occurrence"])
+        print(f"tiny -t 2 vs {other}: first divergence {got}, oracle {want}")
+        assert got == want
+        assert (status == 1) == (want is not None)

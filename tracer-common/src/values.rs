@@ -1,0 +1,129 @@
+//! `--values`: node outputs read at the race-free point (the last thread to
+//! arrive at the barrier after a node), sent as a head record (the node as
+//! the probe read it) followed by chunks of its bytes. User space hashes
+//! them: BPF has no floating point.
+
+use crate::{EventHeader, TensorRecord};
+
+/// Array `u64`, indexed by the slots below: where the probes find things.
+pub const MAP_VALUE_CONFIG: &str = "VALUE_CONFIG";
+
+/// Slots of [`MAP_VALUE_CONFIG`].
+pub mod config {
+    pub const SLOTS: u32 = 6;
+    /// Link-time address (ELF vaddr) of `ggml_barrier`: with the probe's
+    /// own address it gives the library's load bias.
+    pub const BARRIER_VADDR: u32 = 0;
+    /// `[start, end)` vaddrs of `ggml_graph_compute_thread`: only barriers
+    /// called from there can end a node (the others are inside ops).
+    pub const LOOP_START: u32 = 1;
+    pub const LOOP_END: u32 = 2;
+    /// The target's `GGML_OP_SET_ROWS` (a view of a whole layer's KV cache: not copied).
+    pub const SET_ROWS_OP: u32 = 3;
+    /// Larger spans are not copied (flagged [`super::flags::TOO_BIG`]).
+    pub const MAX_BYTES: u32 = 4;
+}
+
+/// Bytes of node data per chunk record: the record must fit a per-CPU
+/// map value (32 KiB).
+pub const VALUE_CHUNK_BYTES: usize = 32 * 1024 - 128;
+
+/// What a head record says about the bytes that follow (or do not).
+pub mod flags {
+    /// A view of another tensor (`view_src` set): its span is copied.
+    pub const VIEW: u32 = 1;
+    /// Strided: the span from the first to the last element is copied.
+    pub const NON_CONTIGUOUS: u32 = 2;
+    /// A quantised or otherwise unknown element type: not copied.
+    pub const UNSUPPORTED_TYPE: u32 = 4;
+    /// SET_ROWS writes into the KV cache, a view of the whole layer: not copied.
+    pub const SET_ROWS: u32 = 8;
+    /// Span above the configured maximum: not copied.
+    pub const TOO_BIG: u32 = 16;
+    /// The node's struct or data could not be read.
+    pub const READ_FAILED: u32 = 32;
+}
+
+/// Which record a [`ValueEvent`] is.
+pub mod part {
+    /// `data` holds the node's [`crate::TensorRecord`]; `total` bytes follow.
+    pub const HEAD: u32 = 0;
+    /// `data` holds `len` bytes of the node at byte `offset`.
+    pub const CHUNK: u32 = 1;
+}
+
+/// One `--values` record: a head, then its chunks, all with the same
+/// `(run, node)`. Sent with its exact length (fixed part + `len`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ValueEvent {
+    pub header: EventHeader,
+    /// The process's `ggml_graph_compute` call count when the node ran.
+    pub run: u64,
+    /// Address of the node's `ggml_tensor`.
+    pub node: u64,
+    /// Head: link-time address the barrier returns to (which barrier).
+    pub site: u64,
+    /// Head: the RMS_NORM node fused into this MUL (0: none).
+    pub fused: u64,
+    /// Head: bytes that follow. Chunk: byte offset of `data`.
+    pub offset: u64,
+    pub len: u32,
+    /// A [`part`] value.
+    pub part: u32,
+    /// Head: [`flags`] bits.
+    pub flags: u32,
+    pub _pad: u32,
+    pub data: [u8; VALUE_CHUNK_BYTES],
+}
+
+pub const VALUE_EVENT_FIXED: usize = core::mem::offset_of!(ValueEvent, data);
+pub const VALUE_HEAD_BYTES: usize = VALUE_EVENT_FIXED + core::mem::size_of::<TensorRecord>();
+
+/// Teams larger than this are not read (flagged by user space).
+pub const MAX_TEAM: usize = 64;
+
+/// Per thread, what it computes now (set at each node's entry).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ValueTask {
+    pub node: u64,
+    pub fused: u64,
+    /// `params->ith, nth`: its place in the team, and the team's size (the
+    /// threads in every barrier).
+    pub ith: u32,
+    pub nth: u32,
+    /// The run its barrier count belongs to, and that count.
+    pub run: u64,
+    pub barriers: u64,
+}
+
+/// Per process: graph runs so far, and per team member the barriers it has
+/// entered in this run. No atomics (the BPF target has no fetch-add): each
+/// thread writes its own slot, and whoever sees every slot at the current
+/// barrier knows all threads are done with the node.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ValuePool {
+    pub run: u64,
+    pub arrived: [u64; MAX_TEAM],
+}
+
+const _: () = {
+    assert!(VALUE_EVENT_FIXED == 24 + 40 + 16);
+    assert!(core::mem::size_of::<ValueEvent>() <= 32 * 1024);
+    assert!(VALUE_EVENT_FIXED.is_multiple_of(8));
+};
+
+/// Program names (see `tracer-ebpf/src/values.rs`).
+pub mod programs {
+    /// `ggml_cpu_extra_compute_forward(params, node)` (cookie `hooks::EXTRA`)
+    /// and `ggml_compute_forward_rms_norm_mul_fused(params, rms, mul)`
+    /// (cookie `hooks::FUSED_MUL`): the node the thread computes now.
+    pub const VALUE_NODE: &str = "value_node";
+    /// `ggml_barrier(threadpool)` entry: counts arrivals; the last one reads
+    /// the node just finished.
+    pub const VALUE_BARRIER: &str = "value_barrier";
+    /// `ggml_graph_compute(cgraph, cplan)`: a new run, no thread in a barrier.
+    pub const VALUE_GRAPH: &str = "value_graph";
+}

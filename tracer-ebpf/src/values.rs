@@ -1,0 +1,340 @@
+//! `--values`: every computed node's output bytes, read where no thread can
+//! still write them. After each node (or fused pair) every worker calls
+//! `ggml_barrier`; the last thread to arrive has all the others waiting
+//! inside, and its uprobe runs before it enters, so the node's bytes are
+//! final and nothing overwrites them (ggml-alloc reuses buffers in place)
+//! until this handler returns. Arrivals are counted at every barrier (ops
+//! barrier internally too), and only barriers called from the node loop
+//! (`ggml_graph_compute_thread`) are read; an op inlined there may barrier
+//! mid-node, so user space keeps the last read of each node.
+
+use core::{
+    ffi::c_void,
+    mem::MaybeUninit,
+    ptr::{addr_of_mut, read_volatile},
+};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::pt_regs,
+    helpers::generated::{bpf_get_attach_cookie, bpf_loop},
+    macros::{map, uprobe},
+    maps::{Array, HashMap, PerCpuArray},
+    programs::ProbeContext,
+};
+use tracer_common::{
+    EventKind, TensorRecord, hooks,
+    values::{MAX_TEAM, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags, part},
+};
+
+use crate::{
+    ggml::TENSOR_SCRATCH,
+    layout::{self, ggml},
+    maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
+};
+
+#[map]
+static VALUE_CONFIG: Array<u64> = Array::with_max_entries(config::SLOTS, 0);
+
+/// tid → the node it computes.
+#[map]
+static VALUE_TASKS: HashMap<u32, ValueTask> = HashMap::with_max_entries(4096, 0);
+
+/// tgid → its run count and barrier arrivals.
+#[map]
+static VALUE_POOLS: HashMap<u32, ValuePool> = HashMap::with_max_entries(256, 0);
+
+#[map]
+static VALUE_SCRATCH: PerCpuArray<ValueEvent> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn setting(slot: u32) -> u64 {
+    VALUE_CONFIG.get(slot).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn regs(ctx: &ProbeContext) -> *const pt_regs {
+    ctx.as_ptr() as *const pt_regs
+}
+
+/// A zeroed pool, copied from (too big for the BPF stack).
+#[map]
+static VALUE_POOL_ZERO: PerCpuArray<ValuePool> = PerCpuArray::with_max_entries(1, 0);
+
+#[uprobe]
+pub fn value_graph(_ctx: ProbeContext) -> u32 {
+    let Some((tgid, _)) = traced_task() else { return 0 };
+    // No worker is in a barrier between runs (OpenMP joins them), so the
+    // counts restart cleanly even when attached mid-barrier.
+    if let Some(pool) = VALUE_POOLS.get_ptr_mut(tgid) {
+        // SAFETY: a map value; workers read it only inside a run.
+        unsafe {
+            (*pool).run += 1;
+            (*pool).arrived = [0; MAX_TEAM];
+        }
+        return 0;
+    }
+    let Some(zero) = VALUE_POOL_ZERO.get_ptr(0) else { return 0 };
+    // SAFETY: a map value of the right type (all zero: never written).
+    // By reference: 520 bytes would not fit the BPF stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let _ = VALUE_POOLS.insert(tgid, unsafe { &*zero }, 0);
+    if let Some(pool) = VALUE_POOLS.get_ptr_mut(tgid) {
+        // SAFETY: as above.
+        unsafe { (*pool).run = 1 };
+    }
+    0
+}
+
+#[uprobe]
+pub fn value_node(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let (hook, params, second, third) = unsafe {
+        let r = regs(&ctx);
+        (
+            bpf_get_attach_cookie(ctx.as_ptr()) as u32,
+            read_volatile(&(*r).rdi),
+            read_volatile(&(*r).rsi),
+            read_volatile(&(*r).rdx),
+        )
+    };
+    let Some((_, tid)) = traced_task() else { return 0 };
+    if !layout::valid() {
+        return 0;
+    }
+    // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
+    let mut thread = [0u32; 2];
+    if read_user(&mut thread, params + u64::from(ggml!(params.ith))).is_err() {
+        return 0;
+    }
+    let (node, fused) = if hook == hooks::FUSED_MUL { (third, second) } else { (second, 0) };
+    let (run, barriers) = match VALUE_TASKS.get_ptr(tid) {
+        // SAFETY: the thread's own entry.
+        Some(t) => unsafe { ((*t).run, (*t).barriers) },
+        None => (0, 0),
+    };
+    let task = ValueTask { node, fused, ith: thread[0], nth: thread[1], run, barriers };
+    let _ = VALUE_TASKS.insert(tid, task, 0);
+    0
+}
+
+#[uprobe]
+pub fn value_barrier(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let (rsp, rip) = unsafe {
+        let r = regs(&ctx);
+        (read_volatile(&(*r).rsp), read_volatile(&(*r).rip))
+    };
+    let _ = on_barrier(rsp, rip);
+    0
+}
+
+fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
+    let task = traced_task().ok_or(())?;
+    let state = VALUE_TASKS.get_ptr_mut(task.1).ok_or(())?;
+    let pool = VALUE_POOLS.get_ptr_mut(task.0).ok_or(())?;
+    // SAFETY: map values: the thread's own entry, and its own slot of the
+    // process's pool (other slots are only read).
+    let (state, pool) = unsafe { (&mut *state, &mut *pool) };
+    let run = unsafe { read_volatile(&pool.run) };
+    if state.run != run {
+        state.run = run;
+        state.barriers = 0;
+    }
+    state.barriers += 1;
+    let (ith, nth) = (state.ith as usize, state.nth as usize);
+    if ith >= MAX_TEAM || nth > MAX_TEAM {
+        // A team this large is not followed: every barrier counts as a lost value.
+        count_lost(EventKind::Value);
+        return Err(());
+    }
+    let k = state.barriers;
+    // Our slot goes from k - 1 to k with a locked add: a full fence, so the
+    // reads below cannot pass it. With plain stores two threads arriving
+    // together could each miss the other's (store-load reordering on x86),
+    // and neither would read the node.
+    arrive(&mut pool.arrived[ith]);
+    for j in 0..MAX_TEAM {
+        if j >= nth {
+            break;
+        }
+        // A thread behind is still computing its share of the node.
+        if unsafe { read_volatile(&pool.arrived[j]) } < k {
+            return Ok(());
+        }
+    }
+    // Every thread has arrived, and none can leave until we enter. Two
+    // arriving at once may both read: user space keeps one.
+    let mut ret = 0u64;
+    read_user(&mut ret, rsp)?;
+    // The uprobe's address (or one past it) is in the same page as the
+    // symbol's, and the library is mapped at a page-aligned bias.
+    let barrier = setting(config::BARRIER_VADDR);
+    let bias = (rip & !0xfff).wrapping_sub(barrier & !0xfff);
+    let site = ret.wrapping_sub(bias);
+    if site < setting(config::LOOP_START) || site >= setting(config::LOOP_END) {
+        return Ok(());
+    }
+    send(task, run, *state, site)
+}
+
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+fn arrive(slot: &mut u64) {
+    use core::intrinsics::{AtomicOrdering, atomic_xadd};
+    // SAFETY: a map value's slot only this thread adds to.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(slot, 1) };
+}
+
+/// Host builds only type-check.
+#[cfg(not(target_arch = "bpf"))]
+fn arrive(slot: &mut u64) {
+    *slot += 1;
+}
+
+/// Element bytes of the types user space can read; 0 for the rest.
+#[inline(always)]
+fn element_bytes(type_: i32) -> u64 {
+    match type_ {
+        0 | 26 => 4, // F32, I32
+        1 | 30 => 2, // F16, BF16
+        _ => 0,
+    }
+}
+
+/// What a chunk loop needs in every `bpf_loop` step.
+#[repr(C)]
+struct ChunkLoop {
+    task: (u32, u32),
+    run: u64,
+    node: u64,
+    data: u64,
+    total: u64,
+}
+
+fn send(task: (u32, u32), run: u64, state: ValueTask, site: u64) -> Result<(), ()> {
+    // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
+    let t = unsafe { &mut *TENSOR_SCRATCH.get_ptr_mut(0).ok_or(())? };
+    let e = unsafe { &mut *VALUE_SCRATCH.get_ptr_mut(0).ok_or(())? };
+    e.header = header(EventKind::Value, task);
+    e.run = run;
+    e.node = state.node;
+    e.site = site;
+    e.fused = state.fused;
+    e.offset = 0;
+    e.len = 0;
+    e.part = part::HEAD;
+    e._pad = 0;
+    let mut bits = 0u32;
+    let mut span = 0u64;
+    let mut data = 0u64;
+    if read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), state.node).is_err() {
+        bits |= flags::READ_FAILED;
+    } else {
+        let ne = t.ne();
+        let nb = t.nb();
+        let size = element_bytes(t.type_());
+        data = t.data();
+        if t.u64(ggml!(tensor.view_src)) != 0 {
+            bits |= flags::VIEW;
+        }
+        let empty = ne[0] <= 0 || ne[1] <= 0 || ne[2] <= 0 || ne[3] <= 0;
+        if !empty && size != 0 {
+            span = size;
+            for i in 0..4 {
+                span += (ne[i] as u64 - 1) * nb[i];
+            }
+            let rows = ne[1] as u64 * ne[2] as u64 * ne[3] as u64;
+            if nb[0] != size || span != size * ne[0] as u64 * rows {
+                bits |= flags::NON_CONTIGUOUS;
+            }
+        }
+        if size == 0 {
+            bits |= flags::UNSUPPORTED_TYPE;
+        } else if t.op() as u64 == setting(config::SET_ROWS_OP) {
+            bits |= flags::SET_ROWS;
+        } else if span > setting(config::MAX_BYTES) {
+            bits |= flags::TOO_BIG;
+        }
+        if bits & (flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
+            span = 0;
+        }
+        let record = TensorRecord {
+            tensor: state.node,
+            data,
+            ne,
+            nb,
+            view_src: t.u64(ggml!(tensor.view_src)),
+            view_offs: t.u64(ggml!(tensor.view_offs)),
+            extra: t.u64(ggml!(tensor.extra)),
+            type_: t.type_(),
+            op: t.op(),
+            op_param0: t.i32(ggml!(tensor.op_params)),
+            flags: t.flags(),
+            slot: tracer_common::SLOT_DST,
+            _pad: 0,
+            name: t.name(),
+        };
+        // SAFETY: the data area is larger than one TensorRecord.
+        unsafe { (e.data.as_mut_ptr() as *mut MaybeUninit<TensorRecord>).write_unaligned(MaybeUninit::new(record)) };
+    }
+    e.flags = bits;
+    e.offset = span;
+    let bytes = unsafe {
+        core::slice::from_raw_parts((e as *const ValueEvent).cast::<u8>(), tracer_common::values::VALUE_HEAD_BYTES)
+    };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        count_lost(EventKind::Value);
+        return Ok(());
+    }
+    if span == 0 {
+        return Ok(());
+    }
+    let chunks = span.div_ceil(VALUE_CHUNK_BYTES as u64) as u32;
+    let mut copy = ChunkLoop { task, run, node: state.node, data, total: span };
+    // SAFETY: the callback gets `copy` back as its context.
+    unsafe {
+        bpf_loop(chunks, send_chunk as *mut c_void, addr_of_mut!(copy).cast::<c_void>(), 0);
+    }
+    Ok(())
+}
+
+#[inline(never)]
+extern "C" fn send_chunk(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes back the `ChunkLoop` given to it.
+    let copy = unsafe { &*(ctx as *const ChunkLoop) };
+    if chunk(copy, index).is_err() { 1 } else { 0 }
+}
+
+fn chunk(copy: &ChunkLoop, index: u64) -> Result<(), ()> {
+    let offset = index * VALUE_CHUNK_BYTES as u64;
+    let left = copy.total.checked_sub(offset).ok_or(())?;
+    let len = if left > VALUE_CHUNK_BYTES as u64 { VALUE_CHUNK_BYTES as u32 } else { left as u32 };
+    // SAFETY: per-CPU scratch.
+    let e = unsafe { &mut *VALUE_SCRATCH.get_ptr_mut(0).ok_or(())? };
+    e.header = header(EventKind::Value, copy.task);
+    e.run = copy.run;
+    e.node = copy.node;
+    e.site = 0;
+    e.fused = 0;
+    e.offset = offset;
+    e.part = part::CHUNK;
+    e.flags = 0;
+    // Bounded for the verifier, which cannot follow `len`'s origin.
+    let len = unsafe { read_volatile(&len) };
+    // One comparison: LLVM folds `len == 0 || len > N` into a subtraction
+    // the verifier cannot carry back to `len`. (`len` > 0: chunks cover `total`.)
+    if len as usize > VALUE_CHUNK_BYTES {
+        return Err(());
+    }
+    e.len = len;
+    read_user_bytes(e.data.as_mut_ptr(), len, copy.data + offset)?;
+    let total = VALUE_EVENT_FIXED + len as usize;
+    // SAFETY: total is within the scratch slot (len checked above).
+    let bytes = unsafe { core::slice::from_raw_parts((e as *const ValueEvent).cast::<u8>(), total) };
+    if EVENTS.output::<[u8]>(bytes, submit_flags()).is_err() {
+        count_lost(EventKind::Value);
+        return Err(());
+    }
+    Ok(())
+}

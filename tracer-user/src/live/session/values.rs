@@ -1,0 +1,68 @@
+//! `--values`: tell the probes where the node loop is, then attach them.
+//! Which barrier ends a node is told by its caller: only barriers called
+//! from `ggml_graph_compute_thread` (the node loop, a static function: its
+//! name is in .symtab) can, so a build without that symbol is refused.
+
+use anyhow::{Context, Result, bail};
+use tracer_common::{
+    hooks,
+    values::{config, programs},
+};
+
+use crate::live::{
+    load::Tracer,
+    target::{self, HookLibs, OpNames},
+};
+
+/// The node loop (a static function, maybe a compiler clone of it).
+const NODE_LOOP: &str = "ggml_graph_compute_thread";
+const BARRIER: &str = "ggml_barrier";
+/// Larger node outputs are flagged, not copied.
+const MAX_VALUE_BYTES: u64 = 256 << 20;
+
+/// Probes in attach order: a run's state exists before nodes set theirs,
+/// and both before a barrier reads them.
+const PROBES: [(&str, &str, u32); 4] = [
+    ("ggml_graph_compute", programs::VALUE_GRAPH, 0),
+    ("ggml_cpu_extra_compute_forward", programs::VALUE_NODE, hooks::EXTRA),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::VALUE_NODE, hooks::FUSED_MUL),
+    (BARRIER, programs::VALUE_BARRIER, 0),
+];
+
+pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>, pid: u32) -> Result<()> {
+    let Some(cpu) = libs.cpu.as_deref() else {
+        bail!("--values: no libggml-cpu found to probe");
+    };
+    let ranges = target::symbol_ranges(cpu, &[BARRIER, NODE_LOOP])
+        .with_context(|| format!("--values: reading symbols of {}", cpu.display()))?;
+    let (Some((barrier, _)), Some((start, size))) = (ranges[0], ranges[1]) else {
+        bail!(
+            "--values: {} lacks `{BARRIER}` or `{NODE_LOOP}` (a stripped .symtab?): \
+             a node's own barrier cannot be told from an op's",
+            cpu.display()
+        );
+    };
+    let set_rows = names.and_then(|n| n.ops.iter().position(|o| o == "SET_ROWS")).map_or(u64::MAX, |i| i as u64);
+    tracer.set_array(
+        tracer_common::values::MAP_VALUE_CONFIG,
+        &[
+            (config::BARRIER_VADDR, barrier),
+            (config::LOOP_START, start),
+            (config::LOOP_END, start + size),
+            (config::SET_ROWS_OP, set_rows),
+            (config::MAX_BYTES, MAX_VALUE_BYTES),
+        ],
+    )?;
+    for (symbol, program, cookie) in PROBES {
+        // ggml_barrier is not among the hook symbols searched: it is in the CPU library.
+        let path = if symbol == BARRIER { Some(cpu) } else { libs.path_of(symbol) };
+        let Some(path) = path else {
+            if symbol == "ggml_compute_forward_rms_norm_mul_fused" {
+                continue; // a build from before the fusion
+            }
+            bail!("--values: no library defines `{symbol}`");
+        };
+        tracer.attach_uprobe(program, path, symbol, Some(pid), u64::from(cookie))?;
+    }
+    Ok(())
+}
