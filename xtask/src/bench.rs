@@ -10,6 +10,7 @@ mod overhead;
 mod parts;
 mod sections;
 mod server;
+mod simulate;
 mod thesis_webui;
 mod values;
 mod viewer;

@@ -72,7 +72,7 @@ fn values_section(rows: &[analyze::values::ValueRow]) -> String {
 }
 
 pub fn read_analysis(path: &Path) -> Result<Analysis> {
-    let reader = TraceReader::open(path)?;
+    let reader = TraceReader::open(path).with_context(|| format!("reading {}", path.display()))?;
     analyze::analyze(reader).with_context(|| format!("reading {}", path.display()))
 }
 

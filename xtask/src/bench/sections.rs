@@ -7,7 +7,7 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, server, values, viewer};
+use super::{Ctx, attach, export, overhead, parts, server, simulate, values, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -27,11 +27,13 @@ pub enum Part {
     Viewer,
     /// `ttrace run --values` against untraced on Gemma.
     Values,
+    /// `ttrace simulate` on the viewer's ≥ 10 M-op trace.
+    Simulate,
 }
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 8] = [
+    pub const ALL: [Part; 9] = [
         Part::Overhead,
         Part::Ingest,
         Part::Export,
@@ -40,6 +42,7 @@ impl Part {
         Part::Attach,
         Part::Viewer,
         Part::Values,
+        Part::Simulate,
     ];
 
     /// How its `## ` headings start (the rest may hold figures).
@@ -53,6 +56,7 @@ impl Part {
             Part::Attach => &["Attach latency"],
             Part::Viewer => &["Viewer"],
             Part::Values => &["Values mode overhead"],
+            Part::Simulate => &["Simulate speed"],
         }
     }
 
@@ -67,6 +71,7 @@ impl Part {
             Part::Attach => &["attach_"],
             Part::Viewer => &["viewer_"],
             Part::Values => &["values_"],
+            Part::Simulate => &["simulate_"],
         }
     }
 
@@ -92,6 +97,7 @@ impl Part {
             }
             Part::Viewer => Measured::Viewer(viewer::run(ctx, model)?),
             Part::Values => Measured::Values(values::run(ctx, model)?),
+            Part::Simulate => Measured::Simulate(simulate::run(ctx, model)?),
         })
     }
 }
@@ -113,6 +119,7 @@ pub enum Measured {
     Attach(Vec<attach::AttachSample>),
     Viewer(viewer::Viewer),
     Values(Vec<values::ValuesSample>),
+    Simulate(simulate::SimulateBench),
 }
 
 impl Measured {
@@ -129,6 +136,7 @@ impl Measured {
             Measured::Attach(samples) => attach::section(md, samples),
             Measured::Viewer(v) => Ok(viewer::section(md, v)?),
             Measured::Values(samples) => values::section(md, ctx, samples),
+            Measured::Simulate(b) => simulate::section(md, b),
         }
     }
 
@@ -145,6 +153,7 @@ impl Measured {
             Measured::Attach(samples) => attach::csv(csv, samples),
             Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
             Measured::Values(samples) => values::csv(csv, samples),
+            Measured::Simulate(b) => simulate::csv(csv, b),
         }
     }
 }

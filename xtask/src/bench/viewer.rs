@@ -71,6 +71,15 @@ impl Frames {
 }
 
 pub fn run(ctx: &Ctx, model: &Path) -> Result<Viewer> {
+    let (trace, tokens) = long_trace(ctx, model)?;
+    let mut v = measure(ctx, &trace)?;
+    v.tokens = tokens;
+    Ok(v)
+}
+
+/// The ≥ 10 M-op Gemma trace (1,000 tokens with --quick), recorded once and
+/// kept in the bench's directory; `simulate` replays it too.
+pub fn long_trace(ctx: &Ctx, model: &Path) -> Result<(std::path::PathBuf, u32)> {
     let tokens = if ctx.quick { QUICK_TOKENS } else { TOKENS };
     let trace = ctx.out_dir.join(format!("viewer-{tokens}.data"));
     if !trace.exists() {
@@ -90,9 +99,7 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Viewer> {
         )?;
         std::fs::rename(&partial, &trace)?;
     }
-    let mut v = measure(ctx, &trace)?;
-    v.tokens = tokens;
-    Ok(v)
+    Ok((trace, tokens))
 }
 
 /// Serves `trace` with `ttrace`, times the server's queries, then the front end.

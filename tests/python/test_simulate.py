@@ -1,0 +1,118 @@
+"""`ttrace simulate` on real traces: what must hold whatever the model of
+the kernel (OPT is a floor, LRU is a stack algorithm, a budget holding
+everything re-reads nothing), its outputs, and its errors."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+PROMPT = "The history of the printing press begins in"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def moe_trace(ttrace, tmp_path_factory, llama_completion, models, flush_log_preload):
+    out = tmp_path_factory.mktemp("simulate") / "moe.data"
+    argv = [ttrace, "run", "-o", out, "--", llama_completion, "-m", models["moe"], "-p", PROMPT, "-n", "12",
+            "-no-cnv", "--ignore-eos", "-t", "2", "--temp", "0", "-c", "256"]
+    env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def simulate(ttrace, trace, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([ttrace, "simulate", trace, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_floors_stack_property_and_a_budget_that_holds_everything(ttrace, moe_trace, tmp_path, models):
+    budgets = [8, 12, 16, 20, 24, 28, 32, 48]
+    proc = simulate(ttrace, moe_trace, "--budgets", ",".join(f"{b}M" for b in budgets), "--json",
+                    "--csv", tmp_path / "c.csv", "--plot", tmp_path / "c.svg")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    # The recorded anonymous memory is what the limit spends besides the model.
+    assert 0 < doc["anon_bytes"] < 64 * MIB and "recorded" in doc["anon_source"]
+    assert doc["generated_tokens"] == 11 and doc["populate"]
+    assert 0 < doc["footprint_bytes"] <= models["moe"].stat().st_size
+    rows = {(r["budget_bytes"], r["policy"]): r for r in doc["rows"]}
+    assert len(rows) == len(budgets) * 3
+    for b in budgets:
+        lru, opt, two = (rows[(b * MIB, p)] for p in ("lru", "opt", "2q"))
+        assert opt["misses"] <= lru["misses"] and opt["misses"] <= two["misses"], b
+        assert lru["cache_bytes"] == max(0, b * MIB - doc["anon_bytes"])
+        assert lru["disk_bytes"] == lru["misses"] * doc["page_bytes"]
+        assert lru["disk_bytes_per_token"] == pytest.approx(lru["disk_bytes"] / 11)
+    # LRU and OPT are stack algorithms: a larger cache never misses more.
+    for policy in ("lru", "opt"):
+        misses = [rows[(b * MIB, policy)]["misses"] for b in budgets]
+        assert misses == sorted(misses, reverse=True), (policy, misses)
+    # From the budget simulate names on, generation re-reads nothing. Loading
+    # read the whole file first (MAP_POPULATE), so at most the file plus anon.
+    fit = doc["fit_budget_bytes"]
+    assert fit <= models["moe"].stat().st_size + doc["anon_bytes"] + doc["page_bytes"]
+    at_fit = simulate(ttrace, moe_trace, "--budgets", str(fit), "--json")
+    assert all(r["misses"] == 0 for r in json.loads(at_fit.stdout)["rows"])
+    below = simulate(ttrace, moe_trace, "--budgets", str(fit - doc["page_bytes"]), "--policy", "lru", "--json")
+    assert json.loads(below.stdout)["rows"][0]["misses"] > 0
+
+    with open(tmp_path / "c.csv") as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0])[:5] == ["budget_bytes", "policy", "disk_bytes", "disk_bytes_per_token", "misses"]
+    assert {(int(r["budget_bytes"]), r["policy"]): int(r["misses"]) for r in table} == \
+        {k: r["misses"] for k, r in rows.items()}
+    svg = ET.parse(tmp_path / "c.svg").getroot()
+    assert svg.tag.endswith("svg") and "lru" in ET.tostring(svg, encoding="unicode")
+
+    text = simulate(ttrace, moe_trace, "--budgets", "16M,32M")
+    assert text.returncode == 0 and "smallest budget at which generation reads nothing" in text.stdout
+
+
+def test_readahead_reads_more_and_an_expert_permutation_changes_what_is_read(ttrace, moe_trace, tmp_path):
+    base = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--json").stdout)
+    ahead = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--readahead", "128K",
+                                "--json").stdout)
+    assert ahead["rows"][0]["misses"] >= base["rows"][0]["misses"]
+    # The identity permutation changes nothing; reversing every layer's
+    # experts moves the routed slices, so the same budget reads differently.
+    n_layers, n_expert = 4, 8
+    same = tmp_path / "identity.json"
+    same.write_text(json.dumps([list(range(n_expert))] * n_layers))
+    flip = tmp_path / "reverse.json"
+    flip.write_text(json.dumps([list(reversed(range(n_expert)))] * n_layers))
+    ident = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--layout", same,
+                                "--json").stdout)
+    assert ident["rows"] == base["rows"]
+    moved = simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--layout", flip, "--json")
+    assert moved.returncode == 0, moved.stderr
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps([list(range(3))] * n_layers))
+    bad = simulate(ttrace, moe_trace, "--budgets", "16M", "--layout", wrong)
+    assert bad.returncode != 0 and "experts" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--budgets", "12Q"], "unknown unit"),
+    (["--budget-range", "1G..64M"], "FROM must be below TO"),
+    (["--page", "3000"], "power of two"),
+    (["--readahead", "5K"], "multiple of --page"),
+    (["--policy", "fifo"], "invalid value"),
+])
+def test_bad_arguments_are_one_clear_error(ttrace, moe_trace, args, message):
+    proc = simulate(ttrace, moe_trace, *args)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "panicked" not in proc.stderr
+
+
+def test_missing_and_malformed_traces_are_refused(ttrace, tmp_path):
+    proc = simulate(ttrace, tmp_path / "none.data")
+    assert proc.returncode != 0 and "none.data" in proc.stderr
+    junk = tmp_path / "junk.data"
+    junk.write_bytes(b"not a trace" * 100)
+    proc = simulate(ttrace, junk)
+    assert proc.returncode != 0 and "junk.data" in proc.stderr and "panicked" not in proc.stderr

@@ -1,0 +1,92 @@
+//! `ttrace simulate` on the viewer's ≥ 10 M-op Gemma trace: the whole LRU
+//! curve plus OPT at 8 budgets, wall time per round (goal ≤ 10 s), reading
+//! the trace included.
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Ctx, median};
+
+const ROUNDS: u32 = 5;
+const BUDGETS: &str = "32M,64M,96M,128M,160M,192M,224M,256M";
+
+pub struct SimulateSample {
+    pub round: u32,
+    pub secs: f64,
+    pub load: f64,
+}
+
+pub struct SimulateBench {
+    pub ops: u64,
+    pub tokens: u32,
+    pub samples: Vec<SimulateSample>,
+}
+
+pub fn run(ctx: &Ctx, model: &Path) -> Result<SimulateBench> {
+    let (trace, tokens) = super::viewer::long_trace(ctx, model)?;
+    let ops = ops_of(ctx, &trace)?;
+    let mut samples = Vec::new();
+    for round in 0..ROUNDS {
+        let load = super::attach::load_average();
+        let started = Instant::now();
+        let out = Command::new(&ctx.ttrace)
+            .arg("simulate")
+            .arg(&trace)
+            .args(["--policy", "lru,opt", "--budgets", BUDGETS, "--anon", "0", "--json"])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running ttrace simulate")?;
+        let secs = started.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("ttrace simulate failed ({})", out.status);
+        }
+        samples.push(SimulateSample { round, secs, load });
+    }
+    Ok(SimulateBench { ops, tokens, samples })
+}
+
+fn ops_of(ctx: &Ctx, trace: &Path) -> Result<u64> {
+    let out = Command::new(&ctx.ttrace).arg("report").arg(trace).arg("--json").stderr(Stdio::null()).output()?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).context("ttrace report --json")?;
+    doc["ops"].as_u64().context("report --json has no `ops`")
+}
+
+pub fn section(md: &mut String, b: &SimulateBench) -> Result<()> {
+    use std::fmt::Write as _;
+    let secs: Vec<f64> = b.samples.iter().map(|s| s.secs).collect();
+    let loads: Vec<f64> = b.samples.iter().map(|s| s.load).collect();
+    let (lo, hi) = (secs.iter().copied().fold(f64::MAX, f64::min), secs.iter().copied().fold(0.0, f64::max));
+    writeln!(md, "## Simulate speed\n")?;
+    writeln!(
+        md,
+        "`ttrace simulate --policy lru,opt --budgets {BUDGETS}` on the viewer's Gemma trace ({} ops, {} generated \
+         tokens): reading the trace, the whole LRU curve from stack distances, and OPT at each of the 8 budgets. \
+         Goal ≤ 10 s.\n",
+        b.ops, b.tokens
+    )?;
+    writeln!(md, "| rounds | median wall | min–max | 1-minute load average |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    writeln!(
+        md,
+        "| {} | {:.2} s | {lo:.2}–{hi:.2} s | {:.1}–{:.1} |\n",
+        secs.len(),
+        median(&secs),
+        loads.iter().copied().fold(f64::MAX, f64::min),
+        loads.iter().copied().fold(0.0, f64::max)
+    )?;
+    Ok(())
+}
+
+pub fn csv(csv: &mut String, b: &SimulateBench) -> Result<()> {
+    use std::fmt::Write as _;
+    for s in &b.samples {
+        writeln!(csv, "simulate_secs,gemma,{},{}", s.round, s.secs)?;
+        writeln!(csv, "simulate_load_average,gemma,{},{}", s.round, s.load)?;
+    }
+    Ok(())
+}
