@@ -44,7 +44,8 @@ pub fn ensure() -> Result<String> {
 
 fn npm(dir: &Path) -> Command {
     let mut cmd = Command::new("npm");
-    cmd.current_dir(dir).env("npm_config_update_notifier", "false");
+    // Its progress goes to stderr, so `cargo xtask paths > paths.json` stays JSON.
+    cmd.current_dir(dir).env("npm_config_update_notifier", "false").stdout(std::io::stderr());
     cmd
 }
 
