@@ -9,6 +9,7 @@ mod elf;
 mod hooks;
 mod ldcache;
 mod libs;
+mod probe_site;
 mod residency;
 mod spawn;
 mod user;
@@ -18,8 +19,8 @@ use std::path::PathBuf;
 
 pub use cgroup::{CgroupError, CgroupVersion, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
-    ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, returned_string,
-    symbol_file_offsets,
+    ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, probe_file_offsets,
+    returned_string, symbol_file_offsets,
 };
 pub use hooks::{
     BASE_HOOKS, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, PROCESS_UBATCH, REQUIRED_HOOKS, VERSION_SYMBOLS,
