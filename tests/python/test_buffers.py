@@ -142,7 +142,8 @@ def test_perfetto_counts_buffer_bytes_per_usage(ttrace, traced, tmp_path):
 def test_view_op_details_name_the_buffers(ttrace, traced, tmp_path):
     """`ttrace view`'s op lookup (what its details panel shows): an op that
     reads the KV cache names that buffer for the source, and its output's
-    buffer is the compute buffer, where a trace without buffers said `anon`."""
+    buffer is the compute buffer, where a trace without buffers said `anon`
+    (or `unmapped`)."""
     import urllib.request
 
     from test_exports import export
@@ -161,4 +162,7 @@ def test_view_op_details_name_the_buffers(ttrace, traced, tmp_path):
     sources = dict(zip(op["srcs"], op["src_buffers"]))
     kv = [b for n, b in sources.items() if n.startswith("cache_k_l0")]
     assert kv and all(b and b["usage"] == "KV cache" for b in kv), (name, op)
-    assert op["dst_memory"] == "anon" and op["dst_buffer"]["usage"] == "compute", (name, op)
+    # The buffer, not `dst_memory`: that comes from the recorder's copy of
+    # /proc/PID/maps, which may predate a compute buffer ggml just mapped
+    # ("unmapped" then); the buffer table has every allocation.
+    assert op["dst_buffer"]["usage"] == "compute", (name, op)

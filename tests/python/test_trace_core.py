@@ -123,7 +123,7 @@ def check_summary(stderr: str, a: dict, wall_s: float):
     assert [int(n) for n in uncompleted] == ([a["io"]["disk"]["uncompleted"]] if a["io"]["disk"]["uncompleted"] else [])
 
     lost = s["lost"]
-    kinds = ["op", "call", "page_fault", "page_cache", "block"]
+    kinds = ["op", "call", "page_fault", "page_cache", "block", "value"]
     assert set(a["lost"]) == set(kinds)
     if lost.group(1) is None:
         assert all(a["lost"][k] == 0 for k in kinds), a["lost"]

@@ -121,8 +121,11 @@ impl Attached {
             let i = match offsets.iter().position(|(p, _)| p == path) {
                 Some(i) => i,
                 None => {
+                    // Probe sites past a single-stepped first instruction
+                    // where the registers stay as at the call; a return
+                    // probe there still finds the return address at rsp.
                     let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
-                    offsets.push((path.to_path_buf(), target::symbol_file_offsets(path, &symbols)?));
+                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols)?));
                     offsets.len() - 1
                 }
             };

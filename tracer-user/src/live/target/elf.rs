@@ -17,7 +17,7 @@ use object::{
     read::elf::{Dyn, ElfFile64, Rela, SectionHeader, Sym},
 };
 
-use super::TargetError;
+use super::{TargetError, probe_site};
 
 type Elf64<'a> = ElfFile64<'a, Endianness, &'a ReadCache<File>>;
 
@@ -168,6 +168,17 @@ pub fn has_symbols(path: &Path, names: &[&str]) -> Result<Vec<bool>, TargetError
 /// File offsets of `names` (what uprobes attach to), from one parse of
 /// `path`: the symbol's address mapped through its PT_LOAD segment.
 pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
+    file_offsets(path, names, false)
+}
+
+/// As [`symbol_file_offsets`], moved past a first instruction the kernel
+/// would single-step where that keeps the call's registers
+/// (`probe_site::entry_skip`): where ttrace's probes go.
+pub fn probe_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
+    file_offsets(path, names, true)
+}
+
+fn file_offsets(path: &Path, names: &[&str], cheap_site: bool) -> Result<Vec<Option<u64>>, TargetError> {
     use object::read::elf::ProgramHeader as _;
     with_elf(path, |file| {
         let endian = file.endian();
@@ -180,7 +191,10 @@ pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64
         Ok(find_symbols(file, names)
             .iter()
             .map(|sym| {
-                let addr = sym.as_ref()?.addr;
+                let sym = sym.as_ref()?;
+                let skip =
+                    if cheap_site { section_bytes(file, sym.addr, 16).map_or(0, probe_site::entry_skip) } else { 0 };
+                let addr = sym.addr + if sym.size == 0 || skip < sym.size { skip } else { 0 };
                 let &(vaddr, _, offset) = loads.iter().find(|&&(v, size, _)| addr >= v && addr - v < size)?;
                 Some(addr - vaddr + offset)
             })
@@ -340,6 +354,21 @@ pub fn op_names(libggml_base: &Path) -> Result<OpNames, TargetError> {
     })
 }
 
+/// Bytes at virtual address `addr`, from a section with file contents.
+fn section_bytes<'a>(file: &Elf64<'a>, addr: u64, len: u64) -> Option<&'a [u8]> {
+    let endian = file.endian();
+    let section = file.elf_section_table().iter().find(|s| {
+        let (start, size) = (s.sh_addr(endian), s.sh_size(endian));
+        s.sh_flags(endian) & u64::from(elf::SHF_ALLOC) != 0
+            && s.sh_type(endian) != elf::SHT_NOBITS
+            && addr >= start
+            && addr - start < size
+    })?;
+    let in_section = addr - section.sh_addr(endian);
+    let len = len.min(section.sh_size(endian) - in_section);
+    file.data().read_bytes_at(section.sh_offset(endian).checked_add(in_section)?, len).ok()
+}
+
 /// Virtual addresses of a file image, resolved through its section headers,
 /// plus the pointer values its dynamic relocations set.
 struct Image<'a, 'f> {
@@ -379,19 +408,8 @@ impl<'a, 'f> Image<'a, 'f> {
         Self { file, relative }
     }
 
-    /// Bytes at virtual address `addr`, from a section with file contents.
     fn bytes(&self, addr: u64, len: u64) -> Option<&'a [u8]> {
-        let endian = self.file.endian();
-        let section = self.file.elf_section_table().iter().find(|s| {
-            let (start, size) = (s.sh_addr(endian), s.sh_size(endian));
-            s.sh_flags(endian) & u64::from(elf::SHF_ALLOC) != 0
-                && s.sh_type(endian) != elf::SHT_NOBITS
-                && addr >= start
-                && addr - start < size
-        })?;
-        let in_section = addr - section.sh_addr(endian);
-        let len = len.min(section.sh_size(endian) - in_section);
-        self.file.data().read_bytes_at(section.sh_offset(endian).checked_add(in_section)?, len).ok()
+        section_bytes(self.file, addr, len)
     }
 
     fn u64_at(&self, addr: u64) -> Option<u64> {

@@ -9,6 +9,7 @@ mod elf;
 mod hooks;
 mod ldcache;
 mod libs;
+mod probe_site;
 mod residency;
 mod spawn;
 mod user;
@@ -18,8 +19,8 @@ use std::path::PathBuf;
 
 pub use cgroup::{CgroupError, CgroupVersion, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
-    ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, returned_string,
-    symbol_file_offsets, symbol_ranges,
+    ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, probe_file_offsets,
+    returned_string, symbol_file_offsets, symbol_ranges,
 };
 pub use hooks::{
     BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, OUTPUT_RESERVE, PROCESS_UBATCH,
