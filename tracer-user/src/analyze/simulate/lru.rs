@@ -205,6 +205,19 @@ impl Residency {
         gone
     }
 
+    /// Reads the absent atoms of `atom`'s readahead window (not `atom`
+    /// itself), telling `joined` each; returns the pages read.
+    pub fn read_ahead(&mut self, atom: u32, stream: &Stream, mut joined: impl FnMut(u32)) -> u64 {
+        let mut read = 0;
+        for other in stream.window(atom).filter(|&o| o != atom) {
+            if self.pages[other as usize] == 0 {
+                read += self.fill(other, stream);
+                joined(other);
+            }
+        }
+        read
+    }
+
     pub fn whole(&self, atom: u32, stream: &Stream) -> bool {
         self.pages[atom as usize] == stream.atom_pages[atom as usize]
     }
@@ -219,14 +232,8 @@ pub fn lru_one_size(stream: &Stream, capacity: u64) -> Misses {
     let mut res = Residency::new(stream.atom_pages.len());
     for (atom, period) in stream.iter() {
         if !res.whole(atom, stream) {
-            let mut read = 0;
             // Readahead first, then the page asked for, which ends up newest.
-            for other in stream.window(atom).filter(|&o| o != atom) {
-                if res.pages[other as usize] == 0 {
-                    read += res.fill(other, stream);
-                    list.push_head(other);
-                }
-            }
+            let mut read = res.read_ahead(atom, stream, |other| list.push_head(other));
             res.evict(atom, u64::MAX);
             read += res.fill(atom, stream);
             misses.pages[period.index()] += read;

@@ -58,13 +58,7 @@ pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
     };
     for (atom, period) in stream.iter() {
         if !res.whole(atom, stream) {
-            let mut read = 0;
-            for other in stream.window(atom).filter(|&o| o != atom) {
-                if res.pages[other as usize] == 0 {
-                    read += res.fill(other, stream);
-                    l.insert(other, stream);
-                }
-            }
+            let mut read = res.read_ahead(atom, stream, |other| l.insert(other, stream));
             l.unlink(atom, &res);
             res.evict(atom, u64::MAX);
             read += res.fill(atom, stream);
