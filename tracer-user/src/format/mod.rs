@@ -1,7 +1,9 @@
 //! The trace file: its frames, codec, writer and reader. Shared by both
 //! paths: the live side writes it, the offline side reads it.
+pub mod buffers;
 pub mod codec;
 pub mod frames;
+mod memory;
 pub mod reader;
 pub mod records;
 pub mod values;

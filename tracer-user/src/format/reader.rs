@@ -17,7 +17,7 @@ pub use super::records::{
 
 use super::{
     codec::{CodecError, Cursor},
-    frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
+    frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, ModelTable, Trailer},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -396,17 +396,7 @@ impl<R: Read> TraceReader<R> {
             FrameKind::Buffer => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
-                let action = match c.u32().map_err(e)? {
-                    tracer_common::buffer_action::CREATED => BufferAction::Created,
-                    tracer_common::buffer_action::SET_USAGE => BufferAction::SetUsage,
-                    tracer_common::buffer_action::FREED => BufferAction::Freed,
-                    other => return Err(format!("unknown buffer action {other}")),
-                };
-                let (buffer, buft) = (c.u64().map_err(e)?, c.u64().map_err(e)?);
-                let (context, size) = (c.u64().map_err(e)?, c.u64().map_err(e)?);
-                let usage = c.u32().map_err(e)?;
-                let type_name = String::from_utf8_lossy(c.bytes().map_err(e)?).into_owned();
-                let b = BufferRecord { ts_ns, tid, action, buffer, buft, context, size, usage, type_name };
+                let b = super::buffers::decode((ts_ns, tid), &mut c).map_err(e)??;
                 Ok(Some(Record::Buffer(b)))
             }
             FrameKind::Value => {
@@ -437,7 +427,7 @@ impl<R: Read> TraceReader<R> {
                         offset: c.u64().map_err(e)?,
                     }),
                 };
-                let memory = parse_memory(&mut c).map_err(e)??;
+                let memory = super::memory::decode(&mut c).map_err(e)??;
                 Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code, file, memory })))
             }
             FrameKind::PageCache => {
@@ -577,7 +567,7 @@ impl<R: Read> TraceReader<R> {
         let ne = [c.i64()?, c.i64()?, c.i64()?, c.i64()?];
         let nb = [c.u64()?, c.u64()?, c.u64()?, c.u64()?];
         let (data, view_src, view_offs, has_extra) = (c.u64()?, c.u64()?, c.u64()?, c.u64()? != 0);
-        let memory = match parse_memory(c)? {
+        let memory = match super::memory::decode(c)? {
             Ok(memory) => memory,
             Err(e) => return Ok(Err(e)),
         };
@@ -597,19 +587,6 @@ impl<R: Read> TraceReader<R> {
             memory,
         }))
     }
-}
-
-/// The memory class as the writer's `put_memory` encodes it (tags < 128 are
-/// one-byte varints).
-fn parse_memory(c: &mut Cursor) -> Result<Result<Memory, String>, CodecError> {
-    Ok(Ok(match c.u64()? {
-        0 => Memory::ModelFile { model: c.u32()?, tensor: c.u32()?, offset: c.u64()? },
-        1 => Memory::Copy { model: c.u32()?, tensor: c.u32()? },
-        2 => Memory::Anon,
-        3 => Memory::OtherFile,
-        4 => Memory::Unmapped,
-        tag => return Ok(Err(format!("memory class tag {tag}"))),
-    }))
 }
 
 /// `read_exact` that reports a clean end of file as `false`.

@@ -125,7 +125,7 @@ impl<W: Write> TraceWriter<W> {
         for v in [d.data, d.view_src, d.view_offs, u64::from(d.has_extra)] {
             put_u64(f, v);
         }
-        put_memory(f, d.memory);
+        super::memory::encode(f, d.memory);
         self.stats.descriptor_bytes += self.emit(FrameKind::Tensor)?;
         self.stats.descriptors += 1;
         let id = self.descriptors.len() as u32;
@@ -271,10 +271,8 @@ impl<W: Write> TraceWriter<W> {
         let thread = self.thread(b.header.tid)?;
         self.timestamp(b.header.ts_ns);
         let f = &mut self.frame;
-        for v in [u64::from(thread), u64::from(b.action), b.buffer, b.buft, b.context, b.size, u64::from(b.usage)] {
-            put_u64(f, v);
-        }
-        put_bytes(f, tracer_common::c_str(&b.type_name));
+        put_u64(f, u64::from(thread));
+        super::buffers::encode(f, b);
         self.stats.markers += 1;
         self.emit(FrameKind::Buffer).map(drop)
     }
@@ -334,7 +332,7 @@ impl<W: Write> TraceWriter<W> {
             }
             None => f.push(0),
         }
-        put_memory(f, memory);
+        super::memory::encode(f, memory);
         self.stats.faults += 1;
         self.stats.io_bytes += self.emit(FrameKind::Fault)?;
         Ok(())
@@ -417,23 +415,4 @@ fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {
 
 fn c_str(bytes: &[u8]) -> &str {
     std::str::from_utf8(tracer_common::c_str(bytes)).unwrap_or("?")
-}
-
-fn put_memory(f: &mut Vec<u8>, memory: Memory) {
-    match memory {
-        Memory::ModelFile { model, tensor, offset } => {
-            f.push(0);
-            put_u64(f, u64::from(model));
-            put_u64(f, u64::from(tensor));
-            put_u64(f, offset);
-        }
-        Memory::Copy { model, tensor } => {
-            f.push(1);
-            put_u64(f, u64::from(model));
-            put_u64(f, u64::from(tensor));
-        }
-        Memory::Anon => f.push(2),
-        Memory::OtherFile => f.push(3),
-        Memory::Unmapped => f.push(4),
-    }
 }
