@@ -21,7 +21,9 @@ use crate::{
 struct Document<'a> {
     trace: String,
     page_bytes: u64,
-    readahead_bytes: Option<u64>,
+    /// The kernel readahead replayed for LRU and 2q; `null`: demand paging.
+    readahead: Option<simulate::Readahead>,
+    readahead_source: &'a str,
     layout: Option<String>,
     phase: Counting,
     /// Loading replayed as a sequential read (MAP_POPULATE).
@@ -53,9 +55,30 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         Some(path) => Some(super::diff::read_permutation(path, &args.layout_key)?),
         None => None,
     };
+    let (readahead, readahead_source) = match args.readahead {
+        Some(0) => (None, "--readahead 0"),
+        Some(bytes) => {
+            let recorded = simulate::recorded_readahead(&analysis);
+            let fault_around = recorded.map_or(simulate::FAULT_AROUND_DEFAULT, |r| r.fault_around_bytes);
+            (Some(simulate::Readahead { window_bytes: bytes, fault_around_bytes: fault_around }), "--readahead")
+        }
+        None => match simulate::recorded_readahead(&analysis) {
+            Some(r) => (Some(r), "the model device's read_ahead_kb, recorded, doubled by llama.cpp's FADV_SEQUENTIAL"),
+            None => {
+                eprintln!(
+                    "ttrace: {} did not record the model device's readahead (traced before ttrace kept it): \
+                     replaying demand paging, which under a tight budget undercounts the kernel's read-around; \
+                     pass --readahead SIZE (twice the device's read_ahead_kb, as llama.cpp advises sequential \
+                     reads) to replay it",
+                    args.file.display()
+                );
+                (None, "not recorded in the trace")
+            }
+        },
+    };
     let options = Options {
         page_bytes: args.page,
-        readahead: args.readahead,
+        readahead,
         layout,
         populate: match args.load {
             LoadReplay::Auto => None,
@@ -90,7 +113,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     }
     let rows = simulate::run(&replay, &budgets, &policies, anon_bytes, args.page, args.phase, &bar);
     bar.finish_and_clear();
-    let fit = (args.readahead.is_none() && args.phase == Counting::Generate).then(|| {
+    let fit = (args.phase == Counting::Generate).then(|| {
         let f = simulate::lru_fit(&simulate::LruCurve::new(&replay.stream));
         (f.pages * args.page + anon_bytes, f.cold_pages * args.page)
     });
@@ -108,7 +131,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         let doc = Document {
             trace: args.file.display().to_string(),
             page_bytes: args.page,
-            readahead_bytes: args.readahead,
+            readahead,
+            readahead_source,
             layout: args.layout.as_ref().map(|p| p.display().to_string()),
             phase: args.phase,
             populate: replay.populate,
@@ -123,7 +147,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         serde_json::to_writer_pretty(&mut out, &doc).map_err(std::io::Error::from)?;
         writeln!(out)?;
     } else {
-        write!(out, "{}", render(&args, &replay, anon_bytes, anon_source, &policies, &rows, fit))?;
+        let labels = Labels { anon: anon_source, readahead: readahead_source };
+        write!(out, "{}", render(&args, &replay, anon_bytes, labels, &policies, &rows, fit))?;
     }
     out.flush()?;
     Ok(())
@@ -142,11 +167,17 @@ fn budgets(args: &SimulateArgs, everything: u64) -> Vec<u64> {
     (0..steps).map(|i| from + (step * f64::from(i)).round() as u64).collect()
 }
 
+/// Where the anonymous memory and the readahead came from.
+struct Labels<'a> {
+    anon: &'a str,
+    readahead: &'a str,
+}
+
 fn render(
     args: &SimulateArgs,
     replay: &Replay,
     anon: u64,
-    anon_source: &str,
+    labels: Labels,
     policies: &[Policy],
     rows: &[Row],
     fit: Option<(u64, u64)>,
@@ -163,15 +194,21 @@ fn render(
         human_bytes(replay.footprint_pages * args.page)
     );
     s += &format!(
-        "page {}, readahead {}, loading {}, anonymous memory {} ({anon_source}){}\n\n",
+        "page {}, readahead {} ({}), loading {}, anonymous memory {} ({}){}\n\n",
         human_bytes(args.page),
-        args.readahead.map_or("none".into(), human_bytes),
+        replay.readahead.map_or("none".into(), |r| format!(
+            "{} read-around, {} fault-around; OPT without",
+            human_bytes(r.window_bytes),
+            human_bytes(r.fault_around_bytes)
+        )),
+        labels.readahead,
         if replay.populate {
             "replayed as MAP_POPULATE's sequential read"
         } else {
             "not replayed (cold at the first op)"
         },
         human_bytes(anon),
+        labels.anon,
         args.layout.as_ref().map_or(String::new(), |p| format!(", expert layout from {}", p.display())),
     );
     s += &format!("{per}:\n{:>12} {:>12}", "budget", "cache");
@@ -191,7 +228,10 @@ fn render(
         s += "\nno token was generated in this trace: per-token figures are '-'\n";
     }
     if let Some((budget, first)) = fit {
-        s += &format!("\nsmallest budget at which generation reads nothing from disk (LRU): {}", human_bytes(budget));
+        s += &format!(
+            "\nsmallest budget at which generation reads nothing from disk (LRU, demand paging): {}",
+            human_bytes(budget)
+        );
         if first > 0 {
             s += &format!(
                 " (besides {} it reads for the first time, which no budget avoids; see --load)",
