@@ -110,7 +110,11 @@ pub fn replay(stream: &Stream, ra: Window, cache: &mut impl PageCache, capacity:
             if !path.mapped[page as usize] {
                 misses.pages[period.index()] += path.fault(page);
             }
-            path.cache.accessed(page);
+            // A cache too small for one page keeps nothing: the next access
+            // faults again.
+            if path.mapped[page as usize] {
+                path.cache.accessed(page);
+            }
         }
     }
     misses
@@ -149,7 +153,7 @@ impl<C: PageCache> FaultPath<'_, C> {
             }
         }
         self.marked[page as usize] = false;
-        self.mapped[page as usize] = true;
+        self.mapped[page as usize] = self.cache.resident(page);
         read
     }
 

@@ -266,3 +266,10 @@ fn read_around_under_a_tight_cache_rereads_what_it_evicted() {
         assert!((600..=1200).contains(&m), "policy {policy}: {m}");
     }
 }
+
+#[test]
+fn a_cache_below_one_page_misses_every_access_under_readahead() {
+    let s = Stream::of(&[1; 8], &[0, 1, 0, 1, 2]);
+    assert_eq!(generated(faults::replay(&s, readahead(4), &mut Lru::new(vec![1; 8]), 0)), 5);
+    assert_eq!(generated(faults::replay(&s, readahead(4), &mut TwoList::new(vec![1; 8]), 0)), 5);
+}
