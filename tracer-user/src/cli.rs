@@ -502,9 +502,9 @@ pub struct SimulateArgs {
 }
 
 const SWEEP_HELP: &str = "Example plan (plan.toml):\n\n  \
-models = [\"gemma-3-270m-q4_k_m.gguf\", \"moe.gguf\"]\n  \
+models = [\"gemma-3-270m-q4_k_m.gguf\", { path = \"moe.gguf\", mem_limits = [\"32M\", \"48M\"] }]\n  \
 threads = [2]\n  \
-mem_limits = [\"160M\", \"none\"]        # sizes as --mem-limit takes them; \"none\": no limit\n  \
+mem_limits = [\"160M\", \"none\"]        # sizes as --mem-limit takes them, \"none\": no limit (a model may have its own)\n  \
 cache = \"cold\"                         # cold: a private copy of each model, evicted before every run; warm (default)\n  \
 repeats = 2\n  \
 n_predict = 8\n  \

@@ -151,7 +151,8 @@ impl Spread {
         }
         let n = values.len() as f64;
         let mean = values.iter().sum::<f64>() / n;
-        let var = if values.len() > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+        let var =
+            if values.len() > 1 { values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
         Some(Spread {
             mean,
             stdev: var.sqrt(),
@@ -212,7 +213,11 @@ fn model_report(model: &str, runs: &[&RunFigures]) -> ModelReport {
         similarity,
         disk_vs_mem_limit: by_limit
             .into_iter()
-            .map(|(limit, rs)| LimitRow { mem_limit_bytes: limit, runs: rs.len() as u32, disk_bytes_per_token: disk(&rs) })
+            .map(|(limit, rs)| LimitRow {
+                mem_limit_bytes: limit,
+                runs: rs.len() as u32,
+                disk_bytes_per_token: disk(&rs),
+            })
             .collect(),
         spread: by_cell
             .into_iter()

@@ -17,7 +17,11 @@ pub fn run(args: SweepArgs) -> Result<()> {
 
 #[cfg(feature = "live")]
 fn run_plan(args: SweepArgs) -> Result<()> {
-    use crate::{live::privileges::require_tracing_privileges, live::target::UserSpec, sweep::{plan::Plan, runner}};
+    use crate::{
+        live::privileges::require_tracing_privileges,
+        live::target::UserSpec,
+        sweep::{plan::Plan, runner},
+    };
     let (Some(plan_path), Some(dir)) = (args.plan, args.output) else {
         bail!("usage: ttrace sweep PLAN.toml -o DIR (or ttrace sweep report DIR)")
     };

@@ -89,7 +89,8 @@ pub fn render(r: &SweepReport) -> String {
 
 fn model_section(h: &mut String, m: &ModelReport) {
     let _ = write!(h, "<h2>{}</h2><h3>Disk bytes per token against memory limit</h3>", escape(&m.model));
-    *h += "<table><tr><th>mem limit</th><th>runs</th><th>disk bytes/token (mean ± sd)</th><th>min</th><th>max</th></tr>";
+    *h +=
+        "<table><tr><th>mem limit</th><th>runs</th><th>disk bytes/token (mean ± sd)</th><th>min</th><th>max</th></tr>";
     for l in &m.disk_vs_mem_limit {
         let (lo, hi) = l
             .disk_bytes_per_token

@@ -70,10 +70,19 @@ struct PromptSpec {
     file: Option<PathBuf>,
 }
 
+/// A model: its path, or a table with the memory limits for it alone (a
+/// small model and a large one rarely share useful limits).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ModelSpec {
+    Path(PathBuf),
+    Table { path: PathBuf, mem_limits: Vec<String> },
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PlanFile {
-    models: Vec<PathBuf>,
+    models: Vec<ModelSpec>,
     prompts: Vec<PromptSpec>,
     #[serde(default = "default_threads")]
     threads: Vec<u32>,
@@ -163,16 +172,7 @@ impl Plan {
         if file.repeats == 0 || file.n_predict == 0 || file.threads.contains(&0) {
             return Err(invalid("`repeats`, `n_predict` and `threads` must be at least 1".into()));
         }
-        let mut limits = Vec::new();
-        for text in &file.mem_limits {
-            limits.push(match text.as_str() {
-                "none" => None,
-                _ => Some(crate::units::parse_size(text).map_err(|e| invalid(format!("mem_limits: `{text}`: {e}")))?),
-            });
-        }
-        if limits.is_empty() {
-            limits.push(None);
-        }
+        let plan_limits = limits(&file.mem_limits).map_err(invalid)?;
         let mut prompts = Vec::new();
         for p in &file.prompts {
             let text = match (&p.text, &p.file) {
@@ -185,7 +185,11 @@ impl Plan {
         }
         let program = file.command.program.clone().unwrap_or_else(|| PathBuf::from("llama-completion"));
         let mut runs = Vec::new();
-        for model_path in &file.models {
+        for spec in &file.models {
+            let (model_path, limits) = match spec {
+                ModelSpec::Path(p) => (p, plan_limits.clone()),
+                ModelSpec::Table { path, mem_limits } => (path, limits(mem_limits).map_err(invalid)?),
+            };
             let stem = model_path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
             let model = partition_value(stem.strip_suffix(".gguf").unwrap_or(&stem));
             for (domain, prompt) in &prompts {
@@ -231,6 +235,21 @@ impl Plan {
     }
 }
 
+/// Sizes or `none`; none given: one run without a limit.
+fn limits(texts: &[String]) -> Result<Vec<Option<u64>>, String> {
+    let mut out = Vec::new();
+    for text in texts {
+        out.push(match text.as_str() {
+            "none" => None,
+            _ => Some(crate::units::parse_size(text).map_err(|e| format!("mem_limits: `{text}`: {e}"))?),
+        });
+    }
+    if out.is_empty() {
+        out.push(None);
+    }
+    Ok(out)
+}
+
 /// `r` and 12 hex digits of blake3 over the parameters (a leading letter:
 /// Spark would read an all-digit partition value as a number).
 fn run_id(run: &RunSpec) -> String {
@@ -268,6 +287,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(again.runs[0].id, r.id);
+        // A model with limits of its own.
+        let own = Plan::parse(
+            "models = [\"/m/a.gguf\", { path = \"/m/b.gguf\", mem_limits = [\"32M\", \"48M\", \"none\"] }]\n\
+             mem_limits = [\"160M\"]\n[[prompts]]\ndomain = \"code\"\ntext = \"fn main\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let limits: Vec<_> = own.runs.iter().map(|r| (r.model.as_str(), r.params.mem_limit_bytes)).collect();
+        assert_eq!(limits, [("a", Some(160 << 20)), ("b", Some(32 << 20)), ("b", Some(48 << 20)), ("b", None)]);
     }
 
     #[test]
@@ -275,10 +303,13 @@ mod tests {
         let err = |t: &str| Plan::parse(t, Path::new(".")).err().unwrap().to_string();
         assert!(err("models = []\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"").contains("must not be empty"));
         assert!(err("models = [\"m\"]\nmodles = 1").contains("modles"));
-        assert!(err("models = [\"m\"]\nmem_limits = [\"lots\"]\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
-            .contains("lots"));
+        assert!(
+            err("models = [\"m\"]\nmem_limits = [\"lots\"]\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
+                .contains("lots")
+        );
         assert!(err("models = [\"m\"]\n[[prompts]]\ndomain = \"a\"").contains("exactly one"));
-        assert!(err("models = [\"m\"]\ncache = \"tepid\"\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
-            .contains("tepid"));
+        assert!(
+            err("models = [\"m\"]\ncache = \"tepid\"\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"").contains("tepid")
+        );
     }
 }

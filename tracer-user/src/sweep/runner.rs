@@ -26,7 +26,7 @@ use crate::{
     analyze,
     cli::TracepointChoice,
     cmd::report::read_analysis,
-    export::dataset::{self, RunInfo},
+    export::dataset::{self, Appended, RunInfo},
     format::StopReason,
     live::{
         session::{self, SessionSpec, Target},
@@ -107,6 +107,13 @@ pub async fn run(plan: &Plan, options: &Options) -> Result<Finished> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if !finished.interrupted {
+        // Every run is done: the private copies are not needed to resume.
+        let models = dir.models();
+        if models.is_dir() {
+            std::fs::remove_dir_all(&models).with_context(|| format!("removing {}", models.display()))?;
+        }
+    }
     Ok(finished)
 }
 
@@ -152,16 +159,20 @@ async fn one(run: &RunSpec, dir: &SweepDir, options: &Options) -> Result<Ended> 
             return Ok(Ended::Interrupted);
         }
         Ok(_) if info.error.is_none() => {
+            let clock = Instant::now();
             let appended = (|| -> Result<_> {
                 let analysis = read_analysis(&trace)?;
                 let stats = analyze::stats::collect(&trace, &analysis, &ProgressBar::hidden())
                     .with_context(|| format!("reading {}", trace.display()))?;
                 Ok(dataset::write_run(&dir.dataset(), &info, Some((&trace, &analysis, &stats)), options.ops)?)
             })();
-            if let Err(e) = appended {
-                // A trace that does not read back: the run failed.
-                info.error = Some(format!("{e:#}"));
-                dataset::write_run(&dir.dataset(), &info, None, false)?;
+            match appended {
+                Ok(appended) => info.appended = Some(Appended { ms: clock.elapsed().as_secs_f64() * 1e3, ..appended }),
+                Err(e) => {
+                    // A trace that does not read back: the run failed.
+                    info.error = Some(format!("{e:#}"));
+                    dataset::write_run(&dir.dataset(), &info, None, false)?;
+                }
             }
         }
         Ok(_) => {
@@ -246,7 +257,8 @@ fn prepare_model(run: &RunSpec, dir: &SweepDir) -> Result<PathBuf> {
         CacheMode::Warm => {
             let mut f = std::fs::File::open(&run.model_path)
                 .with_context(|| format!("opening {}", run.model_path.display()))?;
-            std::io::copy(&mut f, &mut std::io::sink()).with_context(|| format!("reading {}", run.model_path.display()))?;
+            std::io::copy(&mut f, &mut std::io::sink())
+                .with_context(|| format!("reading {}", run.model_path.display()))?;
             Ok(run.model_path.clone())
         }
         CacheMode::Cold => {

@@ -73,10 +73,8 @@ impl SweepDir {
     pub fn mark_done(&self, info: &RunInfo) -> Result<(), StateError> {
         let path = self.record(&info.run_id);
         let tmp = self.records().join(format!(".{}.json.tmp", info.run_id));
-        let text = serde_json::to_string_pretty(info).map_err(|source| StateError::Record {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = serde_json::to_string_pretty(info)
+            .map_err(|source| StateError::Record { path: path.display().to_string(), source })?;
         std::fs::write(&tmp, text).map_err(io(&tmp))?;
         std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io(&path))
@@ -88,14 +86,18 @@ impl SweepDir {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
             .map_err(io(&dir))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "json") && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "json")
+                    && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
             .collect();
         paths.sort();
         paths
             .iter()
             .map(|p| {
                 let text = std::fs::read_to_string(p).map_err(io(p))?;
-                serde_json::from_str(&text).map_err(|source| StateError::Record { path: p.display().to_string(), source })
+                serde_json::from_str(&text)
+                    .map_err(|source| StateError::Record { path: p.display().to_string(), source })
             })
             .collect()
     }

@@ -68,15 +68,14 @@ pub fn runs(info: &RunInfo, traced: Option<(&Analysis, &Stats)>) -> Result<Table
     ];
     if let Some((a, stats)) = traced {
         let facts = diff::facts(&Run { path: info.trace.clone(), analysis: a, stats });
-        let generate: Vec<_> = stats.ubatches.iter().filter(|u| u.phase == Some(Phase::Generate)).collect();
-        let generate_ns: u64 = generate.iter().map(|u| u.duration_ns).sum();
         let total = stats.loaded_vs_used.as_ref().map(|u| &u.total);
         let skipped = a.trailer.as_ref().map_or(0, |t| t.skipped.total());
         cells.extend([
             ("prompt_tokens", Some(i64_of(a.tokens.as_ref().map_or(a.prompt_tokens, |t| t.prompt)))),
             ("generated_tokens", Some(i64_of(facts.generated_tokens))),
             ("duration_ns", Some(i64_of(a.duration_ns()))),
-            ("tokens_per_s", (generate_ns > 0).then(|| Value::F64(generate.len() as f64 * 1e9 / generate_ns as f64))),
+            ("ops", Some(i64_of(a.ops))),
+            ("tokens_per_s", crate::analyze::sweep::tokens_per_s(stats).map(Value::F64)),
             ("weight_bytes_per_token", Some(Value::F64(facts.weight_bytes_per_token))),
             ("disk_bytes_per_token", facts.disk_bytes_per_token.map(Value::F64)),
             ("disk_bytes", Some(i64_of(a.io.disk.bytes))),

@@ -62,11 +62,16 @@ pub struct RunInfo {
     pub cgroup_limit_hits: Option<u64>,
     /// `Some`: the run failed, and why.
     pub error: Option<String>,
+    /// What appending it to the dataset wrote, and how long that took
+    /// (reading the trace back, analysing it, writing the files).
+    #[serde(default)]
+    pub appended: Option<Appended>,
 }
 
 /// What appending one run wrote.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct Appended {
+    pub ms: f64,
     pub files: u64,
     pub rows: u64,
     pub bytes: u64,

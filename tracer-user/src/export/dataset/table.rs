@@ -121,15 +121,18 @@ impl TableRows {
             let present = cells.iter().flatten();
             match col.untyped() {
                 ColumnWriter::Int32ColumnWriter(w) => {
-                    let v: Vec<i32> = present.filter_map(|v| if let Value::I32(x) = v { Some(*x) } else { None }).collect();
+                    let v: Vec<i32> =
+                        present.filter_map(|v| if let Value::I32(x) = v { Some(*x) } else { None }).collect();
                     w.write_batch(&v, defs, None)?;
                 }
                 ColumnWriter::Int64ColumnWriter(w) => {
-                    let v: Vec<i64> = present.filter_map(|v| if let Value::I64(x) = v { Some(*x) } else { None }).collect();
+                    let v: Vec<i64> =
+                        present.filter_map(|v| if let Value::I64(x) = v { Some(*x) } else { None }).collect();
                     w.write_batch(&v, defs, None)?;
                 }
                 ColumnWriter::DoubleColumnWriter(w) => {
-                    let v: Vec<f64> = present.filter_map(|v| if let Value::F64(x) = v { Some(*x) } else { None }).collect();
+                    let v: Vec<f64> =
+                        present.filter_map(|v| if let Value::F64(x) = v { Some(*x) } else { None }).collect();
                     w.write_batch(&v, defs, None)?;
                 }
                 ColumnWriter::BoolColumnWriter(w) => {
