@@ -214,3 +214,51 @@ def test_sweep_dataset_duckdb_spark_and_report(ttrace, tmp_path, models, llama_c
         assert r["disk_bytes_per_token"]["mean"] == pytest.approx(sql_limits[k]["disk_bytes_per_token"])
     print(f"\nsweep of {n_runs} runs (interrupted and resumed): {sweep_done - started:.0f} s; "
           f"queries, reports and checks: {time.monotonic() - sweep_done:.0f} s")
+
+
+def test_sweep_server_clients(ttrace, tmp_path, paths, models):
+    """The `server` kind: llama-server traced while two clients send their
+    completions at once. The sequences and tokens in the trace, the report and
+    the dataset are what the server answered each client (its `timings`)."""
+    server = Path(paths["llama_lib_dir"]) / "llama-server"
+    plan_path = tmp_path / "plan.toml"
+    plan_path.write_text(f"""
+models = ["{models['moe']}"]
+threads = [2]
+n_predict = 6
+ctx = 512
+
+[command]
+kind = "server"
+program = "{server}"
+clients = 2
+args = ["--no-webui"]
+request = {{ temperature = 0, ignore_eos = true }}
+
+[[prompts]]
+domain = "code"
+text = {json.dumps(DOMAINS["code"])}
+""")
+    out = tmp_path / "sweep"
+    proc = subprocess.run([ttrace, "sweep", plan_path, "-o", out], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = [json.loads(p.read_text()) for p in finished(out).values()]
+    assert record["error"] is None and record["params"]["clients"] == 2
+    served = record["served"]
+    assert len(served) == 2 and sorted(s["slot"] for s in served) == [0, 1]
+    assert all(s["predicted_n"] == 6 for s in served)
+
+    a = report(ttrace, out / record["trace"])
+    tokens = a["summary"]["tokens"]
+    assert tokens["sequences"] == 2
+    assert tokens["prompt"] == sum(s["prompt_n"] for s in served)
+    assert tokens["generated"] == sum(s["predicted_n"] - 1 for s in served)
+
+    import duckdb
+    con = duckdb.connect()
+    glob = f"{out}/dataset/table={{}}/*/*/*.parquet"
+    ((clients,),) = con.sql(f"SELECT clients FROM read_parquet('{glob.format('runs')}')").fetchall()
+    assert clients == 2
+    per_seq = dict(con.sql(f"SELECT seq, COUNT(*) FROM read_parquet('{glob.format('tokens')}') "
+                           "WHERE kind = 'generated' GROUP BY seq").fetchall())
+    assert sorted(per_seq.values()) == [5, 5] and len(per_seq) == 2

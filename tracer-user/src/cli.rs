@@ -510,9 +510,11 @@ repeats = 2\n  \
 n_predict = 8\n  \
 ctx = 256                              # -c\n\n  \
 [command]                              # optional\n  \
-kind = \"completion\"                    # llama-completion (the only kind so far)\n  \
-program = \"/path/to/llama-completion\"  # default: llama-completion from PATH\n  \
-args = [\"--ignore-eos\", \"--temp\", \"0\"]\n\n  \
+kind = \"completion\"                    # llama-completion; or \"server\" (below)\n  \
+program = \"/path/to/llama-completion\"  # default: llama-completion (llama-server) from PATH\n  \
+args = [\"--ignore-eos\", \"--temp\", \"0\"]\n  \
+# kind = \"server\": llama-server -np CLIENTS, sent CLIENTS concurrent /completion requests of the\n  \
+# prompt, then stopped; clients = 4, request = { ignore_eos = true, temperature = 0 } (more fields)\n\n  \
 [[prompts]]\n  \
 domain = \"code\"\n  \
 text = \"def quicksort(xs):\"\n\n  \

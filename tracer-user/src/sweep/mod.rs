@@ -16,4 +16,6 @@ pub mod plan;
 pub mod report;
 #[cfg(feature = "live")]
 pub mod runner;
+#[cfg(feature = "live")]
+mod server;
 pub mod state;

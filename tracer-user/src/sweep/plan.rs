@@ -47,6 +47,9 @@ pub enum CommandKind {
     /// `llama-completion -m MODEL -p PROMPT -n N -t T -no-cnv [-c CTX] ARGS…`.
     #[default]
     Completion,
+    /// `llama-server -m MODEL --host 127.0.0.1 --port P -t T -np CLIENTS [-c CTX] ARGS…`, sent one
+    /// `/completion` of the prompt per client at once, then stopped.
+    Server,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,8 +57,12 @@ pub enum CommandKind {
 struct CommandSpec {
     #[serde(default)]
     kind: CommandKind,
-    /// The program; default `llama-completion` from PATH.
+    /// The program; default `llama-completion` (`llama-server`) from PATH.
     program: Option<PathBuf>,
+    /// `server`: concurrent clients (and slots, `-np`).
+    clients: Option<u32>,
+    /// `server`: more fields of each `/completion` request (`ignore_eos`, `temperature`, ...).
+    request: Option<toml::Table>,
     /// Extra arguments after the plan's own.
     #[serde(default)]
     args: Vec<String>,
@@ -127,16 +134,30 @@ pub struct RunSpec {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub kind: CommandKind,
+    /// `server`: concurrent clients.
+    pub clients: u32,
+    /// `server`: each client's `/completion` request.
+    pub request: serde_json::Value,
 }
 
 impl RunSpec {
     /// The command line, with `model` (the plan's path, or a private copy)
-    /// after `-m`.
-    pub fn argv(&self, model: &Path) -> Vec<String> {
+    /// after `-m`, and for a server the port it listens on (`None`: a
+    /// placeholder, so a run's id does not depend on it).
+    pub fn argv(&self, model: &Path, port: Option<u16>) -> Vec<String> {
         let p = &self.params;
         let mut argv = vec![self.program.display().to_string(), "-m".into(), model.display().to_string()];
-        argv.extend(["-p".into(), p.prompt.clone(), "-n".into(), p.n_predict.to_string()]);
-        argv.extend(["-t".into(), p.threads.to_string(), "-no-cnv".into()]);
+        match self.kind {
+            CommandKind::Completion => {
+                argv.extend(["-p".into(), p.prompt.clone(), "-n".into(), p.n_predict.to_string()]);
+                argv.extend(["-t".into(), p.threads.to_string(), "-no-cnv".into()]);
+            }
+            CommandKind::Server => {
+                let port = port.map_or_else(|| "PORT".to_string(), |p| p.to_string());
+                argv.extend(["--host".into(), "127.0.0.1".into(), "--port".into(), port]);
+                argv.extend(["-t".into(), p.threads.to_string(), "-np".into(), self.clients.to_string()]);
+            }
+        }
         if let Some(ctx) = self.ctx {
             argv.extend(["-c".into(), ctx.to_string()]);
         }
@@ -183,7 +204,24 @@ impl Plan {
             };
             prompts.push((p.domain.clone(), text));
         }
-        let program = file.command.program.clone().unwrap_or_else(|| PathBuf::from("llama-completion"));
+        let kind = file.command.kind;
+        let program = file.command.program.clone().unwrap_or_else(|| {
+            PathBuf::from(if kind == CommandKind::Server { "llama-server" } else { "llama-completion" })
+        });
+        if kind == CommandKind::Completion && (file.command.clients.is_some() || file.command.request.is_some()) {
+            return Err(invalid("`clients` and `request` are for `kind = \"server\"`".into()));
+        }
+        let clients = file.command.clients.unwrap_or(1);
+        if clients == 0 {
+            return Err(invalid("`clients` must be at least 1".into()));
+        }
+        let mut request = serde_json::Map::new();
+        request.insert("n_predict".into(), file.n_predict.into());
+        request.insert("cache_prompt".into(), false.into());
+        if let Some(extra) = &file.command.request {
+            let extra = serde_json::to_value(extra).map_err(|e| invalid(format!("request: {e}")))?;
+            request.extend(extra.as_object().cloned().unwrap_or_default());
+        }
         let mut runs = Vec::new();
         for spec in &file.models {
             let (model_path, limits) = match spec {
@@ -206,6 +244,7 @@ impl Plan {
                                 repeat,
                                 n_predict: file.n_predict,
                                 command: Vec::new(),
+                                clients: None,
                             };
                             let mut run = RunSpec {
                                 id: String::new(),
@@ -216,9 +255,16 @@ impl Plan {
                                 ctx: file.ctx,
                                 program: program.clone(),
                                 args: file.command.args.clone(),
-                                kind: file.command.kind,
+                                kind,
+                                clients,
+                                request: serde_json::Value::Null,
                             };
-                            run.params.command = run.argv(model_path);
+                            if kind == CommandKind::Server {
+                                run.request = serde_json::Value::Object(request.clone());
+                                run.request["prompt"] = prompt.clone().into();
+                                run.params.clients = Some(clients);
+                            }
+                            run.params.command = run.argv(model_path, None);
                             run.id = run_id(&run);
                             runs.push(run);
                         }
@@ -257,6 +303,7 @@ fn run_id(run: &RunSpec) -> String {
         "params": &run.params,
         "cache": run.cache.name(),
         "kind": format!("{:?}", run.kind),
+        "request": &run.request,
     });
     let hash = blake3::hash(key.to_string().as_bytes());
     format!("r{}", &hash.to_hex()[..12])
@@ -299,6 +346,22 @@ mod tests {
     }
 
     #[test]
+    fn a_server_plan_has_clients_and_requests() {
+        let plan = Plan::parse(
+            "models = [\"/m/a.gguf\"]\nn_predict = 8\n[command]\nkind = \"server\"\nclients = 3\n\
+             request = { ignore_eos = true }\n[[prompts]]\ndomain = \"code\"\ntext = \"fn main\"\n",
+            Path::new("."),
+        )
+        .unwrap();
+        let r = &plan.runs[0];
+        assert_eq!((r.kind, r.clients, r.params.clients), (CommandKind::Server, 3, Some(3)));
+        assert_eq!(r.params.command[..7], ["llama-server", "-m", "/m/a.gguf", "--host", "127.0.0.1", "--port", "PORT"]);
+        assert_eq!(r.argv(Path::new("/m/a.gguf"), Some(8080))[6], "8080");
+        let want = serde_json::json!({"n_predict": 8, "cache_prompt": false, "ignore_eos": true, "prompt": "fn main"});
+        assert_eq!(r.request, want);
+    }
+
+    #[test]
     fn bad_plans_say_what_is_wrong() {
         let err = |t: &str| Plan::parse(t, Path::new(".")).err().unwrap().to_string();
         assert!(err("models = []\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"").contains("must not be empty"));
@@ -308,6 +371,10 @@ mod tests {
                 .contains("lots")
         );
         assert!(err("models = [\"m\"]\n[[prompts]]\ndomain = \"a\"").contains("exactly one"));
+        assert!(
+            err("models = [\"m\"]\n[command]\nclients = 2\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
+                .contains("for `kind = \"server\"`")
+        );
         assert!(
             err("models = [\"m\"]\ncache = \"tepid\"\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"").contains("tepid")
         );

@@ -19,7 +19,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{
     llama_log,
-    plan::{CacheMode, Plan, RunSpec},
+    plan::{CacheMode, CommandKind, Plan, RunSpec},
+    server,
     state::SweepDir,
 };
 use crate::{
@@ -53,7 +54,7 @@ pub struct Finished {
 
 /// How one run ended.
 enum Ended {
-    Done(RunInfo),
+    Done(Box<RunInfo>),
     /// Ctrl-C during the run: nothing of it is kept.
     Interrupted,
 }
@@ -184,7 +185,7 @@ async fn one(run: &RunSpec, dir: &SweepDir, options: &Options) -> Result<Ended> 
         }
     }
     dir.mark_done(&info)?;
-    Ok(Ended::Done(info))
+    Ok(Ended::Done(Box::new(info)))
 }
 
 /// Traces the run; `info.error` says how the command failed. `Err`: the
@@ -198,7 +199,12 @@ async fn trace_one(
     info: &mut RunInfo,
 ) -> Result<Option<StopReason>> {
     let model = prepare_model(run, dir)?;
-    let argv = run.argv(&model);
+    let port = match run.kind {
+        CommandKind::Server => Some(server::free_port().context("finding a free port for llama-server")?),
+        CommandKind::Completion => None,
+    };
+    let argv = run.argv(&model, port);
+    info.params.command = argv.clone();
     let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let os_argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
     let spawn = SpawnOptions { user: options.owner.clone(), env: Vec::new(), output: Some(log_file.as_raw_fd()) };
@@ -228,7 +234,21 @@ async fn trace_one(
         owner: options.owner.clone(),
         values: None,
     };
-    let outcome = session::trace(Target::Run { child, argv }, &spec).await?;
+    // The server's clients, from when it answers until they are served.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let clients = port.map(|port| {
+        let (pid, n, body, cancel) = (child.pid(), run.clients, run.request.clone(), cancel.clone());
+        std::thread::spawn(move || server::drive(port, pid, n, body, cancel))
+    });
+    let outcome = session::trace(Target::Run { child, argv }, &spec).await;
+    cancel.store(true, Ordering::SeqCst);
+    let served = clients.map(|c| c.join().unwrap_or_else(|_| Err("the clients' thread panicked".into())));
+    let outcome = outcome?;
+    match served {
+        Some(Ok(served)) => info.served = served,
+        Some(Err(e)) => info.error = Some(format!("llama-server's clients: {e}")),
+        None => {}
+    }
     if let Some(cgroup) = cgroup.as_mut() {
         if let Ok(stats) = cgroup.stats() {
             info.cgroup_peak_bytes = stats.peak_bytes;
@@ -238,6 +258,7 @@ async fn trace_one(
     }
     if let Some(status) = outcome.exit
         && !status.success()
+        && info.error.is_none()
     {
         use std::os::unix::process::ExitStatusExt;
         info.error = Some(match (status.code(), status.signal()) {

@@ -55,6 +55,7 @@ pub fn runs(info: &RunInfo, traced: Option<(&Analysis, &Stats)>) -> Result<Table
         ("repeat", Some(i32_of(p.repeat))),
         ("n_predict", Some(i32_of(p.n_predict))),
         ("command", text(p.command.join(" "))),
+        ("clients", p.clients.map(i32_of)),
         ("host", text(&info.host)),
         ("started_unix_ms", Some(i64_of(info.started_unix_ms))),
         ("trace", text(&info.trace)),

@@ -34,6 +34,9 @@ pub struct Params {
     pub repeat: u32,
     pub n_predict: u32,
     pub command: Vec<String>,
+    /// llama-server runs: concurrent clients.
+    #[serde(default)]
+    pub clients: Option<u32>,
 }
 
 /// llama.cpp's own `common_perf_print` figures, when it printed them.
@@ -66,6 +69,17 @@ pub struct RunInfo {
     /// (reading the trace back, analysing it, writing the files).
     #[serde(default)]
     pub appended: Option<Appended>,
+    /// llama-server runs: what the server answered each client.
+    #[serde(default)]
+    pub served: Vec<Served>,
+}
+
+/// One `/completion` as llama-server reported it (`id_slot`, `timings`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Served {
+    pub slot: Option<i64>,
+    pub prompt_n: Option<u64>,
+    pub predicted_n: Option<u64>,
 }
 
 /// What appending one run wrote.

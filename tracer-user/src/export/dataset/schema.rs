@@ -74,6 +74,7 @@ const RUNS: &[Column] = &[
     req("repeat", I32, "0-based repeat of the same parameters"),
     req("n_predict", I32, "`-n`"),
     req("command", Text, "the traced command line"),
+    opt("clients", I32, "llama-server runs: concurrent `/completion` clients (and slots)"),
     req("host", Text, "the machine's host name"),
     req("started_unix_ms", I64, "when the run started"),
     req("trace", Text, "the trace file, relative to the sweep directory"),
