@@ -262,3 +262,47 @@ text = {json.dumps(DOMAINS["code"])}
     per_seq = dict(con.sql(f"SELECT seq, COUNT(*) FROM read_parquet('{glob.format('tokens')}') "
                            "WHERE kind = 'generated' GROUP BY seq").fetchall())
     assert sorted(per_seq.values()) == [5, 5] and len(per_seq) == 2
+
+
+def test_sweep_failed_run_recorded_and_retried(ttrace, tmp_path, models, llama_completion):
+    """A run that fails (OOM-killed in a 4 MiB cgroup) is recorded with its
+    error, as a `runs` row with status `failed` and no other rows, and the
+    sweep goes on; a rerun skips it, `--retry-failed` runs it again."""
+    plan_path = tmp_path / "plan.toml"
+    plan_path.write_text(f"""
+models = ["{models['moe']}"]
+mem_limits = ["4M", "none"]
+threads = [2]
+n_predict = 4
+ctx = 256
+[command]
+program = "{llama_completion}"
+args = ["--ignore-eos"]
+[[prompts]]
+domain = "code"
+text = "def f():"
+""")
+    out = tmp_path / "sweep"
+    argv = [ttrace, "sweep", plan_path, "-o", out]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "1 runs done now, 1 failed" in proc.stderr, proc.stderr[-3000:]
+    records = {rid: json.loads(p.read_text()) for rid, p in finished(out).items()}
+    failed = [r for r in records.values() if r["error"]]
+    assert len(failed) == 1 and failed[0]["params"]["mem_limit_bytes"] == 4 << 20
+    assert "killed by signal 9" in failed[0]["error"], failed[0]["error"]
+    import duckdb
+    rows = duckdb.sql(f"SELECT run_id, status, error, generated_tokens FROM read_parquet("
+                      f"'{out}/dataset/table=runs/*/*/*.parquet', hive_partitioning = true)").fetchall()
+    by_id = {r[0]: r for r in rows}
+    assert len(rows) == 2 and by_id[failed[0]["run_id"]][1:] == ("failed", failed[0]["error"], None)
+    for table in ["ubatches", "tokens", "routing"]:
+        assert not list((out / "dataset" / f"table={table}").glob(f"*/run_id={failed[0]['run_id']}"))
+
+    mtimes = {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "2 done before (skipped)" in proc.stderr, proc.stderr[-3000:]
+    assert {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()} == mtimes
+    proc = subprocess.run([*argv, "--retry-failed"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "0 runs done now, 1 failed, 1 done before" in proc.stderr, proc.stderr[-3000:]
+    again = {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()}
+    assert [rid for rid in again if again[rid] != mtimes[rid]] == [failed[0]["run_id"]]

@@ -540,6 +540,10 @@ pub struct SweepArgs {
     /// Also write the `ops` table: every op of every run (the large one).
     #[arg(long)]
     pub ops: bool,
+    /// Run again the runs that failed before (by default a rerun skips
+    /// every finished run, failed or not).
+    #[arg(long)]
+    pub retry_failed: bool,
     /// Run the commands as this user (default: the user behind sudo).
     #[arg(long)]
     pub user: Option<String>,

@@ -28,7 +28,7 @@ fn run_plan(args: SweepArgs) -> Result<()> {
     let plan = Plan::load(&plan_path)?;
     require_tracing_privileges()?;
     let owner = UserSpec::for_run(args.user.as_deref())?.or(UserSpec::from_sudo_env()?);
-    let options = runner::Options { dir: dir.clone(), ops: args.ops, owner };
+    let options = runner::Options { dir: dir.clone(), ops: args.ops, retry_failed: args.retry_failed, owner };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let done = runtime.block_on(runner::run(&plan, &options))?;
     eprintln!(

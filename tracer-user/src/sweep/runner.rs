@@ -39,6 +39,8 @@ pub struct Options {
     pub dir: PathBuf,
     /// Also write the `ops` table.
     pub ops: bool,
+    /// Run again the runs recorded as failed.
+    pub retry_failed: bool,
     pub owner: Option<UserSpec>,
 }
 
@@ -80,7 +82,7 @@ pub async fn run(plan: &Plan, options: &Options) -> Result<Finished> {
             break;
         }
         bar.set_message(format!("{} {} {}", run.model, run.params.domain, run.id));
-        if dir.is_done(&run.id) {
+        if dir.is_done(&run.id) && !(options.retry_failed && dir.failed(&run.id)) {
             finished.skipped += 1;
             bar.inc(1);
             continue;
@@ -154,7 +156,7 @@ async fn one(run: &RunSpec, dir: &SweepDir, options: &Options) -> Result<Ended> 
     let traced = trace_one(run, dir, options, &trace, &log, &mut info).await;
     info.llama = llama_log::counters(&log);
     match traced {
-        Ok(Some(StopReason::Interrupted | StopReason::InterruptedTwice | StopReason::TargetKilledAfterGrace)) => {
+        Ok(StopReason::Interrupted | StopReason::InterruptedTwice | StopReason::TargetKilledAfterGrace) => {
             let _ = std::fs::remove_file(&trace);
             let _ = std::fs::remove_file(&log);
             return Ok(Ended::Interrupted);
@@ -197,7 +199,7 @@ async fn trace_one(
     trace: &Path,
     log: &Path,
     info: &mut RunInfo,
-) -> Result<Option<StopReason>> {
+) -> Result<StopReason> {
     let model = prepare_model(run, dir)?;
     let port = match run.kind {
         CommandKind::Server => Some(server::free_port().context("finding a free port for llama-server")?),
@@ -267,7 +269,7 @@ async fn trace_one(
             _ => "the command failed".into(),
         });
     }
-    Ok(Some(outcome.stop_reason))
+    Ok(outcome.stop_reason)
 }
 
 /// The model file the run reads: cold runs a private copy (made once per

@@ -69,6 +69,13 @@ impl SweepDir {
         self.record(id).is_file()
     }
 
+    /// A finished run that failed (an unreadable record counts as failed,
+    /// so that running it again replaces it).
+    pub fn failed(&self, id: &str) -> bool {
+        let record = std::fs::read_to_string(self.record(id)).ok();
+        record.and_then(|t| serde_json::from_str::<RunInfo>(&t).ok()).is_none_or(|r| r.error.is_some())
+    }
+
     /// The run is done: its record, atomically.
     pub fn mark_done(&self, info: &RunInfo) -> Result<(), StateError> {
         let path = self.record(&info.run_id);
