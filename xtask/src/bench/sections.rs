@@ -126,7 +126,7 @@ pub enum Measured {
     Viewer(viewer::Viewer),
     Values(Vec<values::ValuesSample>),
     Simulate(simulate::SimulateBench),
-    Sweep(Vec<sweep::AppendSample>),
+    Sweep(sweep::SweepBench),
 }
 
 impl Measured {

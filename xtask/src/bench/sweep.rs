@@ -24,8 +24,15 @@ pub struct AppendSample {
     pub ms: f64,
 }
 
-pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<AppendSample>> {
+pub struct SweepBench {
+    pub samples: Vec<AppendSample>,
+    /// The `--ops` sweep's bytes per table (all runs), largest first.
+    pub tables: Vec<(String, u64)>,
+}
+
+pub fn run(ctx: &Ctx, model: &Path) -> Result<SweepBench> {
     let mut samples = Vec::new();
+    let mut tables = Vec::new();
     for ops_table in [false, true] {
         let dir = ctx.out_dir.join(if ops_table { "sweep-ops" } else { "sweep" });
         let _ = std::fs::remove_dir_all(&dir);
@@ -53,8 +60,31 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<AppendSample>> {
                 ms: appended["ms"].as_f64().context("record without append time")?,
             });
         }
+        if ops_table {
+            tables = table_bytes(&dir.join("dataset"))?;
+        }
     }
-    Ok(samples)
+    Ok(SweepBench { samples, tables })
+}
+
+/// Bytes of each `table=T` directory's Parquet files.
+fn table_bytes(dataset: &Path) -> Result<Vec<(String, u64)>> {
+    fn size(dir: &Path) -> Result<u64> {
+        let mut total = 0;
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            total += if path.is_dir() { size(&path)? } else { std::fs::metadata(&path)?.len() };
+        }
+        Ok(total)
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dataset)? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().trim_start_matches("table=").to_string());
+        out.push((name.unwrap_or_default(), size(&path)?));
+    }
+    out.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+    Ok(out)
 }
 
 fn plan_text(ctx: &Ctx, model: &Path) -> String {
@@ -77,8 +107,9 @@ fn records(dir: &Path) -> Result<Vec<serde_json::Value>> {
     paths.iter().map(|p| Ok(serde_json::from_str(&std::fs::read_to_string(p)?)?)).collect()
 }
 
-pub fn section(md: &mut String, samples: &[AppendSample]) -> Result<()> {
+pub fn section(md: &mut String, bench: &SweepBench) -> Result<()> {
     use std::fmt::Write as _;
+    let samples = &bench.samples;
     writeln!(md, "## Sweep dataset size and append time\n")?;
     writeln!(
         md,
@@ -112,13 +143,24 @@ pub fn section(md: &mut String, samples: &[AppendSample]) -> Result<()> {
             hi / 1e3
         )?;
     }
-    writeln!(md)?;
+    let total: u64 = bench.tables.iter().map(|(_, b)| b).sum();
+    let shares: Vec<String> = bench
+        .tables
+        .iter()
+        .map(|(t, b)| {
+            format!("`{t}` {:.0} kB ({:.0} %)", *b as f64 / RUNS as f64 / 1e3, 100.0 * *b as f64 / total.max(1) as f64)
+        })
+        .collect();
+    writeln!(md, "\nPer run and table, with `--ops`: {}.\n", shares.join(", "))?;
     Ok(())
 }
 
-pub fn csv(csv: &mut String, samples: &[AppendSample]) -> Result<()> {
+pub fn csv(csv: &mut String, bench: &SweepBench) -> Result<()> {
     use std::fmt::Write as _;
-    for s in samples {
+    for (table, bytes) in &bench.tables {
+        writeln!(csv, "sweep_table_bytes,{table},0,{bytes}")?;
+    }
+    for s in &bench.samples {
         let key = if s.ops_table { "with_ops" } else { "without_ops" };
         writeln!(csv, "sweep_bytes_per_mop,{key},{},{}", s.run, s.bytes as f64 / (s.ops as f64 / 1e6))?;
         writeln!(csv, "sweep_append_ms,{key},{},{}", s.run, s.ms)?;

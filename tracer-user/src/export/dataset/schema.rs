@@ -48,7 +48,7 @@ pub enum Table {
     Tensors,
     Routing,
     Io,
-    /// `ttrace sweep --ops`: every op, as `ttrace export --format parquet`.
+    /// `ttrace sweep --ops`: every event's row, as `ttrace export --format parquet`.
     Ops,
 }
 
@@ -193,7 +193,10 @@ impl Table {
             Table::Tensors => "Per tensor and period: loaded vs used, disk bytes, faults",
             Table::Routing => "MoE routing: per ubatch, layer and routed token, the experts used by rank",
             Table::Io => "Page faults, page-cache fills and block requests on the model, with tensor, op and token",
-            Table::Ops => "With `--ops` only: every op, the columns of `ttrace export --format parquet`",
+            Table::Ops => {
+                "With `--ops` only: the rows of `ttrace export --format parquet`, every op, marker, fault, \
+             page-cache and block event"
+            }
         }
     }
 
