@@ -272,6 +272,19 @@ impl Plan {
                 }
             }
         }
+        // The partition value (and a cold run's private copy) is the file name.
+        let mut named: std::collections::BTreeMap<&str, &Path> = std::collections::BTreeMap::new();
+        for r in &runs {
+            if let Some(other) = named.insert(&r.model, &r.model_path)
+                && other != r.model_path
+            {
+                return Err(invalid(format!(
+                    "models {} and {} have the same file name: the dataset's `model` needs them apart (rename one)",
+                    other.display(),
+                    r.model_path.display()
+                )));
+            }
+        }
         let mut ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) {
@@ -371,6 +384,10 @@ mod tests {
                 .contains("lots")
         );
         assert!(err("models = [\"m\"]\n[[prompts]]\ndomain = \"a\"").contains("exactly one"));
+        assert!(
+            err("models = [\"/a/m.gguf\", \"/b/m.gguf\"]\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
+                .contains("the same file name")
+        );
         assert!(
             err("models = [\"m\"]\n[command]\nclients = 2\n[[prompts]]\ndomain = \"a\"\ntext = \"b\"")
                 .contains("for `kind = \"server\"`")
