@@ -127,7 +127,7 @@ from loading on) and are divided by the generated tokens.")]
     Simulate(SimulateArgs),
     /// Run a plan of models × prompts × settings, each traced as `ttrace run`
     /// traces it, into one Parquet dataset in hive layout (DIR/dataset:
-    /// runs, ubatches, tokens, tensors, routing, io, and with --ops every op)
+    /// runs, ubatches, tokens, tensors, routing, io, and with --ops every event's row)
     /// that DuckDB and Spark read as it is; `ttrace sweep report DIR`
     /// compares the runs. Ctrl-C stops it; the same command resumes, skipping
     /// the finished runs. A failed run is recorded with its error and the

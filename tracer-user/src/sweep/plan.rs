@@ -11,7 +11,7 @@ use crate::export::dataset::{Params, partition_value};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read { path: String, source: std::io::Error },
     #[error("{path}: {message}")]
     Toml { path: String, message: String },

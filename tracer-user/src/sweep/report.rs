@@ -16,7 +16,7 @@ use crate::{
 pub enum ReportError {
     #[error(transparent)]
     State(#[from] StateError),
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Trace { path: String, source: crate::format::TraceError },
     #[error("{0} holds no finished runs (runs/*.json)")]
     Empty(String),

@@ -9,9 +9,9 @@ use crate::export::dataset::RunInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io { path: String, source: std::io::Error },
-    #[error("{path}: not a run record: {source}")]
+    #[error("{path}: not a run record")]
     Record { path: String, source: serde_json::Error },
 }
 
