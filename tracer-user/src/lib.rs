@@ -19,5 +19,6 @@ pub mod format;
 #[cfg(feature = "live")]
 pub mod live;
 pub mod model;
+pub mod sweep;
 pub mod units;
 pub mod view;

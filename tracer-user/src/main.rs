@@ -62,6 +62,7 @@ fn run_command(cli: Cli) -> Result<()> {
         Command::Diff(args) => cmd::diff::run(args).map(drop),
         Command::View(args) => cmd::view::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
+        Command::Sweep(args) => cmd::sweep::run(args),
     }
 }
 

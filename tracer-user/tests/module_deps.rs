@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 const LOWER: [&str; 5] = ["model", "format", "analyze", "events.rs", "units.rs"];
-const UPPER: [&str; 3] = ["export", "live", "cmd"];
+const UPPER: [&str; 4] = ["export", "live", "cmd", "sweep"];
 
 fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     if path.is_dir() {

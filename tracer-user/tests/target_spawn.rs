@@ -53,7 +53,7 @@ fn held_child_runs_only_after_release() {
 fn exec_failure_is_reported() {
     // A PATH of readable directories only: execvp reports EACCES when it met
     // an unreadable one (e.g. /root/.cargo/bin when not root).
-    let opts = SpawnOptions { user: None, env: vec![("PATH".into(), Some("/usr/bin:/bin".into()))] };
+    let opts = SpawnOptions { user: None, env: vec![("PATH".into(), Some("/usr/bin:/bin".into()))], output: None };
     let held = HeldChild::spawn(&argv(&["ttrace-no-such-cmd", "x"]), opts).unwrap();
     assert_eq!(held.exe(), None);
     let pid = held.pid();
@@ -112,6 +112,7 @@ fn environment_changes_reach_the_program() {
             ("LD_LIBRARY_PATH".into(), Some("/opt/x".into())),
             ("HOME".into(), None),
         ],
+        output: None,
     };
     let script = format!("echo \"$TTRACE_TEST_SET ${{HOME-unset}} $LD_LIBRARY_PATH\" > {}", file.display());
     let held = HeldChild::spawn(&sh(&script), opts).unwrap();
@@ -133,7 +134,7 @@ fn runs_as_the_requested_user() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let file = dir.join("id");
     let script = format!("echo \"$(id -u) $(id -g) $(id -G) $USER $LOGNAME $HOME\" > {}", file.display());
-    let opts = SpawnOptions { user: Some(nobody.clone()), env: vec![] };
+    let opts = SpawnOptions { user: Some(nobody.clone()), env: vec![], output: None };
     let status = HeldChild::spawn(&sh(&script), opts).unwrap().release().unwrap().wait().unwrap();
     assert!(status.success(), "{status:?}");
     let groups: Vec<String> = nobody.groups.iter().map(u32::to_string).collect();
@@ -142,7 +143,7 @@ fn runs_as_the_requested_user() {
 
     // A uid without a passwd entry (what sudo's SUDO_UID may give) still runs.
     let ghost = UserSpec { name: "ghost".into(), uid: 4000123, gid: 4000123, groups: vec![], home: "/".into() };
-    let opts = SpawnOptions { user: Some(ghost), env: vec![] };
+    let opts = SpawnOptions { user: Some(ghost), env: vec![], output: None };
     let status = HeldChild::spawn(&sh("exit 0"), opts).unwrap().release().unwrap().wait().unwrap();
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(dir);
@@ -156,7 +157,7 @@ fn failed_user_switch_is_reported() {
         UserSpec { name: "big".into(), uid: 4000123, gid: 4000123, groups: vec![4000123; 70_000], home: "/".into() };
     let dir = scratch("switch");
     let file = dir.join("ran");
-    let opts = SpawnOptions { user: Some(big), env: vec![] };
+    let opts = SpawnOptions { user: Some(big), env: vec![], output: None };
     let held = HeldChild::spawn(&sh(&format!("touch {}", file.display())), opts).unwrap();
     let pid = held.pid();
     let err = held.release().unwrap_err();

@@ -11,6 +11,7 @@ mod parts;
 mod sections;
 mod server;
 mod simulate;
+mod sweep;
 mod thesis_webui;
 mod values;
 mod viewer;

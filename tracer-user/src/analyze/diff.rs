@@ -182,7 +182,8 @@ fn in_phase(a: &Analysis, phase: Phase) -> impl Iterator<Item = &super::Ubatch> 
     a.ubatches.iter().filter(move |u| u.phase == phase)
 }
 
-fn facts(r: &Run) -> RunFacts {
+/// A run's figures per generated token (also the sweep dataset's `runs` row).
+pub fn facts(r: &Run) -> RunFacts {
     let generate = generated(r.stats);
     let n = generate.len().max(1) as f64;
     let disk: Option<u64> = generate.iter().map(|u| u.disk_bytes).sum();

@@ -16,6 +16,7 @@ pub mod sequences;
 pub mod simulate;
 pub mod stats;
 pub mod summary;
+pub mod sweep;
 pub mod tensor;
 pub mod usage;
 pub mod values;

@@ -11,6 +11,7 @@ pub mod report;
 #[cfg(feature = "live")]
 pub mod run;
 pub mod simulate;
+pub mod sweep;
 pub mod view;
 
 /// `run` and `attach`'s shared arguments as a session's options, in one

@@ -17,7 +17,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     require_tracing_privileges()?;
     let user = UserSpec::for_run(args.user.as_deref())?;
     let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
-    let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new() })?;
+    let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new(), output: None })?;
     // The held child joins the cgroup before it runs any code; dropping the
     // cgroup (also on errors and Ctrl-C paths) moves it out and removes it.
     let mut cgroup = match args.mem_limit {

@@ -7,7 +7,7 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, server, simulate, values, viewer};
+use super::{Ctx, attach, export, overhead, parts, server, simulate, sweep, values, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -29,11 +29,13 @@ pub enum Part {
     Values,
     /// `ttrace simulate` on the viewer's ≥ 10 M-op trace.
     Simulate,
+    /// `ttrace sweep`: dataset bytes per million ops, time to append a run.
+    Sweep,
 }
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 9] = [
+    pub const ALL: [Part; 10] = [
         Part::Overhead,
         Part::Ingest,
         Part::Export,
@@ -43,6 +45,7 @@ impl Part {
         Part::Viewer,
         Part::Values,
         Part::Simulate,
+        Part::Sweep,
     ];
 
     /// How its `## ` headings start (the rest may hold figures).
@@ -57,6 +60,7 @@ impl Part {
             Part::Viewer => &["Viewer"],
             Part::Values => &["Values mode overhead"],
             Part::Simulate => &["Simulate speed"],
+            Part::Sweep => &["Sweep dataset"],
         }
     }
 
@@ -72,6 +76,7 @@ impl Part {
             Part::Viewer => &["viewer_"],
             Part::Values => &["values_"],
             Part::Simulate => &["simulate_"],
+            Part::Sweep => &["sweep_"],
         }
     }
 
@@ -98,6 +103,7 @@ impl Part {
             Part::Viewer => Measured::Viewer(viewer::run(ctx, model)?),
             Part::Values => Measured::Values(values::run(ctx, model)?),
             Part::Simulate => Measured::Simulate(simulate::run(ctx, model)?),
+            Part::Sweep => Measured::Sweep(sweep::run(ctx, model)?),
         })
     }
 }
@@ -120,6 +126,7 @@ pub enum Measured {
     Viewer(viewer::Viewer),
     Values(Vec<values::ValuesSample>),
     Simulate(simulate::SimulateBench),
+    Sweep(sweep::SweepBench),
 }
 
 impl Measured {
@@ -137,6 +144,7 @@ impl Measured {
             Measured::Viewer(v) => Ok(viewer::section(md, v)?),
             Measured::Values(samples) => values::section(md, ctx, samples),
             Measured::Simulate(b) => simulate::section(md, b),
+            Measured::Sweep(s) => sweep::section(md, s),
         }
     }
 
@@ -154,6 +162,7 @@ impl Measured {
             Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
             Measured::Values(samples) => values::csv(csv, samples),
             Measured::Simulate(b) => simulate::csv(csv, b),
+            Measured::Sweep(s) => sweep::csv(csv, s),
         }
     }
 }

@@ -52,7 +52,8 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<SimulateBench> {
     Ok(SimulateBench { ops, tokens, samples })
 }
 
-fn ops_of(ctx: &Ctx, trace: &Path) -> Result<u64> {
+/// `ttrace report --json`'s op count of a trace.
+pub fn ops_of(ctx: &Ctx, trace: &Path) -> Result<u64> {
     let out = Command::new(&ctx.ttrace).arg("report").arg(trace).arg("--json").stderr(Stdio::null()).output()?;
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).context("ttrace report --json")?;
     doc["ops"].as_u64().context("report --json has no `ops`")

@@ -31,6 +31,10 @@ pub struct SpawnOptions {
     /// Environment changes applied after the user's HOME/USER/LOGNAME:
     /// `Some` sets, `None` removes.
     pub env: Vec<(OsString, Option<OsString>)>,
+    /// A file the program's stdout and stderr go to (`ttrace sweep`'s
+    /// per-run log); `None` inherits ttrace's. Must stay open until `spawn`
+    /// returns.
+    pub output: Option<std::os::fd::RawFd>,
 }
 
 /// Steps that can fail in the child, as sent through the status pipe.
@@ -91,7 +95,9 @@ impl HeldChild {
             drop(release_w);
             drop(status_r);
             // SAFETY: pointers and fds were all prepared before fork and stay alive.
-            unsafe { child(release_r.as_raw_fd(), status_w.as_raw_fd(), ids.as_ref(), &argv_ptrs, &env_ptrs) }
+            unsafe {
+                child(release_r.as_raw_fd(), status_w.as_raw_fd(), opts.output, ids.as_ref(), &argv_ptrs, &env_ptrs)
+            }
         }
         drop(release_r);
         drop(status_w);
@@ -302,6 +308,7 @@ fn errno() -> libc::c_int {
 unsafe fn child(
     release: libc::c_int,
     status: libc::c_int,
+    output: Option<libc::c_int>,
     ids: Option<&(u32, u32, Vec<u32>)>,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
@@ -326,6 +333,10 @@ unsafe fn child(
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if let Some(fd) = output {
+            libc::dup2(fd, 1);
+            libc::dup2(fd, 2);
+        }
         if let Some((uid, gid, groups)) = ids {
             if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
                 report(STEP_SETGROUPS);
