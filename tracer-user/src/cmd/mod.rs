@@ -11,6 +11,8 @@ pub mod report;
 #[cfg(feature = "live")]
 pub mod run;
 pub mod simulate;
+#[cfg(feature = "live")]
+pub mod top;
 pub mod view;
 
 /// `run` and `attach`'s shared arguments as a session's options, in one
