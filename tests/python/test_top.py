@@ -121,6 +121,13 @@ def test_screen_counts_the_servers_generated_tokens(ttrace, paths, models):
         time.sleep(0.5)
         assert not progs & loaded_prog_ids()
         assert len(serve(port)) == len(PROMPTS)
+        # --once: one interval as JSON, then it detaches too.
+        once = subprocess.run([ttrace, "top", "--once", "--pid", str(server.pid), "--interval", "0.5"],
+                              capture_output=True, text=True, timeout=120)
+        assert once.returncode == 0, once.stderr[-3000:]
+        [line] = once.stdout.splitlines()
+        assert json.loads(line)["model_bytes"] == os.path.getsize(models["gemma"])
+        assert server.poll() is None
     finally:
         if term is not None and term.child.isalive():
             term.child.kill(signal.SIGKILL)
@@ -169,7 +176,7 @@ def test_json_residency_equals_fincore_and_falls_then_rises(ttrace, tmp_path, pa
     argv = [str(a) for a in server_argv(paths, models, port)]
     argv[argv.index(str(models["gemma"]))] = str(model)
     proc = subprocess.Popen([ttrace, "top", "--json", "--interval", "0.5", "--drop-caches", "--", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     lines = Lines(proc)
     try:
         first = lines.next()
@@ -204,7 +211,7 @@ def test_mem_limit_disk_bytes_sum_to_the_recorded_block_reads(ttrace, tmp_path, 
     argv = [completion, "-m", model, "-p", "The history of the printing press", "-n", "12", "-c", "256", "-t", "2",
             "-no-cnv", "--ignore-eos", "--no-warmup"]
     proc = subprocess.run([ttrace, "top", "--json", "--interval", "0.5", "--mem-limit", "200M", "--drop-caches",
-                           "-o", trace, "--", *argv], capture_output=True, text=True, timeout=600)
+                           "-o", trace, "--", *argv], capture_output=True, text=True, errors="replace", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(lines) >= 2
@@ -219,3 +226,28 @@ def test_mem_limit_disk_bytes_sum_to_the_recorded_block_reads(ttrace, tmp_path, 
     assert recorded > os.path.getsize(model)
     assert abs(shown - recorded) <= 0.01 * recorded, (shown, recorded)
     assert lines[-1]["generated_total"] == report["tokens"]["generated"]
+
+
+def test_moe_expert_grid_equals_the_traces_routing(ttrace, tmp_path, paths, models):
+    """Per layer and expert, the routings the intervals count are the experts
+    the recorded trace's report says each token selected."""
+    trace = tmp_path / "moe.data"
+    argv = [paths["llama_completion"], "-m", models["moe"], "-p", "hello world", "-n", "12", "-no-cnv",
+            "--ignore-eos", "-t", "2"]
+    # The command's own output goes to stderr (random weights: any bytes).
+    proc = subprocess.run([ttrace, "top", "--json", "--interval", "0.5", "-o", trace, "--", *argv],
+                          capture_output=True, text=True, errors="replace", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown: dict[tuple[int, int], int] = {}
+    for line in map(json.loads, proc.stdout.splitlines()):
+        for layer, counts in line["experts"].items():
+            for expert, n in enumerate(counts):
+                shown[int(layer), expert] = shown.get((int(layer), expert), 0) + n
+    report = json.loads(subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    routed: dict[tuple[int, int], int] = {}
+    for u in report["ubatches"]:
+        for row in u.get("routing") or []:
+            for expert in row["selected"]:
+                routed[row["layer"], expert] = routed.get((row["layer"], expert), 0) + 1
+    assert routed and {k: v for k, v in shown.items() if v} == routed
