@@ -162,7 +162,7 @@ class Lines:
         """The first line printed from now on."""
         seen, end = len(self.lines), time.monotonic() + timeout
         while len(self.lines) <= seen:
-            assert time.monotonic() < end and self.proc.poll() is None, "top printed nothing more"
+            assert time.monotonic() < end and self.proc.poll() is None, "top printed nothing more (see top.err)"
             time.sleep(0.05)
         return self.lines[seen]
 
@@ -175,8 +175,11 @@ def test_json_residency_equals_fincore_and_falls_then_rises(ttrace, tmp_path, pa
     port = free_port()
     argv = [str(a) for a in server_argv(paths, models, port)]
     argv[argv.index(str(models["gemma"]))] = str(model)
-    proc = subprocess.Popen([ttrace, "top", "--json", "--interval", "0.5", "--drop-caches", "--", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    # stderr (the server's log too) to a file: a pipe nobody reads could fill and stall them.
+    err_path = tmp_path / "top.err"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen([ttrace, "top", "--json", "--interval", "0.5", "--drop-caches", "--", *argv],
+                                stdout=subprocess.PIPE, stderr=err_file, text=True, errors="replace")
     lines = Lines(proc)
     try:
         first = lines.next()
@@ -200,8 +203,10 @@ def test_json_residency_equals_fincore_and_falls_then_rises(ttrace, tmp_path, pa
         assert all(t["resident_bytes"] <= t["size_bytes"] for t in line["top_tensors"])
     finally:
         proc.send_signal(signal.SIGINT)  # top stops the server it started
-        _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+        proc.wait(timeout=120)
+        lines.thread.join(timeout=30)  # the thread alone reads stdout, to its end
+    assert proc.returncode == 0, err_path.read_text(errors="replace")[-3000:]
+    assert lines.lines[-1]["t"] > after["t"]  # the last, partial interval after the stop
 
 
 def test_mem_limit_disk_bytes_sum_to_the_recorded_block_reads(ttrace, tmp_path, paths, models):
