@@ -47,6 +47,24 @@ The command runs as the user who invoked sudo (or --user), never as root unless 
     )]
     #[cfg(feature = "live")]
     Attach(AttachArgs),
+    /// A live view of a running llama.cpp (or of a command it starts): tokens/s
+    /// per sequence, weight bytes/s per layer and component, disk bytes/s and
+    /// faults/s tied to tensors, the top tensors, an expert × layer heat grid
+    /// for MoE, the model's page-cache residency (cachestat) and the memory
+    /// cgroup against its limit. Refreshes every --interval; keys: tab (or
+    /// 1-5) switches panes, s sorts, p pauses, q quits. Leaving detaches from
+    /// --pid (it keeps running) and stops a command top started (SIGINT).
+    #[command(after_help = "Examples:\n  \
+sudo ttrace top --pid $(pgrep llama-server)\n  \
+sudo ttrace top -o served.data -- llama-server -m model.gguf -np 4\n  \
+sudo ttrace top --json --interval 0.5 --pid 4242 | jq .tokens_per_s\n  \
+sudo ttrace top --once --pid 4242\n\n\
+--json prints one object per interval (keys t, interval_s, tokens_per_s, prompt, generated, \
+disk_bytes, disk_bytes_per_s, faults_per_s, resident_bytes, model_bytes, top_tensors, layers, \
+components, sequences, experts, memory, …), the first at t 0 as top starts; --once prints one \
+full interval and exits.")]
+    #[cfg(feature = "live")]
+    Top(TopArgs),
     /// Summarise a trace: run metadata, ubatches per phase, ops, weights
     /// touched, lost events; MoE routing (activations, co-activation,
     /// stickiness, per-expert disk reads) and loaded vs used (bytes brought
@@ -303,6 +321,51 @@ pub struct RunArgs {
     pub mem_limit: Option<u64>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[cfg(feature = "live")]
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Process to watch; without it, top starts the command after `--`.
+    #[arg(long, conflicts_with_all = ["command", "mem_limit", "drop_caches", "user"])]
+    pub pid: Option<u32>,
+    /// Seconds between refreshes (0.5, 2) or with units (500ms).
+    #[arg(long, default_value = "1", value_name = "DURATION", value_parser = duration)]
+    pub interval: std::time::Duration,
+    /// No screen: one JSON object per interval on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// No screen: print one interval as JSON and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Also record the trace to this file (as `run`/`attach` would).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    /// Evict the command's model files from the page cache before it starts
+    /// (only those files; pages another process maps stay).
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// Run the command in a memory cgroup with this limit (e.g. 512M) and
+    /// show its usage against it.
+    #[arg(long, value_name = "SIZE", value_parser = mem_limit)]
+    pub mem_limit: Option<u64>,
+    /// Run the command as this user (default: the user who invoked sudo).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// A library to probe, searched before the program's own (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub lib: Vec<std::path::PathBuf>,
+    /// A GGUF model to watch from the start (repeatable); the command's own
+    /// `-m` is taken too, models mapped later are found in the maps.
+    #[arg(long, value_name = "GGUF")]
+    pub model: Vec<std::path::PathBuf>,
+    /// Ring buffer between kernel and ttrace, in MiB (a power of two from 1 to 2048).
+    #[arg(long = "ring-mb", default_value = "16", value_name = "MIB", value_parser = ring_bytes)]
+    pub ring_bytes: u32,
+    /// The command and its arguments (instead of --pid). Its output is
+    /// discarded under the screen and goes to stderr with --json.
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

@@ -57,6 +57,8 @@ fn run_command(cli: Cli) -> Result<()> {
         Command::Run(args) => runtime()?.block_on(cmd::run::run(args)),
         #[cfg(feature = "live")]
         Command::Attach(args) => runtime()?.block_on(cmd::attach::run(args)),
+        #[cfg(feature = "live")]
+        Command::Top(args) => runtime()?.block_on(cmd::top::run(args)),
         Command::Report(args) => cmd::report::run(args),
         Command::Export(args) => cmd::export::run(args),
         Command::Diff(args) => cmd::diff::run(args).map(drop),

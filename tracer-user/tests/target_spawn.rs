@@ -53,7 +53,8 @@ fn held_child_runs_only_after_release() {
 fn exec_failure_is_reported() {
     // A PATH of readable directories only: execvp reports EACCES when it met
     // an unreadable one (e.g. /root/.cargo/bin when not root).
-    let opts = SpawnOptions { user: None, env: vec![("PATH".into(), Some("/usr/bin:/bin".into()))], output: None };
+    let opts =
+        SpawnOptions { user: None, env: vec![("PATH".into(), Some("/usr/bin:/bin".into()))], ..Default::default() };
     let held = HeldChild::spawn(&argv(&["ttrace-no-such-cmd", "x"]), opts).unwrap();
     assert_eq!(held.exe(), None);
     let pid = held.pid();
@@ -112,13 +113,30 @@ fn environment_changes_reach_the_program() {
             ("LD_LIBRARY_PATH".into(), Some("/opt/x".into())),
             ("HOME".into(), None),
         ],
-        output: None,
+        ..Default::default()
     };
     let script = format!("echo \"$TTRACE_TEST_SET ${{HOME-unset}} $LD_LIBRARY_PATH\" > {}", file.display());
     let held = HeldChild::spawn(&sh(&script), opts).unwrap();
     assert_eq!(held.ld_library_path(), Some("/opt/x".as_ref()));
     assert!(held.release().unwrap().wait().unwrap().success());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "yes unset /opt/x\n");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `top` keeps its terminal: the command writes where it is told.
+#[test]
+fn output_goes_to_the_given_descriptors() {
+    use std::os::fd::AsRawFd;
+    let dir = scratch("output");
+    let (out, err) = (dir.join("out"), dir.join("err"));
+    let (out_file, err_file) = (std::fs::File::create(&out).unwrap(), std::fs::File::create(&err).unwrap());
+    let opts =
+        SpawnOptions { stdout: Some(out_file.as_raw_fd()), stderr: Some(err_file.as_raw_fd()), ..Default::default() };
+    let held = HeldChild::spawn(&sh("echo to-stdout; echo to-stderr >&2"), opts).unwrap();
+    drop((out_file, err_file));
+    assert!(held.release().unwrap().wait().unwrap().success());
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "to-stdout\n");
+    assert_eq!(std::fs::read_to_string(&err).unwrap(), "to-stderr\n");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -134,7 +152,7 @@ fn runs_as_the_requested_user() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let file = dir.join("id");
     let script = format!("echo \"$(id -u) $(id -g) $(id -G) $USER $LOGNAME $HOME\" > {}", file.display());
-    let opts = SpawnOptions { user: Some(nobody.clone()), env: vec![], output: None };
+    let opts = SpawnOptions { user: Some(nobody.clone()), env: vec![], ..Default::default() };
     let status = HeldChild::spawn(&sh(&script), opts).unwrap().release().unwrap().wait().unwrap();
     assert!(status.success(), "{status:?}");
     let groups: Vec<String> = nobody.groups.iter().map(u32::to_string).collect();
@@ -143,7 +161,7 @@ fn runs_as_the_requested_user() {
 
     // A uid without a passwd entry (what sudo's SUDO_UID may give) still runs.
     let ghost = UserSpec { name: "ghost".into(), uid: 4000123, gid: 4000123, groups: vec![], home: "/".into() };
-    let opts = SpawnOptions { user: Some(ghost), env: vec![], output: None };
+    let opts = SpawnOptions { user: Some(ghost), env: vec![], ..Default::default() };
     let status = HeldChild::spawn(&sh("exit 0"), opts).unwrap().release().unwrap().wait().unwrap();
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(dir);
@@ -157,7 +175,7 @@ fn failed_user_switch_is_reported() {
         UserSpec { name: "big".into(), uid: 4000123, gid: 4000123, groups: vec![4000123; 70_000], home: "/".into() };
     let dir = scratch("switch");
     let file = dir.join("ran");
-    let opts = SpawnOptions { user: Some(big), env: vec![], output: None };
+    let opts = SpawnOptions { user: Some(big), env: vec![], ..Default::default() };
     let held = HeldChild::spawn(&sh(&format!("touch {}", file.display())), opts).unwrap();
     let pid = held.pid();
     let err = held.release().unwrap_err();

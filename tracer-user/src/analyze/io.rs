@@ -206,6 +206,11 @@ pub struct IoCorrelator {
 }
 
 impl IoCorrelator {
+    /// Model-file bytes of the read requests so far (`DiskTotals::bytes`).
+    pub fn disk_bytes(&self) -> u64 {
+        self.out.disk.bytes
+    }
+
     pub fn on_model(&mut self, index: u32, table: &ModelTable) {
         for (file, info) in table.file_info.iter().enumerate() {
             // Saturating: these come from the trace file, which may be corrupt.

@@ -115,31 +115,30 @@ struct SeqState {
     request: Option<usize>,
 }
 
-/// Classify every token of the ubatches whose arrays were recorded, build
-/// the requests, and set each decode's phase from its tokens: generate when
-/// all are generated ones, warm-up when all belong to warm-up requests.
-pub fn classify(a: &mut Analysis) {
-    if a.ubatches.iter().all(|u| u.arrays.is_none()) {
-        return;
-    }
-    let mut seqs: HashMap<i32, SeqState> = HashMap::new();
-    let mut requests: Vec<Request> = Vec::new();
-    let mut truncated = 0;
-    for u in 0..a.ubatches.len() {
-        let Some(b) = a.ubatches[u].arrays.take() else { continue };
-        let decode = a.ubatches[u].decode;
-        let warm = decode.is_some_and(|d| a.decodes[d as usize].phase == Phase::Warmup);
+/// The rule of the module comment applied one ubatch at a time: what
+/// [`classify`] runs over a whole trace and `ttrace top` runs live.
+#[derive(Default)]
+pub struct RequestTracker {
+    seqs: HashMap<i32, SeqState>,
+    pub requests: Vec<Request>,
+}
+
+impl RequestTracker {
+    /// Classify the tokens of ubatch `b` (of decode `decode`; `warm` for a
+    /// warm-up decode) as prompt or generated, opening requests as needed.
+    /// The flag says the ubatch was longer than what was recorded.
+    pub fn ubatch(&mut self, b: &UbatchArrays, decode: Option<u32>, warm: bool) -> (Vec<TokenInfo>, bool) {
         let n = (b.n_tokens as usize).min(b.token.as_ref().map_or(usize::MAX, Vec::len));
-        truncated += u64::from(n < b.n_tokens as usize);
         let seq_of = |i: usize| b.seq.as_ref().and_then(|s| s.get(i)).copied().unwrap_or(0);
         let mut per_seq: HashMap<i32, u32> = HashMap::new();
         (0..n).for_each(|i| *per_seq.entry(seq_of(i)).or_default() += 1);
+        let requests = &mut self.requests;
         let mut tokens = Vec::with_capacity(n);
         for i in 0..n {
             let seq = seq_of(i);
             let pos = b.pos.as_ref().and_then(|p| p.get(i)).copied();
             let output = b.output.as_ref().map_or(i + 1 == n, |o| o.get(i).is_some_and(|&f| f != 0));
-            let st = seqs.entry(seq).or_default();
+            let st = self.seqs.entry(seq).or_default();
             let (continues, restarts) = match (pos, st.last_pos) {
                 (Some(p), Some(l)) => (p == l + 1, p <= l),
                 (None, Some(_)) => (true, false),
@@ -175,8 +174,28 @@ pub fn classify(a: &mut Analysis) {
             let kind = if generated { TokenKind::Generated } else { TokenKind::Prompt };
             tokens.push(TokenInfo { seq, pos, kind, output, request: r as u32 });
         }
+        (tokens, n < b.n_tokens as usize)
+    }
+}
+
+/// Classify every token of the ubatches whose arrays were recorded, build
+/// the requests, and set each decode's phase from its tokens: generate when
+/// all are generated ones, warm-up when all belong to warm-up requests.
+pub fn classify(a: &mut Analysis) {
+    if a.ubatches.iter().all(|u| u.arrays.is_none()) {
+        return;
+    }
+    let mut tracker = RequestTracker::default();
+    let mut truncated = 0;
+    for u in 0..a.ubatches.len() {
+        let Some(b) = a.ubatches[u].arrays.take() else { continue };
+        let decode = a.ubatches[u].decode;
+        let warm = decode.is_some_and(|d| a.decodes[d as usize].phase == Phase::Warmup);
+        let (tokens, cut) = tracker.ubatch(&b, decode, warm);
+        truncated += u64::from(cut);
         a.ubatches[u].tokens = tokens;
     }
+    let mut requests = tracker.requests;
     // Never asked for an output: nothing was read from it.
     for r in &mut requests {
         r.warmup |= r.outputs == 0;

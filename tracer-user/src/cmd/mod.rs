@@ -12,6 +12,8 @@ pub mod report;
 pub mod run;
 pub mod simulate;
 pub mod sweep;
+#[cfg(feature = "live")]
+pub mod top;
 pub mod view;
 
 /// `run` and `attach`'s shared arguments as a session's options, in one

@@ -16,18 +16,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Before anything runs: a clear error instead of a half-started child.
     require_tracing_privileges()?;
     let user = UserSpec::for_run(args.user.as_deref())?;
-    let argv: Vec<OsString> = args.command.iter().map(OsString::from).collect();
-    let child = HeldChild::spawn(&argv, SpawnOptions { user: user.clone(), env: Vec::new(), output: None })?;
-    // The held child joins the cgroup before it runs any code; dropping the
-    // cgroup (also on errors and Ctrl-C paths) moves it out and removes it.
-    let mut cgroup = match args.mem_limit {
-        Some(limit) => {
-            let cgroup = MemoryCgroup::create("run", limit)?;
-            cgroup.add_pid(child.pid())?;
-            Some(cgroup)
-        }
-        None => None,
-    };
+    let opts = SpawnOptions { user: user.clone(), ..Default::default() };
+    let (child, mut cgroup) = spawn_held(&args.command, opts, args.mem_limit, "run")?;
     let mut spec = SessionSpec {
         drop_caches: args.drop_caches,
         mem_limit: cgroup.as_ref().map(MemoryCgroup::limit_bytes),
@@ -63,9 +53,32 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
 }
 
+/// Start `command` held before exec, in a memory cgroup of `mem_limit`
+/// when given. The held child joins the cgroup before it runs any code;
+/// dropping the cgroup (also on errors and Ctrl-C paths) moves it out and
+/// removes it.
+pub(super) fn spawn_held(
+    command: &[String],
+    opts: SpawnOptions,
+    mem_limit: Option<u64>,
+    hint: &str,
+) -> Result<(HeldChild, Option<MemoryCgroup>)> {
+    let argv: Vec<OsString> = command.iter().map(OsString::from).collect();
+    let child = HeldChild::spawn(&argv, opts)?;
+    let cgroup = match mem_limit {
+        Some(limit) => {
+            let cgroup = MemoryCgroup::create(hint, limit)?;
+            cgroup.add_pid(child.pid())?;
+            Some(cgroup)
+        }
+        None => None,
+    };
+    Ok((child, cgroup))
+}
+
 /// GGUF files named by the command's `-m PATH`, `--model PATH` or
 /// `--model=PATH` (llama.cpp's tools), so their load-time reads are watched.
-fn models_in_command(argv: &[String]) -> Vec<std::path::PathBuf> {
+pub(super) fn models_in_command(argv: &[String]) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut args = argv.iter().skip(1);
     while let Some(arg) = args.next() {

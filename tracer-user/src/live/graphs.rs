@@ -78,6 +78,11 @@ impl GraphAssembler {
         }
     }
 
+    /// How raw `ggml_tensor` copies are read now.
+    pub fn layout(&self) -> TensorLayout {
+        self.layout
+    }
+
     /// The layout of the target's `ggml_tensor`, once it is known.
     pub fn set_layout(&mut self, layout: TensorLayout) {
         self.layout = layout;

@@ -17,6 +17,7 @@ pub mod recorder;
 pub mod selftest;
 pub mod session;
 pub mod target;
+pub mod top;
 pub mod tracefs;
 pub mod values;
 pub mod values_fingerprint;

@@ -209,7 +209,8 @@ async fn trace_one(
     info.params.command = argv.clone();
     let log_file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let os_argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
-    let spawn = SpawnOptions { user: options.owner.clone(), env: Vec::new(), output: Some(log_file.as_raw_fd()) };
+    let log_fd = Some(log_file.as_raw_fd());
+    let spawn = SpawnOptions { user: options.owner.clone(), env: Vec::new(), stdout: log_fd, stderr: log_fd };
     let child = HeldChild::spawn(&os_argv, spawn)?;
     drop(log_file);
     let mut cgroup = match run.params.mem_limit_bytes {

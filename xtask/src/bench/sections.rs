@@ -21,6 +21,8 @@ pub enum Part {
     Profile,
     /// llama-server under concurrent clients.
     Server,
+    /// `ttrace top --json` on llama-server under concurrent clients.
+    Top,
     /// `ttrace attach` to its first recorded op.
     Attach,
     /// `ttrace view` on a ≥ 10 M-op trace: ready time, RSS, query times, first paint and frames.
@@ -41,6 +43,7 @@ impl Part {
         Part::Export,
         Part::Profile,
         Part::Server,
+        Part::Top,
         Part::Attach,
         Part::Viewer,
         Part::Values,
@@ -56,6 +59,7 @@ impl Part {
             Part::Export => &["Export speed"],
             Part::Profile => &["Profile of a traced run"],
             Part::Server => &["llama-server under"],
+            Part::Top => &["`ttrace top` overhead"],
             Part::Attach => &["Attach latency"],
             Part::Viewer => &["Viewer"],
             Part::Values => &["Values mode overhead"],
@@ -72,6 +76,7 @@ impl Part {
             Part::Export => &["export_"],
             Part::Profile => &["profile_"],
             Part::Server => &["server_"],
+            Part::Top => &["top_"],
             Part::Attach => &["attach_"],
             Part::Viewer => &["viewer_"],
             Part::Values => &["values_"],
@@ -95,7 +100,8 @@ impl Part {
             Part::Ingest => Measured::Ingest(parts::ingest(ctx)?),
             Part::Export => Measured::Export(export::run(ctx)?),
             Part::Profile => Measured::Profile(parts::profile(ctx, model)?),
-            Part::Server => Measured::Server(server::run(ctx, model)?),
+            Part::Server => Measured::Server(server::run(ctx, model, "B")?),
+            Part::Top => Measured::Top(server::run(ctx, model, "C")?),
             Part::Attach => {
                 let tiny = ctx.paths.models.get("tiny").context("set-up generated no `tiny` model")?;
                 Measured::Attach(attach::run(ctx, tiny)?)
@@ -122,6 +128,7 @@ pub enum Measured {
     Export(Vec<export::Source>),
     Profile(parts::Profile),
     Server(Vec<server::ServerSample>),
+    Top(Vec<server::ServerSample>),
     Attach(Vec<attach::AttachSample>),
     Viewer(viewer::Viewer),
     Values(Vec<values::ValuesSample>),
@@ -140,6 +147,7 @@ impl Measured {
             Measured::Export(sources) => export::section(md, sources),
             Measured::Profile(profile) => parts::profile_section(md, ctx, profile),
             Measured::Server(served) => server::section(md, ctx, served),
+            Measured::Top(served) => server::top_section(md, ctx, served),
             Measured::Attach(samples) => attach::section(md, samples),
             Measured::Viewer(v) => Ok(viewer::section(md, v)?),
             Measured::Values(samples) => values::section(md, ctx, samples),
@@ -157,7 +165,8 @@ impl Measured {
             Measured::Ingest(ingest) => parts::ingest_csv(csv, ingest),
             Measured::Export(sources) => export::csv(sources, csv),
             Measured::Profile(profile) => parts::profile_csv(csv, profile),
-            Measured::Server(served) => server::csv(csv, served),
+            Measured::Server(served) => server::csv(csv, served, "server"),
+            Measured::Top(served) => server::csv(csv, served, "top"),
             Measured::Attach(samples) => attach::csv(csv, samples),
             Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
             Measured::Values(samples) => values::csv(csv, samples),

@@ -1,7 +1,8 @@
 //! Serving overhead: llama-server on loopback with 4 slots, untraced (A) and
-//! under `ttrace run` (B), each round timing waves of 4 concurrent
-//! completions (curl clients); request throughput per round, rounds
-//! interleaved A B, B A, ….
+//! under `ttrace run` (B) or `ttrace top --json` (C), each round timing waves
+//! of 4 concurrent completions (curl clients); request throughput per round,
+//! rounds interleaved A B, B A, …. Traced rounds also read each BPF
+//! program's kernel time over the timed waves (`kernel.bpf_stats_enabled`).
 
 use std::{
     fmt::Write as _,
@@ -31,6 +32,15 @@ pub struct ServerSample {
     pub round: usize,
     pub variant: &'static str,
     pub requests_per_s: f64,
+    /// Per BPF program of the tracer: (name, run_time_ns, run_cnt) over the timed waves.
+    pub programs: Vec<(String, u64, u64)>,
+}
+
+impl ServerSample {
+    /// Ubatches in the timed waves: runs of the `ubatch` probe.
+    fn ubatches(&self) -> u64 {
+        self.programs.iter().filter(|p| p.0 == "ubatch").map(|p| p.2).sum()
+    }
 }
 
 fn free_port() -> Result<u16> {
@@ -57,6 +67,11 @@ fn start(ctx: &Ctx, variant: &str, model: &Path, port: u16) -> Result<Child> {
     ];
     let mut cmd = match variant {
         "A" => Command::new(&args[0]),
+        "C" => {
+            let mut c = Command::new(&ctx.ttrace);
+            c.args(["top", "--json", "--"]).arg(&args[0]);
+            c
+        }
         _ => {
             let mut c = Command::new(&ctx.ttrace);
             c.arg("run").arg("-o").arg(ctx.out_dir.join("server-B.data")).arg("--").arg(&args[0]);
@@ -114,24 +129,84 @@ fn stop(mut child: Child) -> Result<()> {
 pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> Result<ServerSample> {
     let port = free_port()?;
     let mut child = start(ctx, variant, model, port)?;
+    let tracer = (variant != "A").then(|| child.id());
     let timed = (|| {
         wait_healthy(port, &mut child)?;
         wave(port)?; // warm: first requests pay for lazy set-up
+        let before = tracer.map(program_stats).transpose()?;
         let started = Instant::now();
         for _ in 0..WAVES {
             wave(port)?;
         }
-        Ok::<_, anyhow::Error>(started.elapsed().as_secs_f64())
+        let secs = started.elapsed().as_secs_f64();
+        let after = tracer.map(program_stats).transpose()?;
+        Ok::<_, anyhow::Error>((secs, before.zip(after)))
     })();
     stop(child)?;
-    let secs = timed?;
-    Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs })
+    let (secs, stats) = timed?;
+    let programs = stats.map_or_else(Vec::new, |(before, after)| {
+        after
+            .iter()
+            .map(|(id, (name, ns, n))| {
+                let (ns0, n0) = before.get(id).map_or((0, 0), |b| (b.1, b.2));
+                (name.clone(), ns - ns0, n - n0)
+            })
+            .collect()
+    });
+    Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs, programs })
 }
 
-pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<ServerSample>> {
+/// The tracer's BPF programs (by the fds it holds) and their kernel counters, by id.
+fn program_stats(pid: u32) -> Result<std::collections::HashMap<u64, (String, u64, u64)>> {
+    let mut ids: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(fd?.path()) else { continue };
+        let id = text.lines().find_map(|l| l.strip_prefix("prog_id:")).and_then(|v| v.trim().parse::<u64>().ok());
+        ids.extend(id);
+    }
+    let out = crate::shell::output(Command::new("bpftool").args(["-j", "prog", "show"]))?;
+    let all: Vec<serde_json::Value> = serde_json::from_str(&out).context("bpftool's JSON")?;
+    Ok(all
+        .iter()
+        .filter_map(|p| {
+            let id = p["id"].as_u64().filter(|id| ids.contains(id))?;
+            let name = p["name"].as_str().unwrap_or("?").to_string();
+            Some((id, (name, p["run_time_ns"].as_u64().unwrap_or(0), p["run_cnt"].as_u64().unwrap_or(0))))
+        })
+        .collect())
+}
+
+/// Kernel time per BPF program needs `kernel.bpf_stats_enabled`; the old
+/// value is put back when the guard goes.
+pub struct BpfStats(Option<String>);
+
+impl BpfStats {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    pub fn enable() -> Self {
+        let old = std::fs::read_to_string(Self::KNOB).ok();
+        if let Err(e) = std::fs::write(Self::KNOB, "1") {
+            eprintln!("bench: cannot enable {}: {e} (kernel times will read 0)", Self::KNOB);
+        }
+        Self(old)
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = std::fs::write(Self::KNOB, old.trim());
+        }
+    }
+}
+
+/// `rounds` interleaved rounds of untraced (A) and `traced` ("B": `ttrace
+/// run`, "C": `ttrace top --json`).
+pub fn run(ctx: &Ctx, model: &Path, traced: &'static str) -> Result<Vec<ServerSample>> {
+    let _stats = BpfStats::enable();
     let mut samples = Vec::new();
     for round in 1..=ctx.rounds {
-        let order: [&'static str; 2] = if round % 2 == 1 { ["A", "B"] } else { ["B", "A"] };
+        let order: [&'static str; 2] = if round % 2 == 1 { ["A", traced] } else { [traced, "A"] };
         for variant in order {
             let s = run_one(ctx, variant, round, model)?;
             eprintln!("bench: server round {round}/{} {variant}: {:.3} requests/s", ctx.rounds, s.requests_per_s);
@@ -143,22 +218,44 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<Vec<ServerSample>> {
 
 pub fn section(md: &mut String, ctx: &Ctx, served: &[ServerSample]) -> Result<()> {
     writeln!(md, "## llama-server under {CLIENTS} concurrent clients\n")?;
+    setup(md, ctx)?;
+    throughput(md, ctx, served, "B", "ttrace run (graph capture, sequences)")?;
+    kernel_time(md, served, "B")
+}
+
+/// `ttrace top`'s own overhead: the same set-up, C for B.
+pub fn top_section(md: &mut String, ctx: &Ctx, served: &[ServerSample]) -> Result<()> {
+    writeln!(md, "## `ttrace top` overhead under {CLIENTS} concurrent clients\n")?;
+    setup(md, ctx)?;
+    writeln!(
+        md,
+        "C runs the server under `ttrace top --json` (1 s intervals, stdout to /dev/null): the same probes as `run`, plus the per-interval aggregation and a cachestat(2) per tensor each second, and no trace file.\n"
+    )?;
+    throughput(md, ctx, served, "C", "ttrace top --json")?;
+    kernel_time(md, served, "C")
+}
+
+fn setup(md: &mut String, ctx: &Ctx) -> Result<()> {
     writeln!(
         md,
         "`llama-server -np {clients} -c 4096 -t 2` on the real model, loopback; per round, after one warm-up wave, {waves} waves \
          of {clients} concurrent `/completion` requests (curl; `n_predict` {n}, `ignore_eos`, `cache_prompt` false) are \
-         timed. {} interleaved rounds (A B, then B A, …). Figure: requests per second of wall time.\n",
+         timed. {} interleaved rounds (A then the traced run, then the reverse, …). Figure: requests per second of wall time.\n",
         ctx.rounds,
         clients = CLIENTS,
         waves = WAVES,
         n = N_PREDICT,
     )?;
+    Ok(())
+}
+
+fn throughput(md: &mut String, ctx: &Ctx, served: &[ServerSample], traced: &str, what: &str) -> Result<()> {
     let by = |v: &str| served.iter().filter(|s| s.variant == v).map(|s| s.requests_per_s).collect::<Vec<_>>();
     let get = |r: usize, v: &str| served.iter().find(|s| s.round == r && s.variant == v).map(|s| s.requests_per_s);
-    let ratios: Vec<f64> = (1..=ctx.rounds).filter_map(|r| Some(get(r, "B")? / get(r, "A")?)).collect();
+    let ratios: Vec<f64> = (1..=ctx.rounds).filter_map(|r| Some(get(r, traced)? / get(r, "A")?)).collect();
     writeln!(md, "| run | setup | median requests/s | min–max |")?;
     writeln!(md, "|---|---|---|---|")?;
-    for (v, what) in [("A", "untraced"), ("B", "ttrace run (graph capture, sequences)")] {
+    for (v, what) in [("A", "untraced"), (traced, what)] {
         let xs = by(v);
         let (lo, hi) = min_max(&xs);
         writeln!(md, "| {v} | {what} | {:.3} | {lo:.3}–{hi:.3} |", median(&xs))?;
@@ -172,9 +269,46 @@ pub fn section(md: &mut String, ctx: &Ctx, served: &[ServerSample]) -> Result<()
     Ok(())
 }
 
-pub fn csv(csv: &mut String, served: &[ServerSample]) -> Result<()> {
+/// Kernel time of each BPF program over the timed waves of every traced
+/// round, per ubatch: not sensitive to other load the way throughput is.
+fn kernel_time(md: &mut String, served: &[ServerSample], traced: &str) -> Result<()> {
+    let rounds: Vec<&ServerSample> = served.iter().filter(|s| s.variant == traced).collect();
+    let ubatches: u64 = rounds.iter().map(|s| s.ubatches()).sum();
+    if ubatches == 0 {
+        return Ok(());
+    }
+    let mut per: Vec<(String, u64, u64)> = Vec::new();
+    for (name, ns, n) in rounds.iter().flat_map(|s| &s.programs) {
+        match per.iter_mut().find(|p| &p.0 == name) {
+            Some(p) => (p.1, p.2) = (p.1 + ns, p.2 + n),
+            None => per.push((name.clone(), *ns, *n)),
+        }
+    }
+    per.retain(|p| p.2 > 0);
+    per.sort_by_key(|p| std::cmp::Reverse(p.1));
+    writeln!(
+        md,
+        "Kernel time of the tracer's BPF programs over the timed waves ({ubatches} ubatches, `bpftool prog show` run_time_ns/run_cnt). The page-fault and page-cache tracepoints fire for every process on the machine and filter in the program, so their runs include other processes' faults.\n"
+    )?;
+    writeln!(md, "| program | runs per ubatch | ns per run | µs per ubatch |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    let mut total = 0.0;
+    for (name, ns, n) in &per {
+        let us = *ns as f64 / ubatches as f64 / 1000.0;
+        total += us;
+        writeln!(md, "| {name} | {:.1} | {} | {us:.1} |", *n as f64 / ubatches as f64, ns / n)?;
+    }
+    writeln!(md, "\n- Kernel time per ubatch, all programs: {total:.1} µs\n")?;
+    Ok(())
+}
+
+/// Rows of the server part (`prefix` "server") or the top part ("top").
+pub fn csv(csv: &mut String, served: &[ServerSample], prefix: &str) -> Result<()> {
     for s in served {
-        writeln!(csv, "server_requests_per_s,{},{},{}", s.variant, s.round, s.requests_per_s)?;
+        writeln!(csv, "{prefix}_requests_per_s,{},{},{}", s.variant, s.round, s.requests_per_s)?;
+        for (name, ns, n) in &s.programs {
+            writeln!(csv, "{prefix}_kernel_ns,{}:{name},{},{ns}/{n}", s.variant, s.round)?;
+        }
     }
     Ok(())
 }

@@ -92,7 +92,12 @@ impl Layouts {
 
     /// An event from the kernel: recorded now, held for the check, or the
     /// trace refused.
-    pub fn take(&mut self, recorder: &mut Recorder<BufWriter<File>>, event: Event) -> std::io::Result<()> {
+    pub fn take(
+        &mut self,
+        recorder: &mut Recorder<BufWriter<File>>,
+        tap: &mut Option<Box<dyn super::Tap>>,
+        event: Event,
+    ) -> std::io::Result<()> {
         if self.refused.is_some() {
             return Ok(());
         }
@@ -107,7 +112,7 @@ impl Layouts {
         match admitted {
             Ok(admitted) => {
                 self.note_sequences_off(admitted.sequences_off);
-                admitted.record.iter().try_for_each(|e| recorder.record(e))
+                admitted.record.iter().try_for_each(|e| record_and_tap(recorder, tap, e))
             }
             Err(violation) => {
                 let choice = self.choice.as_ref().expect("the gate checks only once a layout is chosen");
@@ -118,10 +123,14 @@ impl Layouts {
     }
 
     /// The end of the trace: what the check still held.
-    pub fn finish(&mut self, recorder: &mut Recorder<BufWriter<File>>) -> std::io::Result<()> {
+    pub fn finish(
+        &mut self,
+        recorder: &mut Recorder<BufWriter<File>>,
+        tap: &mut Option<Box<dyn super::Tap>>,
+    ) -> std::io::Result<()> {
         let admitted = self.gate.finish();
         self.note_sequences_off(admitted.sequences_off);
-        admitted.record.iter().try_for_each(|e| recorder.record(e))
+        admitted.record.iter().try_for_each(|e| record_and_tap(recorder, tap, e))
     }
 
     fn note_sequences_off(&mut self, reason: Option<String>) {
@@ -131,4 +140,16 @@ impl Layouts {
             self.ubatch_off = true;
         }
     }
+}
+
+fn record_and_tap(
+    recorder: &mut Recorder<BufWriter<File>>,
+    tap: &mut Option<Box<dyn super::Tap>>,
+    event: &Event,
+) -> std::io::Result<()> {
+    recorder.record(event)?;
+    if let Some(tap) = tap.as_mut() {
+        tap.on_event(event, recorder);
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ mod gate;
 mod header;
 mod plan;
 mod signals;
-mod trace_file;
+pub mod trace_file;
 mod values;
 
 use std::{
@@ -85,6 +85,18 @@ pub struct ValuesSpec {
     pub filter: Option<regex_lite::Regex>,
 }
 
+/// Sees what a session records, as it records it (`ttrace top`).
+pub trait Tap {
+    /// The target is about to run: after `--drop-caches`, before a `run`
+    /// child is released.
+    fn started(&mut self, resolver: &mut Resolver);
+    /// Every event the recorder took, after it took it.
+    fn on_event(&mut self, event: &Event, recorder: &mut Recorder<BufWriter<File>>);
+    /// At every tick of the session; `true` asks it to stop, as Ctrl-C does
+    /// (`run`'s child gets SIGINT, an attached target is left running).
+    fn tick(&mut self, resolver: &mut Resolver) -> bool;
+}
+
 pub struct Outcome {
     pub stop_reason: StopReason,
     pub exit: Option<ExitStatus>,
@@ -108,12 +120,21 @@ const HOOK_SEARCH_TICK: Duration = Duration::from_millis(20);
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
+    trace_with_tap(target, spec, None).await
+}
+
+/// [`trace`], with `tap` shown every event as it is recorded.
+pub async fn trace_with_tap(target: Target, spec: &SessionSpec, tap: Option<Box<dyn Tap>>) -> Result<Outcome> {
     let attach_pid = match &target {
         Target::Attach { pid } => Some(*pid),
         Target::Run { .. } => None,
     };
+    // Before the target starts: a Ctrl-C while attaching then reaches the
+    // loop (a `run` child gets it once released) instead of killing ttrace
+    // and orphaning the child.
+    let signals = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
     // A failed start drops the trace file's guard, which removes the file.
-    let live = match start(target, spec) {
+    let live = match start(target, spec, tap) {
         Ok(live) => live,
         Err(e) => {
             // Whatever step failed (maps gone, perf_event_open ESRCH, pidfd),
@@ -126,7 +147,7 @@ pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
             });
         }
     };
-    record_until_stop(live, spec).await
+    record_until_stop(live, spec, signals).await
 }
 
 /// A session with its probes attached and the target running.
@@ -140,7 +161,7 @@ struct Live<'a> {
 }
 
 /// Load, attach and create the trace file, then let a `run` child go.
-fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
+fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -> Result<Live<'a>> {
     let (pid, mode, command) = match &target {
         Target::Run { child, argv } => (child.pid(), Mode::Run, argv.clone()),
         Target::Attach { pid } => (*pid, Mode::Attach, proc_cmdline(*pid)),
@@ -230,7 +251,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
     if let Some(layout) = recorder_layout {
         recorder.graphs.set_layout(layout);
     }
-    let mut session = Session { attached, recorder, layouts, spec, trace_file, held_at_first_graph };
+    let mut session = Session { attached, recorder, layouts, spec, trace_file, held_at_first_graph, tap };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -243,10 +264,18 @@ fn start<'a>(target: Target, spec: &'a SessionSpec) -> Result<Live<'a>> {
                 target::drop_caches()?;
                 warn_still_cached(&spec.models);
             }
+            if let Some(tap) = session.tap.as_mut() {
+                tap.started(&mut session.recorder.resolver);
+            }
             let running = child.release()?;
             (Some(running), pidfd(pid).context("watching the child for exit")?)
         }
-        Target::Attach { pid } => (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?),
+        Target::Attach { pid } => {
+            if let Some(tap) = session.tap.as_mut() {
+                tap.started(&mut session.recorder.resolver);
+            }
+            (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?)
+        }
     };
     session.trace_file.keep();
     Ok(Live { tracer, session, stream, child, exited, _log_task })
@@ -281,12 +310,14 @@ fn warn_still_cached(models: &[PathBuf]) {
 }
 
 /// Record until the target exits, a signal or the duration; close the trace.
-async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome> {
+async fn record_until_stop(
+    live: Live<'_>,
+    spec: &SessionSpec,
+    (mut sigint, mut sigterm): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+) -> Result<Outcome> {
     let Live { mut tracer, mut session, mut stream, mut child, exited, _log_task } = live;
     let pid = session.attached.pid;
 
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let mut tick = tokio::time::interval(if session.attached.has_ops { TICK } else { HOOK_SEARCH_TICK });
     let deadline = spec.duration.map(|d| tokio::time::Instant::now() + d);
     let mut last_flush = Instant::now();
@@ -320,7 +351,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             }
             _ = tick.tick() => {
                 peak_anon = peak_anon.max(crate::live::target::rss_anon_bytes(pid));
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
@@ -329,6 +360,10 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
                 }
                 session.continue_after_first_graph(child.as_ref())?;
                 session.sync_watches(&mut tracer)?;
+                let quit = session.tap.as_mut().is_some_and(|tap| tap.tick(&mut session.recorder.resolver));
+                if quit && interrupted_at.is_none() && let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) {
+                    break reason;
+                }
                 if last_flush.elapsed() >= FLUSH_EVERY {
                     session.recorder.writer.flush()?;
                     last_flush = Instant::now();
@@ -336,7 +371,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
             }
             ready = stream.readable() => {
                 ready?;
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
+                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
                 session.continue_after_first_graph(child.as_ref())?;
             }
         }
@@ -349,14 +384,16 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         session.layouts.apply_ubatch_off(&mut tracer)?;
     };
     // Everything submitted before the stop is still in the ring.
-    stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, event, &mut write_error));
+    stream.drain_now(&mut |event: Event| {
+        record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error)
+    });
     // Reads the target issued (async readahead) may complete after it is
     // gone: wait for them, briefly, so no read lacks its completion.
     let settle = Instant::now();
     while session.recorder.requests_in_flight() > 0 && settle.elapsed() < IO_SETTLE && write_error.is_none() {
         tokio::time::sleep(Duration::from_millis(2)).await;
         stream.drain_now(&mut |event: Event| {
-            record(&mut session.recorder, &mut session.layouts, event, &mut write_error)
+            record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error)
         });
     }
     if let Some(e) = write_error.take() {
@@ -366,7 +403,10 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         return Err(refuse(&mut session, child.as_mut(), refusal));
     }
     // What the check still held (the target ended before a verdict).
-    session.layouts.finish(&mut session.recorder).with_context(|| format!("writing {}", spec.output.display()))?;
+    session
+        .layouts
+        .finish(&mut session.recorder, &mut session.tap)
+        .with_context(|| format!("writing {}", spec.output.display()))?;
     let exit = match child.as_mut() {
         Some(c) => Some(c.wait()?),
         None => None,
@@ -407,7 +447,9 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
+    if !trace_file::is_discard(&spec.output) {
+        file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
+    }
     Ok(Outcome { stop_reason, exit, stats, lost })
 }
 
@@ -431,6 +473,7 @@ struct Session<'a> {
     /// A `run` target is stopped by the kernel at its first graph, until
     /// its maps are read.
     held_at_first_graph: bool,
+    tap: Option<Box<dyn Tap>>,
 }
 
 impl Session<'_> {
@@ -528,11 +571,12 @@ impl Session<'_> {
 fn record(
     recorder: &mut Recorder<BufWriter<File>>,
     layouts: &mut Layouts,
+    tap: &mut Option<Box<dyn Tap>>,
     event: Event,
     error: &mut Option<std::io::Error>,
 ) {
     if error.is_none()
-        && let Err(e) = layouts.take(recorder, event)
+        && let Err(e) = layouts.take(recorder, tap, event)
     {
         *error = Some(e);
     }

@@ -29,7 +29,7 @@ impl TraceFile {
     ) -> Result<(Self, TraceWriter<BufWriter<File>>)> {
         let file = File::create(path).with_context(|| format!("creating trace file {}", path.display()))?;
         let guard = Self { path: path.to_path_buf(), keep: false };
-        if let Some(owner) = owner {
+        if let Some(owner) = owner.filter(|_| !is_discard(path)) {
             std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid))
                 .with_context(|| format!("giving {} to user {}", path.display(), owner.name))?;
         }
@@ -48,9 +48,16 @@ impl TraceFile {
     }
 }
 
+/// `/dev/null`: `top` without `-o` records nowhere; never chowned or removed.
+pub(super) fn is_discard(path: &Path) -> bool {
+    path == Path::new(DISCARD)
+}
+
+pub const DISCARD: &str = "/dev/null";
+
 impl Drop for TraceFile {
     fn drop(&mut self) {
-        if !self.keep {
+        if !self.keep && !is_discard(&self.path) {
             let _ = std::fs::remove_file(&self.path);
         }
     }

@@ -28,7 +28,7 @@ pub use hooks::{
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
-pub use residency::resident_bytes;
+pub use residency::{Residency, resident_bytes};
 pub use spawn::{HeldChild, RunningChild, SpawnOptions};
 pub use user::UserSpec;
 pub use version::{BuildFacts, SET_USAGE};

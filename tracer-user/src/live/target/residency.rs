@@ -1,4 +1,5 @@
-//! How much of a file is in the page cache (mincore on a private mapping).
+//! How much of a file is in the page cache: cachestat(2) on a byte range
+//! where the kernel has it (6.5+), else mincore on a private mapping.
 //!
 //! `--drop-caches` cannot evict pages that another process has mapped (a
 //! second llama.cpp on the same model, say), so a "cold" run would silently
@@ -13,8 +14,93 @@ use tracer_common::PAGE_SIZE as PAGE;
 pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
+    let resident = mincore_pages(&file, size)?.iter().filter(|&&b| b & 1 != 0).count() as u64;
+    Ok(((resident * PAGE).min(size), size))
+}
+
+/// cachestat(2)'s number on x86_64 and aarch64 (the same in the generic table).
+const SYS_CACHESTAT: libc::c_long = 451;
+
+#[repr(C)]
+struct CachestatRange {
+    off: u64,
+    len: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct Cachestat {
+    nr_cache: u64,
+    nr_dirty: u64,
+    nr_writeback: u64,
+    nr_evicted: u64,
+    nr_recently_evicted: u64,
+}
+
+/// Page-cache residency of an open file by byte range: cachestat(2), one
+/// syscall per range and no mapping, or mincore over the whole file when
+/// the kernel lacks it (ENOSYS).
+pub struct Residency {
+    file: File,
+    size: u64,
+    /// mincore's page bitmap, read once per [`Residency::refresh`].
+    pages: Option<Vec<u8>>,
+}
+
+impl Residency {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = File::open(path)?;
+        let size = file.metadata()?.len();
+        let mut r = Self { file, size, pages: None };
+        if r.cachestat(0, 1).is_err_and(|e| e.raw_os_error() == Some(libc::ENOSYS)) {
+            r.pages = Some(Vec::new());
+            r.refresh()?;
+        }
+        Ok(r)
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Take a new mincore snapshot (cachestat needs none).
+    pub fn refresh(&mut self) -> io::Result<()> {
+        if self.pages.is_some() {
+            self.pages = Some(mincore_pages(&self.file, self.size)?);
+        }
+        Ok(())
+    }
+
+    /// Resident bytes of `[offset, offset + len)`: its cached pages, the
+    /// partial ones at either end counted whole (as fincore does), clipped to the file.
+    pub fn resident(&self, offset: u64, len: u64) -> io::Result<u64> {
+        let pages = match &self.pages {
+            Some(bitmap) => {
+                let (first, last) = (offset / PAGE, (offset + len).div_ceil(PAGE));
+                let range = bitmap.get(first as usize..(last as usize).min(bitmap.len())).unwrap_or(&[]);
+                range.iter().filter(|&&b| b & 1 != 0).count() as u64
+            }
+            None => self.cachestat(offset, len)?,
+        };
+        Ok(pages * PAGE)
+    }
+
+    fn cachestat(&self, offset: u64, len: u64) -> io::Result<u64> {
+        let range = CachestatRange { off: offset, len };
+        let mut stat = Cachestat::default();
+        // SAFETY: both structs are the kernel's layout and live across the call.
+        let rc = unsafe { libc::syscall(SYS_CACHESTAT, self.file.as_raw_fd(), &raw const range, &raw mut stat, 0u32) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stat.nr_cache)
+    }
+}
+
+/// One byte per page of the file, bit 0 set when resident.
+fn mincore_pages(file: &File, size: u64) -> io::Result<Vec<u8>> {
     if size == 0 {
-        return Ok((0, 0));
+        return Ok(Vec::new());
     }
     let len = usize::try_from(size).map_err(|_| io::Error::other("file too large to map"))?;
     // SAFETY: a fresh read-only private mapping of an open file; never
@@ -25,8 +111,7 @@ pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
     if addr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let pages = len.div_ceil(PAGE as usize);
-    let mut vec = vec![0u8; pages];
+    let mut vec = vec![0u8; len.div_ceil(PAGE as usize)];
     // SAFETY: addr..addr+len is the mapping above; vec holds one byte per page.
     let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
     let err = io::Error::last_os_error();
@@ -35,8 +120,7 @@ pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
     if rc != 0 {
         return Err(err);
     }
-    let resident = vec.iter().filter(|&&b| b & 1 != 0).count() as u64;
-    Ok(((resident * PAGE).min(size), size))
+    Ok(vec)
 }
 
 #[cfg(test)]
@@ -57,6 +141,14 @@ mod tests {
         let empty = dir.join("e");
         File::create(&empty).unwrap();
         assert_eq!(resident_bytes(&empty).unwrap(), (0, 0));
+        // cachestat and mincore agree: whole pages, the partial last one too.
+        let mut by_range = Residency::open(&path).unwrap();
+        assert_eq!(by_range.resident(0, 3 * 4096 + 10).unwrap(), 4 * 4096);
+        assert_eq!(by_range.resident(4096, 10).unwrap(), 4096);
+        by_range.pages = Some(Vec::new());
+        by_range.refresh().unwrap();
+        assert_eq!(by_range.resident(0, 3 * 4096 + 10).unwrap(), 4 * 4096);
+        assert_eq!(by_range.resident(4096, 10).unwrap(), 4096);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

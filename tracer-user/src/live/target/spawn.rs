@@ -31,10 +31,11 @@ pub struct SpawnOptions {
     /// Environment changes applied after the user's HOME/USER/LOGNAME:
     /// `Some` sets, `None` removes.
     pub env: Vec<(OsString, Option<OsString>)>,
-    /// A file the program's stdout and stderr go to (`ttrace sweep`'s
-    /// per-run log); `None` inherits ttrace's. Must stay open until `spawn`
-    /// returns.
-    pub output: Option<std::os::fd::RawFd>,
+    /// The command's stdout and stderr, when not ttrace's own: descriptors
+    /// the caller keeps open until `spawn` returns (`top` keeps its screen
+    /// and its JSON lines to itself).
+    pub stdout: Option<std::os::fd::RawFd>,
+    pub stderr: Option<std::os::fd::RawFd>,
 }
 
 /// Steps that can fail in the child, as sent through the status pipe.
@@ -94,10 +95,9 @@ impl HeldChild {
         if pid == 0 {
             drop(release_w);
             drop(status_r);
+            let output = [(opts.stdout, libc::STDOUT_FILENO), (opts.stderr, libc::STDERR_FILENO)];
             // SAFETY: pointers and fds were all prepared before fork and stay alive.
-            unsafe {
-                child(release_r.as_raw_fd(), status_w.as_raw_fd(), opts.output, ids.as_ref(), &argv_ptrs, &env_ptrs)
-            }
+            unsafe { child(release_r.as_raw_fd(), status_w.as_raw_fd(), ids.as_ref(), &argv_ptrs, &env_ptrs, output) }
         }
         drop(release_r);
         drop(status_w);
@@ -308,10 +308,10 @@ fn errno() -> libc::c_int {
 unsafe fn child(
     release: libc::c_int,
     status: libc::c_int,
-    output: Option<libc::c_int>,
     ids: Option<&(u32, u32, Vec<u32>)>,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
+    output: [(Option<libc::c_int>, libc::c_int); 2],
 ) -> ! {
     let report = |step: u8| -> ! {
         let e = errno().to_le_bytes();
@@ -333,9 +333,10 @@ unsafe fn child(
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        if let Some(fd) = output {
-            libc::dup2(fd, 1);
-            libc::dup2(fd, 2);
+        for (from, to) in output {
+            if let Some(from) = from {
+                libc::dup2(from, to);
+            }
         }
         if let Some((uid, gid, groups)) = ids {
             if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
