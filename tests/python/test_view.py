@@ -405,3 +405,38 @@ def test_summary_shows_the_report(traced, view, tmp_path):
     assert int(figure("generated tokens")) == t.report["tokens"]["generated"]
     assert int(figure("faults")) == t.report["faults"]
     shoot(page, tmp_path, "gemma-summary")
+
+
+def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
+    """/api/v1/simulate is `ttrace simulate TRACE --json`'s document, and the
+    Memory tab draws each of its (budget, policy) points: the table holds
+    the same figures and the canvas has every policy's colour on it."""
+    t = traced("moe")
+    want = json.loads(subprocess.run([ttrace, "simulate", t.path, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    server, page = view(t)
+    with urllib.request.urlopen(server.base + "api/v1/simulate", timeout=300) as r:
+        assert json.load(r) == want
+    page.click("#tab-button-simulate")
+    page.wait_for_selector("#simulate[data-loaded='1']", state="attached")
+    cells = page.eval_on_selector_all(
+        "#simulate-table td[data-policy]",
+        "tds => tds.map(td => [Number(td.dataset.budget), td.dataset.policy, Number(td.dataset.misses), "
+        "Number(td.dataset.diskBytes)])")
+    assert sorted(map(tuple, cells)) == sorted((r["budget_bytes"], r["policy"], r["misses"], r["disk_bytes"])
+                                               for r in want["rows"])
+    assert int(page.get_attribute("#simulate-fit", "data-bytes")) == want["fit_budget_bytes"]
+    points = json.loads(page.get_attribute("#simulate-plot", "data-points"))
+    assert sorted(p[0] for p in points) == sorted(r["policy"] for r in want["rows"])
+    # Each policy's line is on the canvas in its colour.
+    drawn = page.evaluate("""() => {
+        const c = document.getElementById('simulate-plot'), g = c.getContext('2d');
+        const px = g.getImageData(0, 0, c.width, c.height).data, seen = {};
+        const colours = {lru: [0x22, 0xd3, 0xee], opt: [0x4a, 0xde, 0x80], '2q': [0xf5, 0x9e, 0x0b]};
+        for (let i = 0; i < px.length; i += 4)
+            for (const [p, [r, g2, b]] of Object.entries(colours))
+                if (px[i] === r && px[i + 1] === g2 && px[i + 2] === b && px[i + 3] === 255) seen[p] = (seen[p] || 0) + 1;
+        return seen;
+    }""")
+    assert all(drawn.get(p, 0) > 20 for p in ("lru", "opt", "2q")), drawn
+    shoot(page, tmp_path, "moe-simulate")

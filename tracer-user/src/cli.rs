@@ -450,7 +450,8 @@ pub struct SimulateArgs {
     #[arg(default_value = "ttrace.data")]
     pub file: std::path::PathBuf,
     /// Memory budgets, comma-separated (default: 8 from an eighth of the
-    /// model's footprint to all of it plus anonymous memory).
+    /// model's footprint plus anonymous memory to all of it, or to the
+    /// smallest budget that reads nothing when that is larger).
     #[arg(long, value_delimiter = ',', value_parser = size, conflicts_with = "budget_range")]
     pub budgets: Vec<u64>,
     /// Evenly spaced budgets: FROM..TO, 16 of them, or FROM..TO/STEPS.

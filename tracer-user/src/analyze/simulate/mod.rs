@@ -6,6 +6,7 @@
 //! every size at once ([`LruCurve`]), OPT and the kernel-like two-list model
 //! one size at a time.
 
+pub mod curve;
 pub mod lru;
 pub mod opt;
 pub mod stream;
