@@ -35,7 +35,9 @@ def simulate(ttrace, trace, *args) -> subprocess.CompletedProcess:
 
 def test_floors_stack_property_and_a_budget_that_holds_everything(ttrace, moe_trace, tmp_path, models):
     budgets = [8, 12, 16, 20, 24, 28, 32, 48]
-    proc = simulate(ttrace, moe_trace, "--budgets", ",".join(f"{b}M" for b in budgets), "--json",
+    # Demand paging (--readahead 0): the kernel's read-around makes LRU no
+    # longer a stack algorithm.
+    proc = simulate(ttrace, moe_trace, "--budgets", ",".join(f"{b}M" for b in budgets), "--json", "--readahead", "0",
                     "--csv", tmp_path / "c.csv", "--plot", tmp_path / "c.svg")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -59,10 +61,18 @@ def test_floors_stack_property_and_a_budget_that_holds_everything(ttrace, moe_tr
     # read the whole file first (MAP_POPULATE), so at most the file plus anon.
     fit = doc["fit_budget_bytes"]
     assert fit <= models["moe"].stat().st_size + doc["anon_bytes"] + doc["page_bytes"]
-    at_fit = simulate(ttrace, moe_trace, "--budgets", str(fit), "--json")
+    at_fit = simulate(ttrace, moe_trace, "--budgets", str(fit), "--json", "--readahead", "0")
     assert all(r["misses"] == 0 for r in json.loads(at_fit.stdout)["rows"])
-    below = simulate(ttrace, moe_trace, "--budgets", str(fit - doc["page_bytes"]), "--policy", "lru", "--json")
+    below = simulate(ttrace, moe_trace, "--budgets", str(fit - doc["page_bytes"]), "--policy", "lru", "--json",
+                     "--readahead", "0")
     assert json.loads(below.stdout)["rows"][0]["misses"] > 0
+    # The kernel's readahead, recorded in the trace, is the default: with
+    # the whole file cached, it reads nothing either.
+    recorded = json.loads(simulate(ttrace, moe_trace, "--budgets", str(fit), "--json").stdout)
+    assert recorded["readahead"]["window_bytes"] > 0 and "recorded" in recorded["readahead_source"]
+    whole = models["moe"].stat().st_size + doc["anon_bytes"] + doc["page_bytes"]
+    recorded = json.loads(simulate(ttrace, moe_trace, "--budgets", str(whole), "--json").stdout)
+    assert all(r["misses"] == 0 for r in recorded["rows"])
 
     with open(tmp_path / "c.csv") as f:
         table = list(csv.DictReader(f))
@@ -77,9 +87,12 @@ def test_floors_stack_property_and_a_budget_that_holds_everything(ttrace, moe_tr
 
 
 def test_readahead_reads_more_and_an_expert_permutation_changes_what_is_read(ttrace, moe_trace, tmp_path):
-    base = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--json").stdout)
+    base = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--json",
+                               "--readahead", "0").stdout)
+    assert base["readahead"] is None
     ahead = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--readahead", "128K",
                                 "--json").stdout)
+    assert ahead["readahead"]["window_bytes"] == 128 << 10
     assert ahead["rows"][0]["misses"] >= base["rows"][0]["misses"]
     # The identity permutation changes nothing; reversing every layer's
     # experts moves the routed slices, so the same budget reads differently.
@@ -89,7 +102,7 @@ def test_readahead_reads_more_and_an_expert_permutation_changes_what_is_read(ttr
     flip = tmp_path / "reverse.json"
     flip.write_text(json.dumps([list(reversed(range(n_expert)))] * n_layers))
     ident = json.loads(simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--layout", same,
-                                "--json").stdout)
+                                "--json", "--readahead", "0").stdout)
     assert ident["rows"] == base["rows"]
     moved = simulate(ttrace, moe_trace, "--budgets", "16M", "--policy", "lru", "--layout", flip, "--json")
     assert moved.returncode == 0, moved.stderr

@@ -428,15 +428,14 @@ def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
     assert int(page.get_attribute("#simulate-fit", "data-bytes")) == want["fit_budget_bytes"]
     points = json.loads(page.get_attribute("#simulate-plot", "data-points"))
     assert sorted(p[0] for p in points) == sorted(r["policy"] for r in want["rows"])
-    # Each policy's line is on the canvas in its colour.
-    drawn = page.evaluate("""() => {
-        const c = document.getElementById('simulate-plot'), g = c.getContext('2d');
-        const px = g.getImageData(0, 0, c.width, c.height).data, seen = {};
-        const colours = {lru: [0x22, 0xd3, 0xee], opt: [0x4a, 0xde, 0x80], '2q': [0xf5, 0x9e, 0x0b]};
-        for (let i = 0; i < px.length; i += 4)
-            for (const [p, [r, g2, b]] of Object.entries(colours))
-                if (px[i] === r && px[i + 1] === g2 && px[i + 2] === b && px[i + 3] === 255) seen[p] = (seen[p] || 0) + 1;
-        return seen;
-    }""")
-    assert all(drawn.get(p, 0) > 20 for p in ("lru", "opt", "2q")), drawn
+    # Every point's marker is drawn where it belongs, in its policy's colour
+    # (or in that of a later point's marker covering it).
+    colours = {"lru": [0x22, 0xd3, 0xee], "opt": [0x4a, 0xde, 0x80], "2q": [0xf5, 0x9e, 0x0b]}
+    shown = page.evaluate("""(points) => {
+        const c = document.getElementById('simulate-plot'), g = c.getContext('2d'), dpr = window.devicePixelRatio;
+        return points.map(([, x, y]) => Array.from(g.getImageData(Math.round(x * dpr), Math.round(y * dpr), 1, 1).data));
+    }""", points)
+    for (policy, x, y), pixel in zip(points, shown):
+        top = [q for q in points if abs(q[1] - x) <= 2 and abs(q[2] - y) <= 2][-1][0]
+        assert pixel == colours[top] + [255], (policy, x, y, pixel)
     shoot(page, tmp_path, "moe-simulate")

@@ -120,7 +120,7 @@ ttrace simulate ttrace.data\n  \
 ttrace simulate run.data --budgets 160M,200M,256M --policy lru,opt\n  \
 ttrace simulate run.data --budget-range 64M..1G --plot curve.svg --csv curve.csv\n  \
 ttrace simulate moe.data --budgets 32M --layout perms.json      (mbolt's chain layout)\n  \
-ttrace simulate run.data --readahead 128K --anon 40M --json\n\n\
+ttrace simulate run.data --readahead 256K --anon 40M --json\n\n\
 A budget is a memory limit as `run --mem-limit` takes it: anonymous memory inside it (KV cache, compute and \
 repacked weights) is taken off before the model's pages (--anon). Figures count generation (--phase all: everything \
 from loading on) and are divided by the generated tokens.")]
@@ -398,6 +398,14 @@ fn size(text: &str) -> Result<u64, String> {
     }
 }
 
+/// `--readahead`: a size, or 0 (`none`) for demand paging.
+fn readahead(text: &str) -> Result<u64, String> {
+    match text {
+        "none" | "0" => Ok(0),
+        _ => size(text),
+    }
+}
+
 /// `--budget-range FROM..TO[/STEPS]`.
 fn budget_range(text: &str) -> Result<(u64, u64, u32), String> {
     let (range, steps) = match text.split_once('/') {
@@ -449,9 +457,9 @@ pub struct SimulateArgs {
     /// Trace file written by `ttrace run` or `ttrace attach`.
     #[arg(default_value = "ttrace.data")]
     pub file: std::path::PathBuf,
-    /// Memory budgets, comma-separated (default: 8 from an eighth of the
-    /// model's footprint plus anonymous memory to all of it, or to the
-    /// smallest budget that reads nothing when that is larger).
+    /// Memory budgets, comma-separated (default: 8 from anonymous memory
+    /// plus an eighth of the model's footprint to anonymous memory plus all
+    /// of it, or to the smallest budget that reads nothing when larger).
     #[arg(long, value_delimiter = ',', value_parser = size, conflicts_with = "budget_range")]
     pub budgets: Vec<u64>,
     /// Evenly spaced budgets: FROM..TO, 16 of them, or FROM..TO/STEPS.
@@ -462,9 +470,11 @@ pub struct SimulateArgs {
     /// Page size.
     #[arg(long, default_value = "4K", value_parser = size)]
     pub page: u64,
-    /// Readahead window: a miss reads its aligned window of this size (the
-    /// kernel's default is 128K).
-    #[arg(long, value_parser = size)]
+    /// The kernel's mmap read-around window (the file's ra_pages) replayed
+    /// for lru and 2q; 0: demand paging. Default: recorded in the trace
+    /// (the model device's read_ahead_kb, doubled by llama.cpp's
+    /// POSIX_FADV_SEQUENTIAL).
+    #[arg(long, value_name = "SIZE|0", value_parser = readahead)]
     pub readahead: Option<u64>,
     /// Replay on another expert layout: mbolt's perms.json (`perm[p]` is the
     /// original expert stored at position p), or a JSON list of per-layer lists.

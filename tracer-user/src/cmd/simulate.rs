@@ -11,7 +11,7 @@ use crate::{
         self,
         simulate::{
             Counting, Options, Row,
-            curve::{self, AnonChoice, AnonSource, Budgets, Curve, Request},
+            curve::{self, AnonChoice, AnonSource, Budgets, Curve, ReadaheadChoice, ReadaheadSource, Request},
         },
     },
     cli::{Anon, LoadReplay, SimulateArgs},
@@ -43,13 +43,19 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let request = Request {
         options: Options {
             page_bytes: args.page,
-            readahead: args.readahead,
+            // From `readahead_choice`.
+            readahead: None,
             layout,
             populate: match args.load {
                 LoadReplay::Auto => None,
                 LoadReplay::Populate => Some(true),
                 LoadReplay::None => Some(false),
             },
+        },
+        readahead_choice: match args.readahead {
+            Some(0) => ReadaheadChoice::None,
+            Some(bytes) => ReadaheadChoice::Window(bytes),
+            None => ReadaheadChoice::Recorded,
         },
         budgets: match (&args.budgets, args.budget_range) {
             (list, _) if !list.is_empty() => Budgets::List(list.clone()),
@@ -73,6 +79,15 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .with_context(|| format!("replaying {}", args.file.display()))?;
     progress.finish_and_clear();
     rows_bar.finish_and_clear();
+    if curve.readahead_source == ReadaheadSource::NotRecorded {
+        eprintln!(
+            "ttrace: {} did not record the model device's readahead (traced before ttrace kept it): \
+             replaying demand paging, which under a tight budget undercounts the kernel's read-around; \
+             pass --readahead SIZE (twice the device's read_ahead_kb, as llama.cpp advises sequential \
+             reads) to replay it",
+            args.file.display()
+        );
+    }
     if curve.anon_source == AnonSource::Touched {
         eprintln!(
             "ttrace: {} did not record the target's anonymous memory (traced before ttrace sampled it): \
@@ -122,9 +137,14 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
         human_bytes(curve.footprint_bytes)
     );
     s += &format!(
-        "page {}, readahead {}, loading {}, anonymous memory {} ({}){}\n\n",
+        "page {}, readahead {} ({}), loading {}, anonymous memory {} ({}){}\n\n",
         human_bytes(args.page),
-        args.readahead.map_or("none".into(), human_bytes),
+        curve.readahead.map_or("none".into(), |r| format!(
+            "{} read-around, {} fault-around; OPT without",
+            human_bytes(r.window_bytes),
+            human_bytes(r.fault_around_bytes)
+        )),
+        <&str>::from(curve.readahead_source),
         if curve.populate {
             "replayed as MAP_POPULATE's sequential read"
         } else {
@@ -151,7 +171,10 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
         s += "\nno token was generated in this trace: per-token figures are '-'\n";
     }
     if let (Some(budget), Some(first)) = (curve.fit_budget_bytes, curve.first_read_bytes) {
-        s += &format!("\nsmallest budget at which generation reads nothing from disk (LRU): {}", human_bytes(budget));
+        s += &format!(
+            "\nsmallest budget at which generation reads nothing from disk (LRU, demand paging): {}",
+            human_bytes(budget)
+        );
         if first > 0 {
             s += &format!(
                 " (besides {} it reads for the first time, which no budget avoids; see --load)",

@@ -285,6 +285,11 @@ pub struct FileInfo {
     pub partition_start_sector: u64,
     /// FIEMAP extents; empty when the filesystem has none (tmpfs).
     pub extents: Vec<FileExtent>,
+    /// The readahead of the file's backing device (its bdi's
+    /// `read_ahead_kb`) when traced: the size of the kernel's mmap
+    /// read-around, which `simulate` replays. `None` in older traces.
+    #[serde(default)]
+    pub read_ahead_kb: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -475,4 +480,8 @@ pub struct Trailer {
     /// sampled every 100 ms); `None` in older traces.
     #[serde(default)]
     pub peak_anon_bytes: Option<u64>,
+    /// The kernel's fault-around size (`fault_around_bytes` in debugfs, or
+    /// its 64 KiB default when debugfs is not mounted); `None` in older traces.
+    #[serde(default)]
+    pub fault_around_bytes: Option<u64>,
 }

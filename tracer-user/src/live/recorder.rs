@@ -441,6 +441,10 @@ pub fn model_table(model: &ModelMap) -> (ModelTable, Vec<WatchedFile>) {
             disk_name: device.and_then(|d| d.disk.clone()),
             partition_start_sector: partition_start,
             extents: list,
+            read_ahead_kb: crate::live::target::read_ahead_kb(
+                (libc::major(f.dev), libc::minor(f.dev)),
+                device.and_then(|d| Some((d.disk_major?, d.disk_minor?))),
+            ),
         });
     }
     let table = ModelTable {

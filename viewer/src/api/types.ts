@@ -166,7 +166,8 @@ export interface SimRow {
 export interface SimulateAnswer {
   trace: string;
   page_bytes: number;
-  readahead_bytes: number | null;
+  readahead: { window_bytes: number; fault_around_bytes: number } | null;
+  readahead_source: string;
   phase: "generate" | "all";
   populate: boolean;
   anon_bytes: number;

@@ -48,11 +48,11 @@ export class SimulateView {
       h(
         "div",
         { class: "caption" },
-        `${int(a.generated_tokens)} generated tokens; the ops read ${bytes(a.footprint_bytes)} of the model files; anonymous memory ${bytes(a.anon_bytes)} (${a.anon_source}); page ${bytes(a.page_bytes)}, loading ${a.populate ? "replayed as MAP_POPULATE's read" : "not replayed"}.`,
+        `${int(a.generated_tokens)} generated tokens; the ops read ${bytes(a.footprint_bytes)} of the model files; anonymous memory ${bytes(a.anon_bytes)} (${a.anon_source}); page ${bytes(a.page_bytes)}, readahead ${a.readahead ? `${bytes(a.readahead.window_bytes)} read-around for LRU and 2q (${a.readahead_source})` : "none"}, loading ${a.populate ? "replayed as MAP_POPULATE's read" : "not replayed"}.`,
       ),
       ...(a.fit_budget_bytes === null
         ? []
-        : [h("div", { id: "simulate-fit", "data-bytes": a.fit_budget_bytes }, `Smallest budget at which generation reads nothing from disk (LRU): ${bytes(a.fit_budget_bytes)}`)]),
+        : [h("div", { id: "simulate-fit", "data-bytes": a.fit_budget_bytes }, `Smallest budget at which generation reads nothing from disk (LRU, demand paging): ${bytes(a.fit_budget_bytes)}`)]),
       h("div", { class: "legend" }, ...policies.flatMap((p) => [h("span", { class: "swatch", style: `background:${COLORS[p]}` }), `${NAMES[p]} `])),
       h("div", { class: "simulate-plot-box" }, this.canvas),
       h(
@@ -84,7 +84,7 @@ export class SimulateView {
     box.dataset.loaded = "1";
   }
 
-  /** The curves; the plotted points (CSS pixels) go in `data-points` for the tests. */
+  /** The curves; the plotted points (CSS pixels, in drawing order) go in `data-points` for the tests. */
   private draw(): void {
     const a = this.answer;
     if (!a || !this.canvas.isConnected || this.canvas.clientWidth === 0) return;
@@ -119,20 +119,19 @@ export class SimulateView {
       ctx.setLineDash([]);
     }
     const points: [SimPolicy, number, number][] = [];
+    for (const r of a.rows) points.push([r.policy, Math.round(x(r.budget_bytes)), Math.round(y(r.disk_bytes_per_token ?? 0))]);
+    ctx.lineWidth = 2;
     for (const p of policiesOf(a.rows)) {
-      const rows = a.rows.filter((r) => r.policy === p);
-      ctx.strokeStyle = ctx.fillStyle = COLORS[p];
-      ctx.lineWidth = 2;
+      ctx.strokeStyle = COLORS[p];
       ctx.beginPath();
-      rows.forEach((r, i) => {
-        const px = x(r.budget_bytes);
-        const py = y(r.disk_bytes_per_token ?? 0);
-        points.push([p, Math.round(px), Math.round(py)]);
-        if (i) ctx.lineTo(px, py);
-        else ctx.moveTo(px, py);
-      });
+      points.filter((q) => q[0] === p).forEach(([, px, py], i) => (i ? ctx.lineTo(px, py) : ctx.moveTo(px, py)));
       ctx.stroke();
-      for (const [, px, py] of points.filter((q) => q[0] === p)) ctx.fillRect(px - 2, py - 2, 5, 5);
+    }
+    // Markers over every line: each point shows in its policy's colour
+    // unless a later point sits on it.
+    for (const [p, px, py] of points) {
+      ctx.fillStyle = COLORS[p];
+      ctx.fillRect(px - 2, py - 2, 5, 5);
     }
     ctx.lineWidth = 1;
     this.canvas.dataset.points = JSON.stringify(points);

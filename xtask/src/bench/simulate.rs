@@ -37,7 +37,9 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<SimulateBench> {
         let out = Command::new(&ctx.ttrace)
             .arg("simulate")
             .arg(&trace)
-            .args(["--policy", "lru,opt", "--budgets", BUDGETS, "--anon", "0", "--json"])
+            // Demand paging: the stack-distance curve (the kernel's read-around,
+            // the default, replays LRU page by page per budget instead).
+            .args(["--policy", "lru,opt", "--budgets", BUDGETS, "--anon", "0", "--readahead", "0", "--json"])
             .stderr(Stdio::inherit())
             .output()
             .context("running ttrace simulate")?;
@@ -64,7 +66,7 @@ pub fn section(md: &mut String, b: &SimulateBench) -> Result<()> {
     writeln!(md, "## Simulate speed\n")?;
     writeln!(
         md,
-        "`ttrace simulate --policy lru,opt --budgets {BUDGETS}` on the viewer's Gemma trace ({} ops, {} generated \
+        "`ttrace simulate --policy lru,opt --budgets {BUDGETS} --readahead 0` on the viewer's Gemma trace ({} ops, {} generated \
          tokens): reading the trace, the whole LRU curve from stack distances, and OPT at each of the 8 budgets. \
          Goal ≤ 10 s.\n",
         b.ops, b.tokens

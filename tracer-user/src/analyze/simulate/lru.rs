@@ -2,7 +2,7 @@
 //! counted with a Fenwick tree over access times (Olken 1981), and one size
 //! at a time when readahead makes LRU no longer a stack algorithm.
 
-use super::{Misses, stream::Stream};
+use super::{Misses, faults::PageCache, stream::Stream};
 use crate::analyze::usage::PERIODS;
 
 /// Pages missed at every cache size, per period.
@@ -178,18 +178,20 @@ impl RecencyList {
 
 /// Resident pages per atom and in total, for the one-size simulations.
 pub struct Residency {
+    /// Pages of each atom.
+    sizes: Vec<u32>,
     pub pages: Vec<u32>,
     pub total: u64,
 }
 
 impl Residency {
-    pub fn new(atoms: usize) -> Residency {
-        Residency { pages: vec![0; atoms], total: 0 }
+    pub fn new(sizes: Vec<u32>) -> Residency {
+        Residency { pages: vec![0; sizes.len()], sizes, total: 0 }
     }
 
     /// Brings `atom` in whole; returns the pages read.
-    pub fn fill(&mut self, atom: u32, stream: &Stream) -> u64 {
-        let w = stream.atom_pages[atom as usize];
+    pub fn fill(&mut self, atom: u32) -> u64 {
+        let w = self.sizes[atom as usize];
         let read = u64::from(w - self.pages[atom as usize]);
         self.pages[atom as usize] = w;
         self.total += read;
@@ -205,48 +207,81 @@ impl Residency {
         gone
     }
 
-    /// Reads the absent atoms of `atom`'s readahead window (not `atom`
-    /// itself), telling `joined` each; returns the pages read.
-    pub fn read_ahead(&mut self, atom: u32, stream: &Stream, mut joined: impl FnMut(u32)) -> u64 {
-        let mut read = 0;
-        for other in stream.window(atom).filter(|&o| o != atom) {
-            if self.pages[other as usize] == 0 {
-                read += self.fill(other, stream);
-                joined(other);
-            }
-        }
-        read
+    pub fn whole(&self, atom: u32) -> bool {
+        self.pages[atom as usize] == self.sizes[atom as usize]
     }
 
-    pub fn whole(&self, atom: u32, stream: &Stream) -> bool {
-        self.pages[atom as usize] == stream.atom_pages[atom as usize]
+    pub fn size(&self, atom: u32) -> u32 {
+        self.sizes[atom as usize]
     }
 }
 
-/// LRU with a cache of `capacity` pages, one size: needed when a miss also
-/// reads its readahead window. An atom not wholly resident misses whole, as
-/// its pages would under page LRU (they share one stack distance).
-pub fn lru_one_size(stream: &Stream, capacity: u64) -> Misses {
-    let mut misses = Misses::default();
-    let mut list = RecencyList::new(stream.atom_pages.len());
-    let mut res = Residency::new(stream.atom_pages.len());
-    for (atom, period) in stream.iter() {
-        if !res.whole(atom, stream) {
-            // Readahead first, then the page asked for, which ends up newest.
-            let mut read = res.read_ahead(atom, stream, |other| list.push_head(other));
-            res.evict(atom, u64::MAX);
-            read += res.fill(atom, stream);
-            misses.pages[period.index()] += read;
-        }
-        list.push_head(atom);
-        while res.total > capacity {
-            let Some(victim) = list.tail() else { break };
-            let excess = res.total - capacity;
-            res.evict(victim, excess);
-            if res.pages[victim as usize] == 0 {
-                list.remove(victim);
+/// LRU with a cache of `capacity` pages, one size at a time: the page-level
+/// replay of the kernel's fault path drives it through [`PageCache`].
+pub struct Lru {
+    list: RecencyList,
+    res: Residency,
+}
+
+impl Lru {
+    pub fn new(sizes: Vec<u32>) -> Lru {
+        Lru { list: RecencyList::new(sizes.len()), res: Residency::new(sizes) }
+    }
+}
+
+impl PageCache for Lru {
+    fn resident(&self, unit: u32) -> bool {
+        self.res.whole(unit)
+    }
+
+    fn read_in(&mut self, unit: u32) -> u64 {
+        // An atom not wholly resident misses whole, as its pages would under
+        // page LRU (they share one stack distance).
+        self.res.evict(unit, u64::MAX);
+        let read = self.res.fill(unit);
+        self.list.push_head(unit);
+        read
+    }
+
+    fn accessed(&mut self, unit: u32) {
+        self.list.push_head(unit);
+    }
+
+    fn workingset(&self, _unit: u32) -> bool {
+        false
+    }
+
+    fn shrink(&mut self, capacity: u64, pinned: &dyn Fn(u32) -> bool, gone: &mut dyn FnMut(u32)) {
+        while self.res.total > capacity {
+            // Pages in flight were read last, so they are the newest: a
+            // pinned tail means nothing else is left.
+            let Some(victim) = self.list.tail().filter(|&v| !pinned(v)) else { break };
+            let excess = self.res.total - capacity;
+            self.res.evict(victim, excess);
+            if self.res.pages[victim as usize] == 0 {
+                self.list.remove(victim);
+                gone(victim);
             }
         }
+    }
+}
+
+/// LRU on atoms, one size: the cross-check of the stack-distance curve.
+#[cfg(test)]
+pub fn lru_one_size(stream: &Stream, capacity: u64) -> Misses {
+    demand_paging(stream, &mut Lru::new(stream.atom_pages.clone()), capacity)
+}
+
+/// Replays `stream` on `cache` reading only what is accessed (no
+/// readahead), at atom granularity.
+pub fn demand_paging(stream: &Stream, cache: &mut impl PageCache, capacity: u64) -> Misses {
+    let mut misses = Misses::default();
+    for (atom, period) in stream.iter() {
+        if !cache.resident(atom) {
+            misses.pages[period.index()] += cache.read_in(atom);
+        }
+        cache.accessed(atom);
+        cache.shrink(capacity, &|_| false, &mut |_| {});
     }
     misses
 }

@@ -4,9 +4,12 @@
 //!
 //! One pass over the trace builds a [`Stream`]; LRU is then answered for
 //! every size at once ([`LruCurve`]), OPT and the kernel-like two-list model
-//! one size at a time.
+//! one size at a time. With the kernel's readahead ([`Readahead`], recorded
+//! in the trace), LRU and the two-list model replay the fault path page by
+//! page ([`faults`]), one size at a time.
 
 pub mod curve;
+pub mod faults;
 pub mod lru;
 pub mod opt;
 pub mod stream;
@@ -30,6 +33,7 @@ use super::{
 use crate::format::{Memory, ModelTensor, TraceError};
 pub use lru::LruCurve;
 pub use stream::{Stream, StreamBuilder};
+use twolist::TwoList;
 
 /// Replacement policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
@@ -70,13 +74,35 @@ pub enum Counting {
 #[derive(Clone, Debug)]
 pub struct Options {
     pub page_bytes: u64,
-    /// Readahead window in bytes: a miss reads its aligned window.
-    pub readahead: Option<u64>,
+    /// The kernel's mmap readahead to replay, or demand paging.
+    pub readahead: Option<Readahead>,
     /// Expert permutation per layer to replay the run on (mbolt's layout).
     pub layout: Option<Permutation>,
     /// Replay model loading as a sequential read of every model file
     /// (llama.cpp's default MAP_POPULATE), else from the first op.
     pub populate: Option<bool>,
+}
+
+/// The kernel's readahead for the model's mapping, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Readahead {
+    /// The file's `ra_pages`: read-around window and async step.
+    pub window_bytes: u64,
+    pub fault_around_bytes: u64,
+}
+
+/// The kernel's fault-around default (mm/memory.c).
+pub const FAULT_AROUND_DEFAULT: u64 = 64 << 10;
+
+/// The readahead the traced run had: its model device's `read_ahead_kb`,
+/// doubled because llama.cpp advises `POSIX_FADV_SEQUENTIAL` on the file it
+/// maps (llama-mmap.cpp; the kernel then sets the file's `ra_pages` to
+/// twice the device's), and the kernel's fault-around. `None` for traces
+/// recorded before ttrace kept them.
+pub fn recorded_readahead(a: &Analysis) -> Option<Readahead> {
+    let kb = a.models.iter().flat_map(|m| &m.file_info).find_map(|f| f.read_ahead_kb)?;
+    let fault_around = a.trailer.as_ref().and_then(|t| t.fault_around_bytes).unwrap_or(FAULT_AROUND_DEFAULT);
+    Some(Readahead { window_bytes: 2 * u64::from(kb) * 1024, fault_around_bytes: fault_around })
 }
 
 /// Pages missed, per period.
@@ -114,6 +140,8 @@ pub struct Replay {
     pub generated_tokens: u64,
     /// Whether loading was replayed as a sequential read.
     pub populate: bool,
+    /// The readahead replayed (from [`Options`]).
+    pub readahead: Option<Readahead>,
     /// Model-file pages the run's ops read at least once.
     pub footprint_pages: u64,
     /// Anonymous memory the ops touched: the pages of every KV-cache,
@@ -134,18 +162,21 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
         error: None,
         anon: rangemap::RangeSet::new(),
     };
-    if populate {
-        sink.builder.period(Period::Load);
-        for (m, model) in a.models.iter().enumerate() {
-            let mut files: Vec<(u32, u64)> = Vec::new();
-            for t in &model.tensors {
-                match files.iter_mut().find(|(f, _)| *f == t.file) {
-                    Some((_, end)) => *end = (*end).max(t.file_offset + t.size_bytes),
-                    None => files.push((t.file, t.file_offset + t.size_bytes)),
-                }
+    sink.builder.period(Period::Load);
+    for (m, model) in a.models.iter().enumerate() {
+        let mut files: Vec<(u32, u64)> = Vec::new();
+        for t in &model.tensors {
+            match files.iter_mut().find(|(f, _)| *f == t.file) {
+                Some((_, end)) => *end = (*end).max(t.file_offset + t.size_bytes),
+                None => files.push((t.file, t.file_offset + t.size_bytes)),
             }
-            for (file, end) in files {
-                sink.builder.access(file_key(m as u32, file), 0..end.div_ceil(sink.page));
+        }
+        for (file, end) in files {
+            let size = model.file_info.get(file as usize).map_or(end, |f| f.size.max(end));
+            let key = file_key(m as u32, file);
+            sink.builder.extent(key, size.div_ceil(sink.page));
+            if populate {
+                sink.builder.access(key, 0..end.div_ceil(sink.page));
             }
         }
     }
@@ -156,8 +187,7 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
     if sink.builder.is_empty() {
         return Err(SimulateError::NoModelReads);
     }
-    let window = options.readahead.map(|r| (r / options.page_bytes).max(1));
-    let stream = sink.builder.build(window);
+    let stream = sink.builder.build();
     let generated_tokens = a
         .ubatches
         .iter()
@@ -166,7 +196,7 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
         .sum();
     let footprint_pages = footprint(&stream);
     let anon_bytes = sink.anon.iter().map(|r| r.end - r.start).sum();
-    Ok(Replay { stream, generated_tokens, populate, footprint_pages, anon_bytes })
+    Ok(Replay { stream, generated_tokens, populate, readahead: options.readahead, footprint_pages, anon_bytes })
 }
 
 /// Pages of atoms read at least once after loading.
@@ -297,20 +327,25 @@ pub fn run(
     progress: &ProgressBar,
 ) -> Vec<Row> {
     let stream = &replay.stream;
-    let stack = (policies.contains(&Policy::Lru) && stream.window_of.is_empty()).then(|| LruCurve::new(stream));
+    let window = replay.readahead.map(|r| faults::Window {
+        pages: r.window_bytes / page_bytes,
+        fault_around: (r.fault_around_bytes / page_bytes).max(1),
+    });
+    let stack = (policies.contains(&Policy::Lru) && window.is_none()).then(|| LruCurve::new(stream));
     let next = policies.contains(&Policy::Opt).then(|| opt::next_uses(stream));
+    let pages = || vec![1u32; stream.files.last().map_or(0, |f| f.end) as usize];
     let mut rows = Vec::new();
     for &budget in budgets {
         let cache_bytes = budget.saturating_sub(anon_bytes);
         let capacity = cache_bytes / page_bytes;
         for &policy in policies {
-            let misses = match policy {
-                Policy::Lru => match &stack {
-                    Some(curve) => curve.misses(capacity),
-                    None => lru::lru_one_size(stream, capacity),
-                },
-                Policy::Opt => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
-                Policy::TwoList => twolist::two_list_one_size(stream, capacity),
+            // OPT stays a floor of demand reads: readahead only adds reads.
+            let misses = match (policy, window) {
+                (Policy::Opt, _) => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
+                (Policy::Lru, None) => stack.as_ref().map(|c| c.misses(capacity)).unwrap_or_default(),
+                (Policy::TwoList, None) => twolist::two_list_one_size(stream, capacity),
+                (Policy::Lru, Some(w)) => faults::replay(stream, w, &mut lru::Lru::new(pages()), capacity),
+                (Policy::TwoList, Some(w)) => faults::replay(stream, w, &mut TwoList::new(pages()), capacity),
             };
             progress.inc(1);
             let missed = misses.counted(counting);

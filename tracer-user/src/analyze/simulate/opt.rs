@@ -30,13 +30,13 @@ pub fn next_uses(stream: &Stream) -> Vec<u32> {
 /// misses the rest.
 pub fn opt_one_size(stream: &Stream, next: &[u32], capacity: u64) -> Misses {
     let mut misses = Misses::default();
-    let mut res = Residency::new(stream.atom_pages.len());
+    let mut res = Residency::new(stream.atom_pages.clone());
     // Resident atoms by next use, furthest first; an entry is stale when the
     // atom was read again since (its `next_of` moved).
     let mut heap: BinaryHeap<(u32, Reverse<u32>)> = BinaryHeap::new();
     let mut next_of = vec![NEVER; stream.atom_pages.len()];
     for (t, (atom, period)) in stream.iter().enumerate() {
-        misses.pages[period.index()] += res.fill(atom, stream);
+        misses.pages[period.index()] += res.fill(atom);
         next_of[atom as usize] = next[t];
         heap.push((next[t], Reverse(atom)));
         while res.total > capacity {

@@ -2,8 +2,7 @@
 //! them, grouped into *atoms*.
 //!
 //! An atom is a run of pages that every recorded access covers whole or not
-//! at all (the file is cut at every accessed range's page boundaries, and at
-//! readahead-window boundaries). Its pages are always read together and in
+//! at all (the file is cut at every accessed range's page boundaries). Its pages are always read together and in
 //! order, so under LRU they share one stack distance: an atom of `w` pages,
 //! re-read after `d` distinct other pages, hits in a cache of `c` pages iff
 //! `d + w <= c`, for every page of it. Replaying atoms instead of pages is
@@ -15,13 +14,14 @@ use crate::analyze::usage::Period;
 /// What the policies replay.
 #[derive(Clone, Debug, Default)]
 pub struct Stream {
-    /// Pages of each atom. Atoms of one file are numbered in file order.
+    /// Pages of each atom. Atoms of one file are numbered in file order
+    /// and tile it.
     pub atom_pages: Vec<u32>,
-    /// The readahead window of each atom (an index into `window_atoms`),
-    /// when the stream was cut for readahead.
-    pub window_of: Vec<u32>,
-    /// Per window, its first atom; one more entry closes the last window.
-    pub window_atoms: Vec<u32>,
+    /// The first page of each atom, numbering the files' pages one after
+    /// the other (for the page-level replay of the kernel's fault path).
+    pub atom_first: Vec<u64>,
+    /// Per file, the span of those page numbers it covers.
+    pub files: Vec<std::ops::Range<u64>>,
     /// Atom ids in access order.
     pub accesses: Vec<u32>,
     /// Which accesses count: `(first access, what it counts as)`, in order.
@@ -46,24 +46,19 @@ impl Stream {
         })
     }
 
-    /// The atoms read together with `atom` on a miss: its whole window when
-    /// the stream was cut for readahead, else itself.
-    pub fn window(&self, atom: u32) -> std::ops::Range<u32> {
-        match self.window_of.get(atom as usize) {
-            Some(&w) => self.window_atoms[w as usize]..self.window_atoms[w as usize + 1],
-            None => atom..atom + 1,
-        }
-    }
-
     /// A stream for tests: atom sizes and the order, every access counted
-    /// as generation.
+    /// as generation; one file.
     #[cfg(test)]
     pub fn of(atom_pages: &[u32], accesses: &[u32]) -> Stream {
+        let atom_first =
+            atom_pages.iter().scan(0u64, |at, &w| Some(std::mem::replace(at, *at + u64::from(w)))).collect();
+        let total = atom_pages.iter().map(|&w| u64::from(w)).sum();
         Stream {
             atom_pages: atom_pages.to_vec(),
+            atom_first,
+            files: std::iter::once(0..total).collect(),
             accesses: accesses.to_vec(),
             periods: vec![(0, Period::Generate)],
-            ..Default::default()
         }
     }
 }
@@ -74,6 +69,9 @@ impl Stream {
 pub struct StreamBuilder {
     /// Distinct `(file, first page, end page)` ranges.
     ranges: Vec<(u32, u64, u64)>,
+    /// Each file's whole extent, `(file, end page)`, so that readahead
+    /// windows stop where the file does.
+    extents: Vec<(u32, u64)>,
     index: std::collections::HashMap<(u32, u64, u64), u32>,
     /// Range ids in access order.
     order: Vec<u32>,
@@ -109,53 +107,43 @@ impl StreamBuilder {
         }
     }
 
+    /// File `file` has `pages` pages (read or not).
+    pub fn extent(&mut self, file: u32, pages: u64) {
+        self.extents.push((file, pages));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
 
-    /// Cuts the files into atoms (and `window`-page readahead windows, when
-    /// given) and turns every access into its atoms.
-    pub fn build(self, window: Option<u64>) -> Stream {
-        // Cut points per file: every range boundary, plus window boundaries
-        // inside the spans that windows around accessed ranges cover.
+    /// Cuts the files into atoms and turns every access into its atoms.
+    pub fn build(self) -> Stream {
         let mut cuts: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
         for &(file, from, to) in &self.ranges {
-            let c = cuts.entry(file).or_default();
-            match window {
-                Some(w) => {
-                    let (lo, hi) = (from / w * w, to.div_ceil(w) * w);
-                    c.extend((lo..=hi).step_by(w as usize));
-                    c.extend([from, to]);
-                }
-                None => c.extend([from, to]),
-            }
+            cuts.entry(file).or_default().extend([from, to]);
+        }
+        for &(file, end) in &self.extents {
+            cuts.entry(file).or_default().extend([0, end]);
         }
         let mut stream = Stream::default();
         // Per file: (cut points, id of the atom starting at each cut).
         let mut atoms_of: std::collections::HashMap<u32, (Vec<u64>, u32)> = Default::default();
+        let mut numbered = 0u64;
         for (file, mut points) in cuts {
             points.sort_unstable();
             points.dedup();
             let first = stream.atom_pages.len() as u32;
+            let base = numbered;
             for pair in points.windows(2) {
+                stream.atom_first.push(base + pair[0] - points[0]);
                 stream.atom_pages.push((pair[1] - pair[0]) as u32);
-                if let Some(w) = window {
-                    // A new window starts at each multiple of `w`, and after
-                    // any gap between covered spans.
-                    let starts = pair[0] % w == 0 || stream.window_atoms.is_empty();
-                    if starts {
-                        stream.window_atoms.push(stream.atom_pages.len() as u32 - 1);
-                    }
-                    stream.window_of.push(stream.window_atoms.len() as u32 - 1);
-                }
             }
+            numbered += points.last().unwrap_or(&0) - points.first().unwrap_or(&0);
+            stream.files.push(base..numbered);
             atoms_of.insert(file, (points, first));
         }
-        if window.is_some() {
-            stream.window_atoms.push(stream.atom_pages.len() as u32);
-        }
-        // Gaps between covered spans become atoms too (never read, so never
-        // loaded): windows are whole, so a gap starts and ends a window.
+        // Gaps between covered spans become atoms too (never read by an op,
+        // only by readahead).
         let atom_span = |id: u32| -> std::ops::Range<u32> {
             let (file, from, to) = self.ranges[id as usize];
             let (points, first) = &atoms_of[&file];

@@ -2,10 +2,11 @@
 
 use super::{
     Misses,
-    lru::{LruCurve, lru_one_size},
+    faults::{self, Window},
+    lru::{Lru, LruCurve, lru_one_size},
     opt::{next_uses, opt_one_size},
     stream::{Stream, StreamBuilder},
-    twolist::two_list_one_size,
+    twolist::{TwoList, two_list_one_size},
 };
 use crate::analyze::usage::Period;
 
@@ -218,21 +219,50 @@ fn two_list_protects_a_hot_set_from_a_scan_that_flushes_lru() {
 }
 
 #[test]
-fn atoms_cut_at_every_range_boundary_and_readahead_windows() {
+fn atoms_cut_at_every_range_boundary_and_tile_the_file() {
     let mut b = StreamBuilder::default();
     b.period(Period::Generate);
+    b.extent(0, 12);
     b.access(0, 0..10);
     b.access(0, 4..6);
     b.access(0, 0..10);
-    let s = b.build(None);
-    assert_eq!(s.atom_pages, vec![4, 2, 4]);
+    let s = b.build();
+    assert_eq!(s.atom_pages, vec![4, 2, 4, 2]);
+    assert_eq!(s.atom_first, vec![0, 4, 6, 10]);
+    assert_eq!(s.files.as_slice(), std::slice::from_ref(&(0..12)));
     assert_eq!(s.accesses, vec![0, 1, 2, 1, 0, 1, 2]);
-    // With 4-page windows, a read of page 5 reads pages 4..8.
-    let mut b = StreamBuilder::default();
-    b.period(Period::Generate);
-    b.access(0, 5..6);
-    let s = b.build(Some(4));
-    assert_eq!(s.atom_pages, vec![1, 1, 2]);
-    assert_eq!(s.window(1), 0..3);
-    assert_eq!(generated(lru_one_size(&s, 100)), 4);
+}
+
+fn readahead(pages: u64) -> Window {
+    Window { pages, fault_around: 16 }
+}
+
+#[test]
+fn read_around_reads_a_window_centred_on_the_fault_and_streams_on_at_the_mark() {
+    // One 1000-page file read page 500 alone, then pages 500..900 in order.
+    let mut s = Stream::of(&[1; 1000], &[500]);
+    s.accesses.extend(500..900);
+    let mut cache = Lru::new(vec![1; 1000]);
+    let m = generated(faults::replay(&s, readahead(64), &mut cache, 10_000));
+    // 468..532 first; the mark at 532 - 16 = 516 reads 532..596, whose
+    // mark (its first page) reads 596..660, and so on: the last mark the
+    // reader passes, 852, reads 916..980.
+    assert_eq!(m, 980 - 468);
+}
+
+#[test]
+fn read_around_under_a_tight_cache_rereads_what_it_evicted() {
+    // A cyclic scan of 200 pages through a 100-page cache: LRU misses every
+    // page on demand; readahead cannot do better, and a window never
+    // evicts itself.
+    let s = Stream::of(&[1; 200], &(0..200).chain(0..200).chain(0..200).collect::<Vec<_>>());
+    let demand = generated(LruCurve::new(&s).misses(100));
+    assert_eq!(demand, 600);
+    for policy in 0..2 {
+        let m = match policy {
+            0 => generated(faults::replay(&s, readahead(32), &mut Lru::new(vec![1; 200]), 100)),
+            _ => generated(faults::replay(&s, readahead(32), &mut TwoList::new(vec![1; 200]), 100)),
+        };
+        assert!((600..=1200).contains(&m), "policy {policy}: {m}");
+    }
 }

@@ -14,7 +14,8 @@
 
 use super::{
     Misses,
-    lru::{RecencyList, Residency},
+    faults::PageCache,
+    lru::{RecencyList, Residency, demand_paging},
     stream::Stream,
 };
 
@@ -25,7 +26,16 @@ enum List {
     Active,
 }
 
-struct Lists {
+/// An evicted atom's shadow entry (mm/workingset.c): when it left, and
+/// whether it had been active (PG_workingset).
+#[derive(Clone, Copy)]
+struct Shadow {
+    age: u64,
+    workingset: bool,
+}
+
+pub struct TwoList {
+    res: Residency,
     inactive: RecencyList,
     active: RecencyList,
     on: Vec<List>,
@@ -33,8 +43,11 @@ struct Lists {
     young: Vec<bool>,
     /// PG_referenced.
     referenced: Vec<bool>,
-    /// `age` when the atom was last evicted (its shadow entry).
-    shadow: Vec<Option<u64>>,
+    /// PG_workingset: set when an active page is deactivated, kept across
+    /// a refault. The fault path's `mmap_miss` does not count such pages
+    /// as hits.
+    workingset: Vec<bool>,
+    shadow: Vec<Option<Shadow>>,
     inactive_pages: u64,
     active_pages: u64,
     /// Evictions plus activations, in pages (`nonresident_age`).
@@ -42,38 +55,29 @@ struct Lists {
 }
 
 pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
-    let n = stream.atom_pages.len();
-    let mut misses = Misses::default();
-    let mut res = Residency::new(n);
-    let mut l = Lists {
-        inactive: RecencyList::new(n),
-        active: RecencyList::new(n),
-        on: vec![List::Out; n],
-        young: vec![false; n],
-        referenced: vec![false; n],
-        shadow: vec![None; n],
-        inactive_pages: 0,
-        active_pages: 0,
-        age: 0,
-    };
-    for (atom, period) in stream.iter() {
-        if !res.whole(atom, stream) {
-            let mut read = res.read_ahead(atom, stream, |other| l.insert(other, stream));
-            l.unlink(atom, &res);
-            res.evict(atom, u64::MAX);
-            read += res.fill(atom, stream);
-            l.insert(atom, stream);
-            misses.pages[period.index()] += read;
-        }
-        l.young[atom as usize] = true;
-        l.reclaim(&mut res, capacity);
-    }
-    misses
+    demand_paging(stream, &mut TwoList::new(stream.atom_pages.clone()), capacity)
 }
 
-impl Lists {
-    fn unlink(&mut self, atom: u32, res: &Residency) {
-        let pages = u64::from(res.pages[atom as usize]);
+impl TwoList {
+    pub fn new(sizes: Vec<u32>) -> TwoList {
+        let n = sizes.len();
+        TwoList {
+            res: Residency::new(sizes),
+            inactive: RecencyList::new(n),
+            active: RecencyList::new(n),
+            on: vec![List::Out; n],
+            young: vec![false; n],
+            referenced: vec![false; n],
+            workingset: vec![false; n],
+            shadow: vec![None; n],
+            inactive_pages: 0,
+            active_pages: 0,
+            age: 0,
+        }
+    }
+
+    fn unlink(&mut self, atom: u32) {
+        let pages = u64::from(self.res.pages[atom as usize]);
         match self.on[atom as usize] {
             List::Inactive => {
                 self.inactive.remove(atom);
@@ -90,12 +94,14 @@ impl Lists {
 
     /// A page read in: the active list if it refaults within the working
     /// set, else the inactive list.
-    fn insert(&mut self, atom: u32, stream: &Stream) {
+    fn insert(&mut self, atom: u32) {
         let a = atom as usize;
-        let pages = u64::from(stream.atom_pages[a]);
-        let refault = self.shadow[a].take().is_some_and(|evicted| self.age - evicted <= self.active_pages);
+        let pages = u64::from(self.res.size(atom));
+        let shadow = self.shadow[a].take();
+        let refault = shadow.filter(|s| self.age - s.age <= self.active_pages);
         self.referenced[a] = false;
-        if refault {
+        self.workingset[a] = refault.is_some_and(|s| s.workingset);
+        if refault.is_some() {
             self.activate(atom, pages);
         } else {
             self.inactive.push_head(atom);
@@ -110,8 +116,34 @@ impl Lists {
         self.on[atom as usize] = List::Active;
         self.age += pages;
     }
+}
 
-    fn reclaim(&mut self, res: &mut Residency, capacity: u64) {
+impl PageCache for TwoList {
+    fn resident(&self, unit: u32) -> bool {
+        self.res.whole(unit)
+    }
+
+    fn read_in(&mut self, unit: u32) -> u64 {
+        self.unlink(unit);
+        self.res.evict(unit, u64::MAX);
+        let read = self.res.fill(unit);
+        self.insert(unit);
+        read
+    }
+
+    fn accessed(&mut self, unit: u32) {
+        self.young[unit as usize] = true;
+    }
+
+    fn workingset(&self, unit: u32) -> bool {
+        self.workingset[unit as usize]
+    }
+
+    fn shrink(&mut self, capacity: u64, pinned: &dyn Fn(u32) -> bool, gone: &mut dyn FnMut(u32)) {
+        let res = &mut self.res;
+        // Pinned pages met at the inactive tail go back to its head (reclaim
+        // skips locked folios), at most once each per call.
+        let mut skipped = 0u64;
         while res.total > capacity {
             if self.inactive_pages < self.active_pages
                 && let Some(victim) = self.active.tail()
@@ -122,6 +154,7 @@ impl Lists {
                 self.active.remove(victim);
                 self.active_pages -= pages;
                 self.young[victim as usize] = false;
+                self.workingset[victim as usize] = true;
                 self.inactive.push_head(victim);
                 self.inactive_pages += pages;
                 self.on[victim as usize] = List::Inactive;
@@ -130,26 +163,39 @@ impl Lists {
             let Some(victim) = self.inactive.tail() else { break };
             let v = victim as usize;
             let pages = u64::from(res.pages[v]);
+            if pinned(victim) {
+                skipped += pages;
+                if skipped > self.inactive_pages {
+                    break;
+                }
+                self.inactive.push_head(victim);
+                continue;
+            }
             let young = std::mem::take(&mut self.young[v]);
             let referenced = std::mem::take(&mut self.referenced[v]);
             self.inactive.remove(victim);
             self.inactive_pages -= pages;
             if young && referenced {
-                self.activate(victim, pages);
+                self.active.push_head(victim);
+                self.active_pages += pages;
+                self.on[v] = List::Active;
+                self.age += pages;
             } else if young {
                 self.referenced[v] = true;
                 self.inactive.push_head(victim);
                 self.inactive_pages += pages;
             } else {
-                let gone = res.evict(victim, res.total - capacity);
-                self.age += gone;
-                self.shadow[v] = Some(self.age);
+                let evicted = res.evict(victim, res.total - capacity);
+                self.age += evicted;
+                self.shadow[v] = Some(Shadow { age: self.age, workingset: self.workingset[v] });
                 if res.pages[v] > 0 {
                     // The rest of the atom stays at the tail.
                     self.inactive.push_tail(victim);
-                    self.inactive_pages += pages - gone;
+                    self.inactive_pages += pages - evicted;
                 } else {
                     self.on[v] = List::Out;
+                    self.workingset[v] = false;
+                    gone(victim);
                 }
             }
         }

@@ -403,6 +403,7 @@ async fn record_until_stop(live: Live<'_>, spec: &SessionSpec) -> Result<Outcome
         layout_check,
         disabled,
         peak_anon_bytes: peak_anon,
+        fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;

@@ -155,3 +155,23 @@ pub fn process_state(pid: u32) -> Option<char> {
     // The command name may hold spaces and parentheses: the state follows the last ')'.
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
+
+/// The readahead of the device behind a file, in KiB: the `read_ahead_kb`
+/// of its superblock's bdi, named by the filesystem's device (or, for a
+/// partition, by its whole disk).
+pub fn read_ahead_kb(fs_dev: (u32, u32), disk: Option<(u32, u32)>) -> Option<u32> {
+    std::iter::once(fs_dev).chain(disk).find_map(|(major, minor)| {
+        let text = std::fs::read_to_string(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb")).ok()?;
+        text.trim().parse().ok()
+    })
+}
+
+/// The kernel's fault-around size (mm/memory.c): readable in debugfs only;
+/// its default, 64 KiB, when debugfs is not mounted.
+pub fn fault_around_bytes() -> u64 {
+    const DEFAULT: u64 = 64 << 10;
+    std::fs::read_to_string("/sys/kernel/debug/fault_around_bytes")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(DEFAULT)
+}
