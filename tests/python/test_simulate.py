@@ -6,10 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
+from test_exports import CHROMIUM_FLAGS
 
 PROMPT = "The history of the printing press begins in"
 MIB = 1 << 20
@@ -129,3 +132,27 @@ def test_missing_and_malformed_traces_are_refused(ttrace, tmp_path):
     junk.write_bytes(b"not a trace" * 100)
     proc = simulate(ttrace, junk)
     assert proc.returncode != 0 and "junk.data" in proc.stderr and "panicked" not in proc.stderr
+
+
+def test_html_report_shows_the_curve_simulate_prints(ttrace, moe_trace, tmp_path):
+    """`ttrace report --html` draws `ttrace simulate`'s default curve: its
+    table, rendered by Chromium, holds the figures `simulate --json` prints,
+    up to the budget that reads nothing, which it names."""
+    want = json.loads(simulate(ttrace, moe_trace, "--json").stdout)
+    html = tmp_path / "report.html"
+    subprocess.run([ttrace, "report", moe_trace, "--html", html], capture_output=True, check=True)
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([shutil.which("chromium") or "chromium", *flags, "--dump-dom", html.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert 'data-rendered="ok"' in dom.stdout
+    assert "CONSOLE" not in dom.stderr, [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    cells = re.findall(r'<td data-budget="(\d+)" data-policy="([a-z0-9]+)" data-misses="(\d+)" '
+                       r'data-disk-bytes="(\d+)">', dom.stdout)
+    assert sorted((int(b), p, int(m), int(d)) for b, p, m, d in cells) == \
+        sorted((r["budget_bytes"], r["policy"], r["misses"], r["disk_bytes"]) for r in want["rows"])
+    assert f'data-simulate-rows="{len(want["rows"])}"' in dom.stdout
+    fit = want["fit_budget_bytes"]
+    assert f'id="simulate-fit" data-bytes="{fit}"' in dom.stdout
+    # The default budgets reach the one where generation reads nothing.
+    top = max(r["budget_bytes"] for r in want["rows"])
+    assert fit <= top and all(r["misses"] == 0 for r in want["rows"] if r["budget_bytes"] == top)

@@ -405,3 +405,37 @@ def test_summary_shows_the_report(traced, view, tmp_path):
     assert int(figure("generated tokens")) == t.report["tokens"]["generated"]
     assert int(figure("faults")) == t.report["faults"]
     shoot(page, tmp_path, "gemma-summary")
+
+
+def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
+    """/api/v1/simulate is `ttrace simulate TRACE --json`'s document, and the
+    Memory tab draws each of its (budget, policy) points: the table holds
+    the same figures and the canvas has every policy's colour on it."""
+    t = traced("moe")
+    want = json.loads(subprocess.run([ttrace, "simulate", t.path, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    server, page = view(t)
+    with urllib.request.urlopen(server.base + "api/v1/simulate", timeout=300) as r:
+        assert json.load(r) == want
+    page.click("#tab-button-simulate")
+    page.wait_for_selector("#simulate[data-loaded='1']", state="attached")
+    cells = page.eval_on_selector_all(
+        "#simulate-table td[data-policy]",
+        "tds => tds.map(td => [Number(td.dataset.budget), td.dataset.policy, Number(td.dataset.misses), "
+        "Number(td.dataset.diskBytes)])")
+    assert sorted(map(tuple, cells)) == sorted((r["budget_bytes"], r["policy"], r["misses"], r["disk_bytes"])
+                                               for r in want["rows"])
+    assert int(page.get_attribute("#simulate-fit", "data-bytes")) == want["fit_budget_bytes"]
+    points = json.loads(page.get_attribute("#simulate-plot", "data-points"))
+    assert sorted(p[0] for p in points) == sorted(r["policy"] for r in want["rows"])
+    # Every point's marker is drawn where it belongs, in its policy's colour
+    # (or in that of a later point's marker covering it).
+    colours = {"lru": [0x22, 0xd3, 0xee], "opt": [0x4a, 0xde, 0x80], "2q": [0xf5, 0x9e, 0x0b]}
+    shown = page.evaluate("""(points) => {
+        const c = document.getElementById('simulate-plot'), g = c.getContext('2d'), dpr = window.devicePixelRatio;
+        return points.map(([, x, y]) => Array.from(g.getImageData(Math.round(x * dpr), Math.round(y * dpr), 1, 1).data));
+    }""", points)
+    for (policy, x, y), pixel in zip(points, shown):
+        top = [q for q in points if abs(q[1] - x) <= 2 and abs(q[2] - y) <= 2][-1][0]
+        assert pixel == colours[top] + [255], (policy, x, y, pixel)
+    shoot(page, tmp_path, "moe-simulate")

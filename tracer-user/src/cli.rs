@@ -529,8 +529,9 @@ pub struct SimulateArgs {
     /// Trace file written by `ttrace run` or `ttrace attach`.
     #[arg(default_value = "ttrace.data")]
     pub file: std::path::PathBuf,
-    /// Memory budgets, comma-separated (default: 8 from an eighth of the
-    /// model's footprint to all of it plus anonymous memory).
+    /// Memory budgets, comma-separated (default: 8 from anonymous memory
+    /// plus an eighth of the model's footprint to anonymous memory plus all
+    /// of it, or to the smallest budget that reads nothing when larger).
     #[arg(long, value_delimiter = ',', value_parser = size, conflicts_with = "budget_range")]
     pub budgets: Vec<u64>,
     /// Evenly spaced budgets: FROM..TO, 16 of them, or FROM..TO/STEPS.

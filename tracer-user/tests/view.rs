@@ -265,6 +265,7 @@ fn bad_parameters_are_400_with_a_json_error() {
         "/api/v1/timeline/slices?track=nonsense&w=5",
         "/api/v1/op/abc",
         "/api/v1/meta?x=1",
+        "/api/v1/simulate?budgets=1M",
     ] {
         let r = server.get(path);
         assert_eq!(r.status, 400, "{path}: {}", String::from_utf8_lossy(&r.body));

@@ -11,6 +11,7 @@ import { GraphView } from "./views/graph";
 import { MemmapView } from "./views/memmap/memmap";
 import { MoeView } from "./views/moe";
 import { OpTable } from "./views/optable";
+import { SimulateView } from "./views/simulate";
 import { SummaryView } from "./views/summary";
 import { Timeline } from "./views/timeline";
 
@@ -35,6 +36,7 @@ const TABS: [Tab, string][] = [
   ["graph", "Graph"],
   ["moe", "MoE"],
   ["summary", "Summary"],
+  ["simulate", "Memory"],
 ];
 
 async function main(): Promise<void> {
@@ -54,6 +56,7 @@ async function main(): Promise<void> {
   const graph = new GraphView(ctx, byId("tab-graph"));
   const moe = new MoeView(ctx, byId("tab-moe"));
   const summary = new SummaryView(ctx, byId("tab-summary"));
+  const simulate = new SimulateView(byId("tab-simulate"));
   new Details(ctx, byId("details"));
 
   // Tabs: a view loads when first shown.
@@ -67,6 +70,7 @@ async function main(): Promise<void> {
     if (s.tab === "graph") graph.activate();
     if (s.tab === "moe") moe.activate();
     if (s.tab === "summary") summary.activate();
+    if (s.tab === "simulate") simulate.activate();
   };
   showTab(store.state);
   store.subscribe((s, prev) => s.tab !== prev.tab && showTab(s));

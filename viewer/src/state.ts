@@ -5,7 +5,7 @@
 import type { OverlayMetric, ReadMemory, Track, XAxis } from "./api/types";
 import { OVERLAY_METRICS } from "./api/types";
 
-export type Tab = "ops" | "graph" | "moe" | "summary";
+export type Tab = "ops" | "graph" | "moe" | "summary" | "simulate";
 export type OpSort = "op_seq" | "dur" | "weight_bytes" | "layer" | "ubatch";
 
 export interface Selection {
@@ -124,7 +124,7 @@ const FIELDS: Field[] = [
       s.sel.expert = Number.isFinite(l) && Number.isFinite(e) ? [l, e] : null;
     },
   },
-  { key: "tab", get: (s) => (s.tab === "ops" ? null : s.tab), set: (s, v) => void (s.tab = oneOf(["ops", "graph", "moe", "summary"], v, "ops")) },
+  { key: "tab", get: (s) => (s.tab === "ops" ? null : s.tab), set: (s, v) => void (s.tab = oneOf(["ops", "graph", "moe", "summary", "simulate"], v, "ops")) },
   { key: "mm.track", get: (s) => (s.mm.track === "disk" ? null : s.mm.track), set: (s, v) => void (s.mm.track = oneOf(["disk", "buffer"], v, "disk")) },
   { key: "mm.x", get: (s) => (s.mm.x === "ubatch" ? null : s.mm.x), set: (s, v) => void (s.mm.x = oneOf(["ubatch", "time"], v, "ubatch")) },
   ...(["x0", "x1", "y0", "y1"] as const).map(

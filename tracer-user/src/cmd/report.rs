@@ -7,7 +7,12 @@
 use std::{io::Write, path::Path};
 
 use crate::{
-    analyze::{self, Analysis, report::Document, summary::Summary},
+    analyze::{
+        self, Analysis,
+        report::Document,
+        simulate::curve::{self, Curve, Request},
+        summary::Summary,
+    },
     cli::ReportArgs,
     export::{self, summary},
     format::{TraceReader, WriterStats},
@@ -27,7 +32,8 @@ pub fn run(args: ReportArgs) -> Result<()> {
         let mut pairs = vec![(String::new(), overview.title())];
         pairs.extend(overview.rows().into_iter().map(|(k, v)| (k.to_string(), v)));
         pairs.push(("details".into(), summary::render_details(&analysis, &stats)));
-        export::html::write(&analysis, &stats, &pairs, html)
+        let curve = simulated(&args.file, &analysis);
+        export::html::write(&analysis, &stats, &pairs, &curve, html)
             .with_context(|| format!("writing the HTML report {}", html.display()))?;
         eprintln!("ttrace: wrote {}", html.display());
     }
@@ -46,6 +52,15 @@ pub fn run(args: ReportArgs) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// The miss-ratio curve at `ttrace simulate`'s defaults, for the HTML
+/// report; why not, as the section's text, when the trace has none.
+fn simulated(path: &Path, analysis: &Analysis) -> Result<Curve, String> {
+    let progress = export::progress_bar(analyze::walk::event_total(analysis), "simulating");
+    let curve = curve::compute(path, analysis, &Request::defaults(), &progress, &indicatif::ProgressBar::hidden());
+    progress.finish_and_clear();
+    curve.map_err(|e| e.to_string())
 }
 
 /// `--values` traces: how many outputs were fingerprinted, why the others

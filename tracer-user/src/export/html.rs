@@ -7,7 +7,10 @@
 //! `body[data-disk-generate-cells]`), the same layout for
 //! copies of model tensors, per-layer bytes per generated token (per
 //! tensor in the tooltips; `analyze::stats`' exact charges), and the
-//! summary table. Tensors narrower than 2 px are widened to 2 px and every
+//! summary table, and the miss-ratio curve of `ttrace simulate` at its
+//! defaults (budget → disk bytes per generated token under LRU, OPT and
+//! the two-list model; its table carries the exact figures in `data-*`
+//! attributes). Tensors narrower than 2 px are widened to 2 px and every
 //! cell has a tooltip. Runs of more than 200 ubatches are shown in bins of
 //! consecutive ubatches (a cell shows what any ubatch of its bin did), so the
 //! page stays small and drawable for long generations.
@@ -17,15 +20,21 @@ use std::{fs, path::Path};
 use serde_json::json;
 
 use super::{ExportError, rows::phase_name};
-use crate::analyze::Analysis;
 use crate::analyze::stats::{Stats, layer_key};
+use crate::analyze::{Analysis, simulate::curve::Curve};
 
 const TEMPLATE: &str = include_str!("report.html");
 
 /// `summary` is the text report, shown as the page's table.
 const MAX_ROWS: usize = 200;
 
-pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Path) -> Result<(), ExportError> {
+pub fn write(
+    a: &Analysis,
+    stats: &Stats,
+    summary: &[(String, String)],
+    simulated: &Result<Curve, String>,
+    out: &Path,
+) -> Result<(), ExportError> {
     let bin = stats.ubatches.len().div_ceil(MAX_ROWS).max(1);
     let label = |u: &crate::analyze::stats::UbatchStats| {
         let phase = u.phase.map_or("aux", phase_name);
@@ -90,6 +99,10 @@ pub fn write(a: &Analysis, stats: &Stats, summary: &[(String, String)], out: &Pa
         })),
         "non_layer": layer_key(None),
         "buffers": super::buffers::html_rows(a),
+        "simulate": match simulated {
+            Ok(curve) => json!({"curve": curve}),
+            Err(why) => json!({"error": why}),
+        },
     });
     // `</` inside the JSON would end the script element early.
     let json = serde_json::to_string(&data).map_err(|e| ExportError::Invalid(e.to_string()))?.replace("</", "<\\/");

@@ -152,3 +152,29 @@ export interface MoeAnswer {
 
 /** A JSON value of unknown shape (lookups and the report, shown as they come). */
 export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+
+/** `/api/v1/simulate`: `ttrace simulate TRACE --json`'s document. */
+export type SimPolicy = "lru" | "opt" | "2q";
+export interface SimRow {
+  budget_bytes: number;
+  cache_bytes: number;
+  policy: SimPolicy;
+  disk_bytes: number;
+  disk_bytes_per_token: number | null;
+  misses: number;
+}
+export interface SimulateAnswer {
+  trace: string;
+  page_bytes: number;
+  readahead: { window_bytes: number; fault_around_bytes: number } | null;
+  readahead_source: string;
+  phase: "generate" | "all";
+  populate: boolean;
+  anon_bytes: number;
+  anon_source: string;
+  generated_tokens: number;
+  footprint_bytes: number;
+  fit_budget_bytes: number | null;
+  first_read_bytes: number | null;
+  rows: SimRow[];
+}

@@ -33,6 +33,8 @@ pub struct Viewer {
     /// document (`/api/v1/summary`) did.
     pub ready_s: f64,
     pub summary_s: f64,
+    /// The first `/api/v1/simulate` (computed on request), after the summary.
+    pub simulate_s: f64,
     pub peak_rss_kib: u64,
     /// Per query kind: server times in ms.
     pub queries: Vec<(&'static str, Vec<f64>)>,
@@ -125,6 +127,9 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     let ready_s = started.elapsed().as_secs_f64();
     get(&addr, "/api/v1/summary", true)?;
     let summary_s = started.elapsed().as_secs_f64();
+    let simulating = Instant::now();
+    get(&addr, "/api/v1/simulate", false)?;
+    let simulate_s = simulating.elapsed().as_secs_f64();
     let result = queries(&addr, &meta);
     let frames = front_end(ctx, &addr);
     let peak_rss_kib = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
@@ -143,6 +148,7 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
         tokens: 0,
         ready_s,
         summary_s,
+        simulate_s,
         peak_rss_kib,
         queries: result?,
         frames: frames?,
@@ -329,6 +335,7 @@ pub fn csv(out: &mut String, v: &Viewer) -> std::fmt::Result {
     use std::fmt::Write as _;
     writeln!(out, "viewer_ready_s,,,{}", v.ready_s)?;
     writeln!(out, "viewer_summary_s,,,{}", v.summary_s)?;
+    writeln!(out, "viewer_simulate_s,,,{}", v.simulate_s)?;
     writeln!(out, "viewer_peak_rss_kib,,,{}", v.peak_rss_kib)?;
     writeln!(out, "viewer_ops,,,{}", v.ops)?;
     writeln!(out, "viewer_load_average,,,{}", v.load)?;
@@ -355,7 +362,8 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
         "A trace of `llama-completion -t 2` on the real model with `--all-threads` (op timing, a record per thread \
          and op), {} generated tokens: {} ops, {} ubatches, \
          {:.1} MB. `ttrace view` is started on it; ready = until `/api/v1/meta` answers (the trace read and indexed), \
-         summary = until `/api/v1/summary` (`ttrace report --json`'s document, built in a second thread) does. Then \
+         summary = until `/api/v1/summary` (`ttrace report --json`'s document, built in a second thread) does, simulate = the first \
+         `/api/v1/simulate` (`ttrace simulate`'s curve, computed on that request). Then \
          {REQUESTS} requests per query kind that pan and zoom (windows of 1/2^k of the run and of the model, k < 8; \
          1600×800 px), timed by the server itself (`Server-Timing`, before compression).\n",
         v.tokens,
@@ -365,9 +373,11 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
     )?;
     writeln!(
         md,
-        "- ready {:.2} s; summary {:.2} s; peak RSS {:.0} MiB; load average (1 min) {:.1} at the start\n",
+        "- ready {:.2} s; summary {:.2} s; simulate {:.2} s; peak RSS {:.0} MiB; load average (1 min) {:.1} at the \
+         start\n",
         v.ready_s,
         v.summary_s,
+        v.simulate_s,
         v.peak_rss_kib as f64 / 1024.0,
         v.load
     )?;

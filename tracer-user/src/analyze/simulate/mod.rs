@@ -8,6 +8,7 @@
 //! in the trace), LRU and the two-list model replay the fault path page by
 //! page ([`faults`]), one size at a time.
 
+pub mod curve;
 pub mod faults;
 pub mod lru;
 pub mod opt;

@@ -3,6 +3,7 @@
 
 mod lookup;
 mod memmap;
+mod simulate;
 mod tables;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub fn routes() -> Router<Shared> {
         .route("/api/v1/tokens", get(tokens))
         .merge(lookup::routes())
         .merge(memmap::routes())
+        .merge(simulate::routes())
         .merge(tables::routes())
 }
 

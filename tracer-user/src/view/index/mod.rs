@@ -153,6 +153,8 @@ pub struct Index {
     pub ubatches_frame: std::sync::OnceLock<Vec<u8>>,
     /// `/api/v1/meta`'s answer, once asked for.
     pub meta: std::sync::OnceLock<Vec<u8>>,
+    /// `/api/v1/simulate`'s answer (JSON), or why there is none, once asked for.
+    pub simulated: std::sync::OnceLock<Result<Vec<u8>, String>>,
 }
 
 /// Every token of every ubatch, in ubatch then row order.
@@ -275,6 +277,7 @@ impl Index {
             analysis,
             report,
             meta: std::sync::OnceLock::new(),
+            simulated: std::sync::OnceLock::new(),
             ubatches_frame: std::sync::OnceLock::new(),
             cache: Default::default(),
         })

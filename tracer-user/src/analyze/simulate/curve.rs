@@ -1,0 +1,240 @@
+//! The miss-ratio curve as one document: what `ttrace simulate --json`
+//! prints, the HTML report's section and `ttrace view`'s `/api/v1/simulate`
+//! answer are this one computation, so their figures cannot drift apart.
+
+use std::path::Path;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use super::{
+    Counting, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError, lru_fit,
+    recorded_readahead, replay, run,
+};
+use crate::analyze::Analysis;
+
+/// Anonymous memory inside the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnonChoice {
+    /// The target's recorded peak, else what the ops touched.
+    Auto,
+    Bytes(u64),
+}
+
+/// Where the anonymous figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(into = "&'static str")]
+pub enum AnonSource {
+    Given,
+    Recorded,
+    /// Traces from before ttrace sampled the target's anonymous memory.
+    Touched,
+}
+
+impl From<AnonSource> for &'static str {
+    fn from(source: AnonSource) -> &'static str {
+        match source {
+            AnonSource::Given => "--anon",
+            AnonSource::Recorded => "the target's peak resident anonymous memory, recorded",
+            AnonSource::Touched => "touched by the ops (KV cache, compute buffers, weight copies)",
+        }
+    }
+}
+
+/// The kernel readahead to replay for LRU and the two-list model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadaheadChoice {
+    /// The model device's, recorded in the trace; demand paging in traces
+    /// from before ttrace kept it.
+    Recorded,
+    /// This read-around window (the recorded fault-around).
+    Window(u64),
+    /// Demand paging.
+    None,
+}
+
+/// Where the readahead replayed came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(into = "&'static str")]
+pub enum ReadaheadSource {
+    Given,
+    Off,
+    Recorded,
+    NotRecorded,
+}
+
+impl From<ReadaheadSource> for &'static str {
+    fn from(source: ReadaheadSource) -> &'static str {
+        match source {
+            ReadaheadSource::Given => "--readahead",
+            ReadaheadSource::Off => "--readahead 0",
+            ReadaheadSource::Recorded => {
+                "the model device's read_ahead_kb, recorded, doubled by llama.cpp's FADV_SEQUENTIAL"
+            }
+            ReadaheadSource::NotRecorded => "not recorded in the trace",
+        }
+    }
+}
+
+/// Which budgets to answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Budgets {
+    /// Eight, from anon plus an eighth of the rest to the footprint plus
+    /// anon, or to the budget that reads nothing when that is larger (a
+    /// budget below anon leaves no page cache at all).
+    Default,
+    List(Vec<u64>),
+    /// `steps` evenly spaced from `from` to `to`.
+    Range {
+        from: u64,
+        to: u64,
+        steps: u32,
+    },
+}
+
+/// Everything a curve is computed from.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// `readahead` is taken from `readahead_choice`.
+    pub options: Options,
+    pub readahead_choice: ReadaheadChoice,
+    pub budgets: Budgets,
+    pub policies: Vec<Policy>,
+    pub anon: AnonChoice,
+    pub counting: Counting,
+}
+
+impl Request {
+    /// The curve the report and the viewer show: `ttrace simulate TRACE`'s
+    /// defaults.
+    pub fn defaults() -> Request {
+        Request {
+            options: Options { page_bytes: 4096, readahead: None, layout: None, populate: None },
+            readahead_choice: ReadaheadChoice::Recorded,
+            budgets: Budgets::Default,
+            policies: vec![Policy::Lru, Policy::Opt, Policy::TwoList],
+            anon: AnonChoice::Auto,
+            counting: Counting::Generate,
+        }
+    }
+}
+
+/// The curve and what it was computed from.
+#[derive(Clone, Debug, Serialize)]
+pub struct Curve {
+    pub page_bytes: u64,
+    /// The kernel readahead replayed for LRU and 2q; `null`: demand paging.
+    pub readahead: Option<Readahead>,
+    pub readahead_source: ReadaheadSource,
+    pub phase: Counting,
+    /// Loading replayed as a sequential read (MAP_POPULATE).
+    pub populate: bool,
+    pub anon_bytes: u64,
+    pub anon_source: AnonSource,
+    pub generated_tokens: u64,
+    /// Model-file bytes the run's ops read at least once.
+    pub footprint_bytes: u64,
+    /// Smallest budget at which generation re-reads nothing under LRU on
+    /// demand paging (counting generation only).
+    pub fit_budget_bytes: Option<u64>,
+    /// Bytes generation reads for the first time whatever the budget.
+    pub first_read_bytes: Option<u64>,
+    /// One per (budget, policy), in budget then policy order.
+    pub rows: Vec<Row>,
+}
+
+/// Replays the trace at `path` and answers `request`; `rows_progress`
+/// counts (budget, policy) rows, `read_progress` the trace's events.
+pub fn compute(
+    path: &Path,
+    a: &Analysis,
+    request: &Request,
+    read_progress: &ProgressBar,
+    rows_progress: &ProgressBar,
+) -> Result<Curve, SimulateError> {
+    let mut policies = request.policies.clone();
+    policies.sort_unstable();
+    policies.dedup();
+    let page = request.options.page_bytes;
+    let (readahead, readahead_source) = match request.readahead_choice {
+        ReadaheadChoice::None => (None, ReadaheadSource::Off),
+        ReadaheadChoice::Window(bytes) => {
+            let fault_around = recorded_readahead(a).map_or(FAULT_AROUND_DEFAULT, |r| r.fault_around_bytes);
+            (Some(Readahead { window_bytes: bytes, fault_around_bytes: fault_around }), ReadaheadSource::Given)
+        }
+        ReadaheadChoice::Recorded => match recorded_readahead(a) {
+            Some(r) => (Some(r), ReadaheadSource::Recorded),
+            None => (None, ReadaheadSource::NotRecorded),
+        },
+    };
+    let options = Options { readahead, ..request.options.clone() };
+    let replay = replay(path, a, &options, read_progress)?;
+    let (anon_bytes, anon_source) = match request.anon {
+        AnonChoice::Bytes(b) => (b, AnonSource::Given),
+        AnonChoice::Auto => match a.trailer.as_ref().and_then(|t| t.peak_anon_bytes) {
+            Some(peak) => (peak, AnonSource::Recorded),
+            None => (replay.anon_bytes, AnonSource::Touched),
+        },
+    };
+    let footprint_bytes = replay.footprint_pages * page;
+    let fit = (request.counting == Counting::Generate).then(|| {
+        let f = lru_fit(&LruCurve::new(&replay.stream));
+        (f.pages * page + anon_bytes, f.cold_pages * page)
+    });
+    // Up to where the curve reaches zero: past the footprint when loading
+    // left pages the ops never read in the cache ahead of them.
+    let everything = (footprint_bytes + anon_bytes).max(fit.map_or(0, |f| f.0));
+    let budgets = budgets(&request.budgets, anon_bytes, everything);
+    rows_progress.set_length((budgets.len() * policies.len()) as u64);
+    let rows = run(&replay, &budgets, &policies, anon_bytes, page, request.counting, rows_progress);
+    Ok(Curve {
+        page_bytes: page,
+        readahead,
+        readahead_source,
+        phase: request.counting,
+        populate: replay.populate,
+        anon_bytes,
+        anon_source,
+        generated_tokens: replay.generated_tokens,
+        footprint_bytes,
+        fit_budget_bytes: fit.map(|f| f.0),
+        first_read_bytes: fit.map(|f| f.1),
+        rows,
+    })
+}
+
+/// The budgets asked for; by default eight from `anon` up to `everything`
+/// (where the curve reaches zero).
+pub fn budgets(asked: &Budgets, anon: u64, everything: u64) -> Vec<u64> {
+    let (from, to, steps) = match asked {
+        Budgets::List(list) => {
+            let mut b = list.clone();
+            b.sort_unstable();
+            b.dedup();
+            return b;
+        }
+        Budgets::Default => {
+            let rest = everything.saturating_sub(anon);
+            (anon + rest / 8, anon + rest, 8)
+        }
+        Budgets::Range { from, to, steps } => (*from, *to, *steps),
+    };
+    if steps < 2 {
+        return vec![to];
+    }
+    let step = (to - from) as f64 / f64::from(steps - 1);
+    (0..steps).map(|i| from + (step * f64::from(i)).round() as u64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_budgets_start_above_anon_and_end_at_everything() {
+        assert_eq!(budgets(&Budgets::Default, 0, 800), vec![100, 200, 300, 400, 500, 600, 700, 800]);
+        assert_eq!(budgets(&Budgets::Default, 200, 1000), vec![300, 400, 500, 600, 700, 800, 900, 1000]);
+        assert_eq!(budgets(&Budgets::List(vec![3, 1, 3]), 0, 0), vec![1, 3]);
+        assert_eq!(budgets(&Budgets::Range { from: 0, to: 10, steps: 3 }, 0, 0), vec![0, 5, 10]);
+    }
+}
