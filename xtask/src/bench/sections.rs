@@ -37,7 +37,7 @@ pub enum Part {
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 10] = [
+    pub const ALL: [Part; 11] = [
         Part::Overhead,
         Part::Ingest,
         Part::Export,
