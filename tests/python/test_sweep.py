@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from sweep_queries import duckdb_results
@@ -187,6 +188,9 @@ def test_sweep_dataset_duckdb_spark_and_report(ttrace, tmp_path, models, llama_c
             assert activations[rid] == want, rid
         else:
             assert moe is None and rid not in activations
+    # The io table names the tensor each block request read, as the blkparse export does.
+    for rid, rec in records.items():
+        assert io_block_issues(out, rid) == blkparse_issues(ttrace, out / rec["trace"], tmp_path / f"{rid}.blk"), rid
     # Gemma under the smaller limit reads its weights from disk for every token.
     gemma_low = [figures[rid] for rid, rec in records.items()
                  if rec["model"] != "moe" and rec["params"]["mem_limit_bytes"] == 256 << 20]
@@ -306,3 +310,27 @@ text = "def f():"
     assert proc.returncode == 0 and "0 runs done now, 1 failed, 1 done before" in proc.stderr, proc.stderr[-3000:]
     again = {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()}
     assert [rid for rid in again if again[rid] != mtimes[rid]] == [failed[0]["run_id"]]
+
+
+def io_block_issues(out: Path, run_id: str) -> list[tuple]:
+    """(sector, tensor, file offset) of every block request the run issued on the model, from the dataset."""
+    rows = duckdb.sql(
+        f"select sector, tensor, file_offset from read_parquet('{out}/dataset/table=io/*/*/*.parquet', "
+        f"hive_partitioning=true) where run_id = '{run_id}' and kind = 'block' and name = 'issue' "
+        "and tensor is not null order by seq").fetchall()
+    return [tuple(r) for r in rows]
+
+
+def blkparse_issues(ttrace, trace: Path, out: Path) -> list[tuple]:
+    """The same, from `ttrace export --format blkparse`'s `D` lines (an independent walk of the trace)."""
+    proc = subprocess.run([ttrace, "export", trace, "--format", "blkparse", "-o", out], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    issues = []
+    for line in out.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 7 and fields[5] == "D" and " tensor=" in line:
+            tags = dict(f.split("=", 1) for f in fields if "=" in f)
+            if tags["tensor"] != "-":
+                issues.append((int(fields[7]), tags["tensor"], int(tags["file_off"])))
+    return issues

@@ -12,6 +12,7 @@ use crate::{
     analyze::{
         Analysis, Phase,
         diff::{self, Run},
+        io::IoCorrelator,
         sequences::TokenKind,
         stats::Stats,
         usage::{Figures, PERIODS, Period},
@@ -225,13 +226,34 @@ pub fn routing(a: &Analysis) -> Result<TableRows, ExportError> {
 
 /// The `io` rows: pass two over the trace, keeping the I/O events' rows.
 pub fn io(trace: &std::path::Path, a: &Analysis) -> Result<TableRows, ExportError> {
-    let mut sink = IoSink { rows: TableRows::new(Table::Io) };
+    let mut sink = IoSink { rows: TableRows::new(Table::Io), files: IoCorrelator::default() };
+    for (m, table) in a.models.iter().enumerate() {
+        sink.files.on_model(m as u32, table);
+    }
     walk::walk(trace, a, &ProgressBar::hidden(), &mut sink)?;
     Ok(sink.rows)
 }
 
 struct IoSink {
     rows: TableRows,
+    /// The model files' extents: which tensor a block request read.
+    files: IoCorrelator,
+}
+
+impl IoSink {
+    /// The first tensor a block request read (as the blkparse export names
+    /// it) and the file offset where the request starts.
+    fn block_target<'t>(
+        &self,
+        b: &crate::format::reader::Block,
+        tables: &Tables<'t>,
+    ) -> (Option<&'t str>, Option<u64>) {
+        let hits = self.files.tensors_of(b.dev, b.sector, b.nr_sector);
+        let Some(first) = hits.first() else { return (None, None) };
+        let named = hits.iter().find(|h| h.tensor != u32::MAX).unwrap_or(first);
+        let name = tables.models.get(named.model as usize).and_then(|m| m.tensors.get(named.tensor as usize));
+        (name.map(|t| t.name.as_str()), Some(first.file_offset))
+    }
 }
 
 impl Sink for IoSink {
@@ -242,6 +264,10 @@ impl Sink for IoSink {
             return Ok(());
         }
         let Some(c) = rows::cells(event, tables) else { return Ok(()) };
+        let (tensor, file_offset) = match event {
+            Event::Block(_, b) => self.block_target(b, tables),
+            _ => (c.fault_tensor, c.file_offset),
+        };
         self.rows.push(&[
             ("seq", Some(i64_of(c.seq))),
             ("kind", text(c.kind)),
@@ -252,8 +278,8 @@ impl Sink for IoSink {
             ("token_index", c.token_index.map(i32_of)),
             ("name", text(c.name.as_ref())),
             ("address", c.address.map(i64_of)),
-            ("tensor", c.fault_tensor.and_then(text)),
-            ("file_offset", c.file_offset.map(i64_of)),
+            ("tensor", tensor.and_then(text)),
+            ("file_offset", file_offset.map(i64_of)),
             ("op_seq", c.op_seq.map(i64_of)),
             ("sector", c.sector.map(i64_of)),
             ("io_bytes", c.io_bytes.map(i64_of)),
