@@ -289,12 +289,11 @@ text = "def f():"
     out = tmp_path / "sweep"
     argv = [ttrace, "sweep", plan_path, "-o", out]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "1 runs done now, 1 failed" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "1 runs done now, 1 failed" in proc.stderr, proc.stderr[-3000:]
     records = {rid: json.loads(p.read_text()) for rid, p in finished(out).items()}
     failed = [r for r in records.values() if r["error"]]
     assert len(failed) == 1 and failed[0]["params"]["mem_limit_bytes"] == 4 << 20
     assert "killed by signal 9" in failed[0]["error"], failed[0]["error"]
-    import duckdb
     rows = duckdb.sql(f"SELECT run_id, status, error, generated_tokens FROM read_parquet("
                       f"'{out}/dataset/table=runs/*/*/*.parquet', hive_partitioning = true)").fetchall()
     by_id = {r[0]: r for r in rows}
@@ -307,7 +306,7 @@ text = "def f():"
     assert proc.returncode == 0 and "2 done before (skipped)" in proc.stderr, proc.stderr[-3000:]
     assert {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()} == mtimes
     proc = subprocess.run([*argv, "--retry-failed"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "0 runs done now, 1 failed, 1 done before" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "0 runs done now, 1 failed, 1 done before" in proc.stderr, proc.stderr[-3000:]
     again = {rid: p.stat().st_mtime_ns for rid, p in finished(out).items()}
     assert [rid for rid in again if again[rid] != mtimes[rid]] == [failed[0]["run_id"]]
 

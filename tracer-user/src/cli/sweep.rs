@@ -24,7 +24,8 @@ domain = \"math\"\n  \
 file = \"prompts/math.txt\"             # relative to the plan\n\n\
 Runs are every model x prompt x threads x mem_limit x repeat. DIR gets traces/<run_id>.data, logs/<run_id>.log \
 (the command's output), runs/<run_id>.json (a finished run) and dataset/table=T/model=M/run_id=R/part-0.parquet \
-(schema: docs/DATASET.md).\n\n\
+(schema: docs/DATASET.md). A failed run is recorded with its error and the others go on; ttrace then exits 1 \
+(`--retry-failed` reruns them).\n\n\
 Examples:\n  \
 sudo ttrace sweep plan.toml -o sweep1\n  \
 ttrace sweep report sweep1              # sweep1/report.json and report.html\n  \

@@ -42,6 +42,14 @@ fn run_plan(args: SweepArgs) -> Result<()> {
     if done.interrupted {
         bail!("interrupted; run the same command again to resume (finished runs are kept and skipped)");
     }
+    // Like `make -k`: the other runs went on, but a script must see the failure.
+    if done.failed > 0 {
+        bail!(
+            "{} run(s) failed: their errors are in {}/runs/*.json and the runs table; --retry-failed runs them again",
+            done.failed,
+            dir.display()
+        );
+    }
     Ok(())
 }
 
