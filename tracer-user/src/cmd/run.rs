@@ -9,7 +9,7 @@ use crate::{
     cli::RunArgs,
     live::privileges::require_tracing_privileges,
     live::session::{self, SessionSpec, Target},
-    live::target::{HeldChild, MemoryCgroup, SpawnOptions, UserSpec},
+    live::target::{HeldChild, MemoryCgroup, SpawnOptions, UserSpec, spawn_limited},
 };
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -53,10 +53,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
 }
 
-/// Start `command` held before exec, in a memory cgroup of `mem_limit`
-/// when given. The held child joins the cgroup before it runs any code;
-/// dropping the cgroup (also on errors and Ctrl-C paths) moves it out and
-/// removes it.
+/// `command` held before exec, in a memory cgroup of `mem_limit` when given.
 pub(super) fn spawn_held(
     command: &[String],
     opts: SpawnOptions,
@@ -64,16 +61,7 @@ pub(super) fn spawn_held(
     hint: &str,
 ) -> Result<(HeldChild, Option<MemoryCgroup>)> {
     let argv: Vec<OsString> = command.iter().map(OsString::from).collect();
-    let child = HeldChild::spawn(&argv, opts)?;
-    let cgroup = match mem_limit {
-        Some(limit) => {
-            let cgroup = MemoryCgroup::create(hint, limit)?;
-            cgroup.add_pid(child.pid())?;
-            Some(cgroup)
-        }
-        None => None,
-    };
-    Ok((child, cgroup))
+    Ok(spawn_limited(&argv, opts, mem_limit, hint)?)
 }
 
 /// GGUF files named by the command's `-m PATH`, `--model PATH` or

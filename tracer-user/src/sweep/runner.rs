@@ -31,7 +31,7 @@ use crate::{
     format::StopReason,
     live::{
         session::{self, SessionSpec, Target},
-        target::{HeldChild, MemoryCgroup, SpawnOptions, UserSpec},
+        target::{MemoryCgroup, SpawnOptions, UserSpec, spawn_limited},
     },
 };
 
@@ -211,16 +211,8 @@ async fn trace_one(
     let os_argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
     let log_fd = Some(log_file.as_raw_fd());
     let spawn = SpawnOptions { user: options.owner.clone(), env: Vec::new(), stdout: log_fd, stderr: log_fd };
-    let child = HeldChild::spawn(&os_argv, spawn)?;
+    let (child, mut cgroup) = spawn_limited(&os_argv, spawn, run.params.mem_limit_bytes, "sweep")?;
     drop(log_file);
-    let mut cgroup = match run.params.mem_limit_bytes {
-        Some(limit) => {
-            let cgroup = MemoryCgroup::create("sweep", limit)?;
-            cgroup.add_pid(child.pid())?;
-            Some(cgroup)
-        }
-        None => None,
-    };
     let spec = SessionSpec {
         output: trace.to_path_buf(),
         models: vec![model],

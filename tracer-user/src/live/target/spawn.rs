@@ -38,6 +38,37 @@ pub struct SpawnOptions {
     pub stderr: Option<std::os::fd::RawFd>,
 }
 
+/// Why [`spawn_limited`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnLimitedError {
+    #[error(transparent)]
+    Spawn(#[from] TargetError),
+    #[error(transparent)]
+    Cgroup(#[from] super::CgroupError),
+}
+
+/// Start `argv` held before exec, in a memory cgroup of `mem_limit` when
+/// given (`run`, `top` and `sweep` alike). The held child joins the cgroup
+/// before it runs any code; dropping the cgroup (also on errors and Ctrl-C
+/// paths) moves it out and removes it.
+pub fn spawn_limited(
+    argv: &[OsString],
+    opts: SpawnOptions,
+    mem_limit: Option<u64>,
+    hint: &str,
+) -> Result<(HeldChild, Option<super::MemoryCgroup>), SpawnLimitedError> {
+    let child = HeldChild::spawn(argv, opts)?;
+    let cgroup = match mem_limit {
+        Some(limit) => {
+            let cgroup = super::MemoryCgroup::create(hint, limit)?;
+            cgroup.add_pid(child.pid())?;
+            Some(cgroup)
+        }
+        None => None,
+    };
+    Ok((child, cgroup))
+}
+
 /// Steps that can fail in the child, as sent through the status pipe.
 const STEP_SETGROUPS: u8 = 1;
 const STEP_SETGID: u8 = 2;
