@@ -6,6 +6,7 @@ mod demo;
 mod lint;
 mod llama_versions;
 mod setup;
+mod scratch;
 mod shell;
 mod targets;
 mod test;

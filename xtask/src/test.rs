@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cache, demo, setup, shell};
+use crate::{cache, demo, scratch::TestTmp, setup, shell};
 
 pub fn run(cargo_args: &[String]) -> Result<()> {
     let paths = setup::run()?;
@@ -23,6 +23,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         "scripts",
     ]))?;
     let ttrace = demo::build_ttrace()?;
+    let tmp = TestTmp::create()?;
 
     let mut failures = Vec::new();
     let mut cargo = Command::new("cargo");
@@ -32,6 +33,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         .args(["test", "--no-fail-fast", "--workspace", "--exclude", "tracer-ebpf"])
         .args(cargo_args)
         .env("TTRACE_PATHS", &paths_json)
+        .env("TMPDIR", tmp.path())
         // The root tests run the release binary users get (its attach speed
         // is what `attach` promises), not the debug one cargo builds for them.
         .env("TTRACE_BIN", &ttrace);
@@ -49,6 +51,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
             .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"])
             .env("TTRACE_PATHS", &paths_json)
             .env("TTRACE_BIN", &ttrace)
+            .env("TMPDIR", tmp.path())
             .env("TTRACE_SCREENSHOT_DIR", &screenshots);
         if let Err(e) = shell::run(&mut pytest) {
             failures.push(e.to_string());
@@ -56,8 +59,10 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         eprintln!("xtask: screenshots of the HTML reports in {}", screenshots.display());
     }
     if !failures.is_empty() {
+        eprintln!("xtask: the failed run's scratch files are kept in {}", tmp.path().display());
         bail!("test suites failed: {}", failures.join("; "));
     }
+    tmp.remove();
     eprintln!("xtask: all test suites passed");
     Ok(())
 }
