@@ -1,9 +1,9 @@
 """`ttrace top`: the screen, driven in a pseudo-terminal, against llama-server
 serving Gemma 3 270M to concurrent clients (its generated tokens against the
 server's own /metrics); `--json` residency against util-linux `fincore`,
-falling after --drop-caches and rising as the model is read; under --mem-limit,
-the disk bytes of the intervals against the block reads of the trace top
-records with -o. Needs root. Cold-cache runs use a private copy of the model."""
+falling after --drop-caches and rising as the model is read; attached to a
+llama-server that a parallel `ttrace run -o --mem-limit` started, the disk
+bytes of its intervals against the block reads of run's trace. Needs root. Cold-cache runs use a private copy of the model."""
 from __future__ import annotations
 
 import json
@@ -209,42 +209,132 @@ def test_json_residency_equals_fincore_and_falls_then_rises(ttrace, tmp_path, pa
     assert lines.lines[-1]["t"] > after["t"]  # the last, partial interval after the stop
 
 
-def test_mem_limit_disk_bytes_sum_to_the_recorded_block_reads(ttrace, tmp_path, paths, models):
-    model = private_copy(models, tmp_path)
-    trace = tmp_path / "top.data"
-    completion = paths["llama_completion"]
-    argv = [completion, "-m", model, "-p", "The history of the printing press", "-n", "12", "-c", "256", "-t", "2",
-            "-no-cnv", "--ignore-eos", "--no-warmup"]
-    proc = subprocess.run([ttrace, "top", "--json", "--interval", "0.5", "--mem-limit", "200M", "--drop-caches",
-                           "-o", trace, "--", *argv], capture_output=True, text=True, errors="replace", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert len(lines) >= 2
-    memory = [line["memory"] for line in lines if line["memory"]]
-    assert memory and all(m["limit_bytes"] == 200 << 20 and m["usage_bytes"] <= m["limit_bytes"] for m in memory)
-    shown = sum(line["disk_bytes_per_s"] * line["interval_s"] for line in lines)
-    assert abs(shown - sum(line["disk_bytes"] for line in lines)) < 1  # rates are bytes over each interval
+def evict(path: Path):
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def wait_healthy(port: int, proc, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+            return
+        except OSError:
+            assert proc.poll() is None, "ttrace run ended before llama-server came up (see run.err)"
+            assert time.monotonic() < deadline, "llama-server did not come up"
+            time.sleep(0.3)
+
+
+def descendant(pid: int, exe_name: str) -> int:
+    """The process under `pid` whose executable is `exe_name`."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").iterdir():
+            children = (task / "children").read_text().split()
+            for c in map(int, children):
+                try:
+                    if Path(os.readlink(f"/proc/{c}/exe")).name == exe_name:
+                        return c
+                except OSError:
+                    pass
+                todo.append(c)
+    raise AssertionError(f"no {exe_name} under pid {pid}")
+
+
+def model_file_reads_after(ttrace, trace: Path, tmp_path: Path, since_monotonic_ns: int) -> int:
+    """Bytes of the model-file read requests issued to the driver from
+    `since_monotonic_ns` on, as the trace's blkparse export lists them (a
+    request issued again before it completed is counted once)."""
     report = json.loads(subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
-    recorded = report["io"]["disk"]["bytes"]
-    # Streamed: the cgroup holds less than the model, so far more than it is read.
-    assert recorded > os.path.getsize(model)
+    since = (since_monotonic_ns - report["header"]["start_monotonic_ns"]) / 1e9
+    out = tmp_path / "run.blkparse"
+    subprocess.run([ttrace, "export", trace, "--format", "blkparse", "-o", out], check=True, capture_output=True)
+    pending, total = set(), 0
+    for line in out.read_text().splitlines():
+        dev, _cpu, _seq, t, _pid, action, rwbs, sector, _plus, sectors = line.split()[:10]
+        key = (dev, sector)
+        if action == "C":
+            pending.discard(key)
+        elif action == "D" and "R" in rwbs and " tensor=" in line and float(t) >= since and key not in pending:
+            pending.add(key)
+            total += int(sectors) * 512
+    return total
+
+
+def test_mem_limit_disk_bytes_sum_to_a_parallel_runs_block_reads(ttrace, tmp_path, paths, models):
+    """`ttrace run -o --mem-limit` starts llama-server and records; `ttrace top
+    --pid` attaches to the server once it is idle. The disk bytes top shows
+    over its intervals equal the model-file block reads run's trace holds from
+    the first request on (the server reads nothing while idle), within 1 %."""
+    model = private_copy(models, tmp_path)
+    evict(model)
+    port = free_port()
+    argv = [str(a) for a in server_argv(paths, models, port)]
+    argv[argv.index(str(models["gemma"]))] = str(model)
+    argv[argv.index("-c") + 1] = "1024"  # 256 per slot: the KV cache leaves the limit to the page cache
+    trace = tmp_path / "run.data"
+    run_err, top_err = tmp_path / "run.err", tmp_path / "top.err"
+    with open(run_err, "w") as err:
+        run = subprocess.Popen([ttrace, "run", "-o", trace, "--mem-limit", "200M", "--", *argv],
+                               stdout=subprocess.DEVNULL, stderr=err)
+    top = None
+    try:
+        wait_healthy(port, run)
+        server = descendant(run.pid, "llama-server")
+        with open(top_err, "w") as err:
+            top = subprocess.Popen([ttrace, "top", "--pid", str(server), "--json", "--interval", "0.5"],
+                                   stdout=subprocess.PIPE, stderr=err, text=True, errors="replace")
+        lines = Lines(top)
+        lines.next()  # attached and counting
+        since = time.monotonic_ns()
+        responses = serve(port)
+        assert all(r["timings"]["predicted_n"] > 0 for r in responses)
+        lines.next()
+        lines.next()  # the last reads have landed in an interval
+        top.send_signal(signal.SIGINT)  # detaches; the server goes on
+        top.wait(timeout=120)
+        lines.thread.join(timeout=30)
+        assert top.returncode == 0, top_err.read_text(errors="replace")[-3000:]
+        assert run.poll() is None, "top's detach must leave the server and run alone"
+    finally:
+        if top is not None and top.poll() is None:
+            top.kill()
+        run.send_signal(signal.SIGINT)  # run stops the server it started and writes the trace
+        run.wait(timeout=120)
+    assert run.returncode == 0, run_err.read_text(errors="replace")[-3000:]
+    # The limit of the cgroup run made, found from the attached pid.
+    memory = [line["memory"] for line in lines.lines if line["memory"]]
+    assert len(memory) == len(lines.lines), "every interval shows the server's cgroup"
+    assert all(m["limit_bytes"] == 200 << 20 and 0 < m["usage_bytes"] <= m["limit_bytes"] for m in memory), memory
+    shown = sum(line["disk_bytes_per_s"] * line["interval_s"] for line in lines.lines)
+    assert abs(shown - sum(line["disk_bytes"] for line in lines.lines)) < 1  # rates are bytes over each interval
+    recorded = model_file_reads_after(ttrace, trace, tmp_path, since)
+    print(f"top showed {shown:.0f} disk bytes over {len(lines.lines)} intervals; run's trace holds {recorded}")
+    # Streamed: the cgroup holds less than the model, so the requests re-read it.
+    assert recorded > os.path.getsize(model), (recorded, os.path.getsize(model))
     assert abs(shown - recorded) <= 0.01 * recorded, (shown, recorded)
-    assert lines[-1]["generated_total"] == report["tokens"]["generated"]
 
 
 def test_moe_expert_grid_equals_the_traces_routing(ttrace, tmp_path, paths, models):
     """Per layer and expert, the routings the intervals count are the experts
-    the recorded trace's report says each token selected."""
+    the recorded trace's report says each token selected. The command runs in
+    a cgroup of top's own (--mem-limit, ample here): every interval shows it."""
     trace = tmp_path / "moe.data"
     argv = [paths["llama_completion"], "-m", models["moe"], "-p", "hello world", "-n", "12", "-no-cnv",
             "--ignore-eos", "-t", "2"]
     # The command's own output goes to stderr (random weights: any bytes).
-    proc = subprocess.run([ttrace, "top", "--json", "--interval", "0.5", "-o", trace, "--", *argv],
-                          capture_output=True, text=True, errors="replace", timeout=600)
+    proc = subprocess.run([ttrace, "top", "--json", "--interval", "0.5", "--mem-limit", "1G", "-o", trace, "--",
+                           *argv], capture_output=True, text=True, errors="replace", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    memory = [line["memory"] for line in lines]
+    assert all(m and m["limit_bytes"] == 1 << 30 and m["usage_bytes"] <= 1 << 30 for m in memory), memory
+    assert max(m["usage_bytes"] for m in memory) > 0, memory
     shown: dict[tuple[int, int], int] = {}
-    for line in map(json.loads, proc.stdout.splitlines()):
+    for line in lines:
         for layer, counts in line["experts"].items():
             for expert, n in enumerate(counts):
                 shown[int(layer), expert] = shown.get((int(layer), expert), 0) + n
@@ -256,3 +346,4 @@ def test_moe_expert_grid_equals_the_traces_routing(ttrace, tmp_path, paths, mode
             for expert in row["selected"]:
                 routed[row["layer"], expert] = routed.get((row["layer"], expert), 0) + 1
     assert routed and {k: v for k, v in shown.items() if v} == routed
+    assert lines[-1]["generated_total"] == report["tokens"]["generated"]

@@ -62,7 +62,8 @@ sudo ttrace top --once --pid 4242\n\n\
 --json prints one object per interval (keys t, interval_s, tokens_per_s, prompt, generated, \
 disk_bytes, disk_bytes_per_s, faults_per_s, resident_bytes, model_bytes, top_tensors, layers, \
 components, sequences, experts, memory, …), the first at t 0 as top starts; --once prints one \
-full interval and exits.")]
+full interval and exits. `memory` is the command's cgroup against --mem-limit, or with --pid the \
+nearest cgroup above the process that limits memory (a systemd MemoryMax, a `ttrace run --mem-limit`).")]
     #[cfg(feature = "live")]
     Top(TopArgs),
     /// Summarise a trace: run metadata, ubatches per phase, ops, weights

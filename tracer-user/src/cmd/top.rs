@@ -12,7 +12,7 @@ use crate::{
     live::{
         privileges::require_tracing_privileges,
         session::{self, SessionSpec, Target, trace_file::DISCARD},
-        target::{SpawnOptions, UserSpec, process_state},
+        target::{LimitingCgroup, MemoryStats, SpawnOptions, UserSpec, process_state},
         top::{MemorySource, Output, TopTap, aggregate::MemoryUse, screen::Screen},
     },
 };
@@ -66,9 +66,19 @@ pub async fn run(args: TopArgs) -> Result<()> {
         owner: user.or(UserSpec::from_sudo_env()?),
         values: None,
     };
-    let memory: Option<MemorySource> = cgroup.clone().map(|c| -> MemorySource {
-        Box::new(move || c.stats().ok().map(|s| MemoryUse { usage_bytes: s.usage_bytes, limit_bytes: s.limit_bytes }))
-    });
+    let use_of = |s: MemoryStats| MemoryUse { usage_bytes: s.usage_bytes, limit_bytes: s.limit_bytes };
+    let memory: Option<MemorySource> = match (&cgroup, args.pid) {
+        (Some(c), _) => {
+            let c = c.clone();
+            Some(Box::new(move || c.stats().ok().map(use_of)))
+        }
+        // An attached process shows the limit of whatever cgroup sets one.
+        (None, Some(pid)) => LimitingCgroup::of_process(pid).map(|c| -> MemorySource {
+            log::info!("top: memory against the limit of cgroup {}", c.path().display());
+            Box::new(move || c.stats().ok().map(use_of))
+        }),
+        (None, None) => None,
+    };
     let output = if json {
         Output::Json { once: args.once }
     } else {

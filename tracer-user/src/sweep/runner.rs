@@ -14,7 +14,7 @@ use std::{
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{
@@ -31,7 +31,7 @@ use crate::{
     format::StopReason,
     live::{
         session::{self, SessionSpec, Target},
-        target::{MemoryCgroup, SpawnOptions, UserSpec, spawn_limited},
+        target::{MemoryCgroup, SpawnOptions, UserSpec, evict, spawn_limited},
     },
 };
 
@@ -287,21 +287,8 @@ fn prepare_model(run: &RunSpec, dir: &SweepDir) -> Result<PathBuf> {
                     .with_context(|| format!("copying {} to {}", run.model_path.display(), tmp.display()))?;
                 std::fs::rename(&tmp, &copy).with_context(|| format!("renaming {}", tmp.display()))?;
             }
-            evict(&copy)?;
+            evict(&copy).with_context(|| format!("evicting {} from the page cache", copy.display()))?;
             Ok(copy)
         }
     }
-}
-
-/// Written back and dropped from the page cache: the file's pages only,
-/// never the machine's whole cache.
-fn evict(path: &Path) -> Result<()> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    f.sync_all().with_context(|| format!("syncing {}", path.display()))?;
-    // SAFETY: a valid fd; posix_fadvise only reads its arguments.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        bail!("posix_fadvise(DONTNEED) on {}: {}", path.display(), std::io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
 }

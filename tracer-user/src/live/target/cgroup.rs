@@ -225,34 +225,7 @@ impl MemoryCgroup {
     /// Current and peak usage and how often the limit bit. Read it before
     /// [`remove`](Self::remove): the files go with the cgroup.
     pub fn stats(&self) -> Result<MemoryStats, CgroupError> {
-        let p = |f: &str| self.path.join(f);
-        match self.version {
-            CgroupVersion::V1 => {
-                let oom = read_keyed(&p("memory.oom_control"))?;
-                // With a memsw limit the memsw counter is charged first and
-                // fails first; count it too where the kernel tracks it.
-                let memsw = p("memory.memsw.failcnt");
-                let memsw_hits = if memsw.exists() { read_u64(&memsw)? } else { 0 };
-                Ok(MemoryStats {
-                    usage_bytes: read_u64(&p("memory.usage_in_bytes"))?,
-                    peak_bytes: Some(read_u64(&p("memory.max_usage_in_bytes"))?),
-                    limit_bytes: read_u64(&p("memory.limit_in_bytes"))?,
-                    limit_hits: read_u64(&p("memory.failcnt"))? + memsw_hits,
-                    oom_kills: key(&oom, "oom_kill"),
-                })
-            }
-            CgroupVersion::V2 => {
-                let events = read_keyed(&p("memory.events"))?;
-                let peak = p("memory.peak");
-                Ok(MemoryStats {
-                    usage_bytes: read_u64(&p("memory.current"))?,
-                    peak_bytes: if peak.exists() { Some(read_u64(&peak)?) } else { None },
-                    limit_bytes: read_u64_or_max(&p("memory.max"))?.unwrap_or(u64::MAX),
-                    limit_hits: key(&events, "max"),
-                    oom_kills: key(&events, "oom_kill"),
-                })
-            }
-        }
+        read_stats(self.version, &self.path)
     }
 
     /// Moves every process still inside back to the parent cgroup (or the
@@ -321,6 +294,74 @@ impl MemoryCgroup {
             }
         }
         Ok(removed)
+    }
+}
+
+/// Someone else's memory cgroup, read only: the nearest one above a process
+/// that sets a limit (a systemd unit's `MemoryMax`, another `ttrace run
+/// --mem-limit`), for `top --pid`.
+#[derive(Debug, Clone)]
+pub struct LimitingCgroup {
+    version: CgroupVersion,
+    path: PathBuf,
+}
+
+impl LimitingCgroup {
+    /// None when no cgroup between the process and the hierarchy's root
+    /// limits its memory, or the process is gone.
+    pub fn of_process(pid: u32) -> Option<LimitingCgroup> {
+        let (version, dir, root) = discover::of_process(pid)?;
+        let mut at = dir.as_path();
+        loop {
+            let stats = read_stats(version, at).ok()?;
+            // v1 reports "no limit" as a page-rounded i64::MAX.
+            if stats.limit_bytes < (1u64 << 62) {
+                return Some(LimitingCgroup { version, path: at.to_path_buf() });
+            }
+            if at == root {
+                return None;
+            }
+            at = at.parent()?;
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn stats(&self) -> Result<MemoryStats, CgroupError> {
+        read_stats(self.version, &self.path)
+    }
+}
+
+fn read_stats(version: CgroupVersion, dir: &Path) -> Result<MemoryStats, CgroupError> {
+    let p = |f: &str| dir.join(f);
+    match version {
+        CgroupVersion::V1 => {
+            let oom = read_keyed(&p("memory.oom_control"))?;
+            // With a memsw limit the memsw counter is charged first and
+            // fails first; count it too where the kernel tracks it.
+            let memsw = p("memory.memsw.failcnt");
+            let memsw_hits = if memsw.exists() { read_u64(&memsw)? } else { 0 };
+            Ok(MemoryStats {
+                usage_bytes: read_u64(&p("memory.usage_in_bytes"))?,
+                peak_bytes: Some(read_u64(&p("memory.max_usage_in_bytes"))?),
+                limit_bytes: read_u64(&p("memory.limit_in_bytes"))?,
+                limit_hits: read_u64(&p("memory.failcnt"))? + memsw_hits,
+                oom_kills: key(&oom, "oom_kill"),
+            })
+        }
+        CgroupVersion::V2 => {
+            let events = read_keyed(&p("memory.events"))?;
+            let peak = p("memory.peak");
+            Ok(MemoryStats {
+                usage_bytes: read_u64(&p("memory.current"))?,
+                peak_bytes: if peak.exists() { Some(read_u64(&peak)?) } else { None },
+                limit_bytes: read_u64_or_max(&p("memory.max"))?.unwrap_or(u64::MAX),
+                limit_hits: key(&events, "max"),
+                oom_kills: key(&events, "oom_kill"),
+            })
+        }
     }
 }
 

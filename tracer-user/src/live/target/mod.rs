@@ -17,7 +17,7 @@ mod version;
 
 use std::path::PathBuf;
 
-pub use cgroup::{CgroupError, CgroupVersion, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
+pub use cgroup::{CgroupError, CgroupVersion, LimitingCgroup, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
     ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, probe_file_offsets,
     returned_string, symbol_file_offsets, symbol_ranges,
@@ -28,7 +28,7 @@ pub use hooks::{
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
-pub use residency::{Residency, resident_bytes};
+pub use residency::{Residency, evict, resident_bytes};
 pub use spawn::{HeldChild, RunningChild, SpawnLimitedError, SpawnOptions, spawn_limited};
 pub use user::UserSpec;
 pub use version::{BuildFacts, SET_USAGE};

@@ -18,6 +18,20 @@ pub fn resident_bytes(path: &Path) -> io::Result<(u64, u64)> {
     Ok(((resident * PAGE).min(size), size))
 }
 
+/// Write a file back and drop its pages from the page cache: a cold start
+/// for that file alone, never the machine's whole cache. Pages another
+/// process maps stay (see above).
+pub fn evict(path: &Path) -> io::Result<()> {
+    let file = File::open(path)?;
+    file.sync_all()?;
+    // SAFETY: a valid fd; posix_fadvise only reads its arguments.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
 /// cachestat(2)'s number on x86_64 and aarch64 (the same in the generic table).
 const SYS_CACHESTAT: libc::c_long = 451;
 

@@ -9,7 +9,6 @@ pub mod tap;
 use std::{
     fs::File,
     io::{BufWriter, Write},
-    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
@@ -22,6 +21,7 @@ use crate::{
     live::{
         recorder::{Recorder, Resolver},
         session::Tap,
+        target::evict,
     },
 };
 
@@ -144,15 +144,4 @@ impl Drop for TopTap {
             let _ = self.close();
         }
     }
-}
-
-/// Drop a file's pages from the page cache; pages some process maps stay.
-fn evict(path: &std::path::Path) -> std::io::Result<()> {
-    let file = File::open(path)?;
-    // SAFETY: plain syscall on an open descriptor.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(rc));
-    }
-    Ok(())
 }

@@ -71,6 +71,21 @@ fn prepare_v2(parent: &Path, enable: bool) -> Result<(), String> {
     })
 }
 
+/// The memory cgroup process `pid` is charged to: (version, its directory,
+/// the hierarchy's mount point). v2 when its cgroup there accounts memory
+/// (has `memory.current`), else the v1 `memory` hierarchy.
+pub(super) fn of_process(pid: u32) -> Option<(CgroupVersion, PathBuf, PathBuf)> {
+    let mounts = parse_mountinfo(&fs::read_to_string("/proc/self/mountinfo").ok()?);
+    let own = parse_proc_cgroup(&fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?);
+    if let Ok((dir, root)) = own_dir(&mounts, &own, CgroupVersion::V2)
+        && dir.join("memory.current").exists()
+    {
+        return Some((CgroupVersion::V2, dir, root));
+    }
+    let (dir, root) = own_dir(&mounts, &own, CgroupVersion::V1).ok()?;
+    Some((CgroupVersion::V1, dir, root))
+}
+
 struct Mount {
     root: String,
     point: PathBuf,
@@ -122,8 +137,9 @@ fn parse_proc_cgroup(text: &str) -> Vec<(Vec<String>, String)> {
         .collect()
 }
 
-/// Our own cgroup's directory in the hierarchy `version` (for v1, the one with
-/// the memory controller), and that hierarchy's mount point.
+/// The cgroup directory that `own` (a `/proc/PID/cgroup`) names in the
+/// hierarchy `version` (for v1, the one with the memory controller), and
+/// that hierarchy's mount point.
 fn own_dir(
     mounts: &[Mount],
     own: &[(Vec<String>, String)],
