@@ -63,6 +63,26 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// A distribution-free 95 % confidence interval of the median: the order
+/// statistics whose ranks the binomial(n, ½) puts outside 2.5 % on each side.
+/// None below 6 values, where no such pair exists.
+pub fn median_ci95(v: &[f64]) -> Option<(f64, f64)> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    // k: the largest rank with P(X < k) <= 0.025 for X ~ Binomial(n, 1/2).
+    let (mut pmf, mut below, mut k) = (0.5f64.powi(n as i32), 0.0, 0);
+    for i in 0..n {
+        below += pmf;
+        if below > 0.025 {
+            break;
+        }
+        k = i + 1;
+        pmf *= (n - i) as f64 / (i + 1) as f64;
+    }
+    (k >= 1).then(|| (v[k - 1], v[n - k]))
+}
+
 pub fn min_max(v: &[f64]) -> (f64, f64) {
     v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
 }
@@ -170,4 +190,22 @@ fn header(ctx: &Ctx) -> Result<String> {
     )?;
     writeln!(md, "- The machine is shared and noisy: runs are interleaved and medians reported with min–max.\n")?;
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_ci95;
+
+    #[test]
+    fn median_confidence_ranks_match_the_binomial_tables() {
+        let ranks = |n: usize| {
+            let v: Vec<f64> = (1..=n).map(|i| i as f64).collect();
+            median_ci95(&v).map(|(lo, hi)| (lo as usize, hi as usize))
+        };
+        assert_eq!(ranks(5), None);
+        assert_eq!(ranks(6), Some((1, 6)));
+        assert_eq!(ranks(7), Some((1, 7)));
+        assert_eq!(ranks(21), Some((6, 16)));
+        assert_eq!(ranks(31), Some((10, 22)));
+    }
 }

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Ctx, median, min_max};
+use super::{Ctx, median, median_ci95, min_max};
 
 pub const CLIENTS: usize = 4;
 /// Waves of [`CLIENTS`] requests timed per round, and tokens each generates.
@@ -261,9 +261,13 @@ fn throughput(md: &mut String, ctx: &Ctx, served: &[ServerSample], traced: &str,
         writeln!(md, "| {v} | {what} | {:.3} | {lo:.3}–{hi:.3} |", median(&xs))?;
     }
     let (lo, hi) = min_max(&ratios);
+    let ci = median_ci95(&ratios).map_or_else(
+        || "too few rounds for a 95 % interval".to_string(),
+        |(a, b)| format!("95 % confidence interval of the median {a:.3}–{b:.3}, distribution-free"),
+    );
     writeln!(
         md,
-        "\n- Traced/untraced request throughput, median of per-round ratios: {:.3} ({lo:.3}–{hi:.3})\n",
+        "\n- Traced/untraced request throughput, median of per-round ratios: {:.3} (range {lo:.3}–{hi:.3}; {ci})\n",
         median(&ratios)
     )?;
     Ok(())
