@@ -116,18 +116,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(port: int, timeout: float = 120) -> list[dict]:
-    """Wait for the server, send the four completions at once; their responses."""
-    base = f"http://127.0.0.1:{port}"
+def wait_healthy(port: int, timeout: float = 120, proc=None):
+    """Until llama-server answers /health; fails if `proc` (what started it) ends first."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            urllib.request.urlopen(f"{base}/health", timeout=5).read()
-            break
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+            return
         except OSError:
+            if proc is not None and proc.poll() is not None:
+                pytest.fail(f"the process starting llama-server exited ({proc.returncode}) before it came up",
+                            pytrace=False)
             if time.monotonic() > deadline:
                 pytest.fail("llama-server did not come up", pytrace=False)
             time.sleep(0.3)
+
+
+def serve(port: int, timeout: float = 120) -> list[dict]:
+    """Wait for the server, send the four completions at once; their responses."""
+    base = f"http://127.0.0.1:{port}"
+    wait_healthy(port, timeout)
 
     def complete(item):
         body = json.dumps({"prompt": item[0], "n_predict": item[1], "cache_prompt": False,

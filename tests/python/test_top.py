@@ -20,7 +20,7 @@ from pathlib import Path
 import pexpect
 import pyte
 
-from test_sequences import PROMPTS, free_port, serve, server_argv
+from test_sequences import PROMPTS, free_port, serve, server_argv, wait_healthy
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -214,18 +214,6 @@ def evict(path: Path):
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def wait_healthy(port: int, proc, timeout: float = 180):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
-            return
-        except OSError:
-            assert proc.poll() is None, "ttrace run ended before llama-server came up (see run.err)"
-            assert time.monotonic() < deadline, "llama-server did not come up"
-            time.sleep(0.3)
-
-
 def descendant(pid: int, exe_name: str) -> int:
     """The process under `pid` whose executable is `exe_name`."""
     todo = [pid]
@@ -282,7 +270,7 @@ def test_mem_limit_disk_bytes_sum_to_a_parallel_runs_block_reads(ttrace, tmp_pat
                                stdout=subprocess.DEVNULL, stderr=err)
     top = None
     try:
-        wait_healthy(port, run)
+        wait_healthy(port, 180, run)
         server = descendant(run.pid, "llama-server")
         with open(top_err, "w") as err:
             top = subprocess.Popen([ttrace, "top", "--pid", str(server), "--json", "--interval", "0.5"],
