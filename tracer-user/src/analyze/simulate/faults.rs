@@ -36,9 +36,9 @@ use super::{Misses, stream::Stream};
 
 /// `MMAP_LOTSAMISS`: above this many net misses the kernel stops reading
 /// around faults in the file.
-const LOTS_OF_MISSES: u32 = 100;
+pub(super) const LOTS_OF_MISSES: u32 = 100;
 /// `mmap_miss` saturates at ten times that.
-const MISS_CAP: u32 = LOTS_OF_MISSES * 10;
+pub(super) const MISS_CAP: u32 = LOTS_OF_MISSES * 10;
 
 /// The kernel's readahead sizes, in pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,11 +67,11 @@ pub trait PageCache {
 
 /// One file's `struct file_ra_state`.
 #[derive(Clone, Copy, Default)]
-struct FileRa {
-    start: u64,
-    size: u64,
-    async_size: u64,
-    mmap_miss: u32,
+pub(super) struct FileRa {
+    pub start: u64,
+    pub size: u64,
+    pub async_size: u64,
+    pub mmap_miss: u32,
 }
 
 struct FaultPath<'a, C: PageCache> {
@@ -243,7 +243,7 @@ impl<C: PageCache> FaultPath<'_, C> {
 }
 
 /// `get_next_ra_size`: ramp up towards `max`.
-fn next_size(current: u64, max: u64) -> u64 {
+pub(super) fn next_size(current: u64, max: u64) -> u64 {
     if current < max / 16 {
         4 * current
     } else if current <= max / 2 {
