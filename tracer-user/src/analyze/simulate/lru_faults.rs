@@ -19,7 +19,7 @@
 use super::{
     Misses,
     bits::Bits,
-    faults::{FileRa, LOTS_OF_MISSES, MISS_CAP, Window, next_size},
+    faults::{FileRa, LOTS_OF_MISSES, MISS_CAP, Window},
     runs::RunLru,
     stream::Stream,
 };
@@ -160,26 +160,17 @@ impl RunPath<'_> {
     }
 
     fn read_around(&mut self, page: u64, file: usize) -> u64 {
-        let window = self.ra.pages;
-        let start = page.saturating_sub(window / 2).max(self.files[file].start);
-        self.file_ra[file] = FileRa { start, size: window, async_size: window / 4, ..self.file_ra[file] };
+        self.file_ra[file] = self.file_ra[file].around(page, self.ra.pages, self.files[file].start);
         self.read_window(file)
     }
 
     fn async_readahead(&mut self, page: u64, file: usize) -> u64 {
         let (window, end) = (self.ra.pages, self.files[file].end);
-        let ra = self.file_ra[file];
-        let next = if page == ra.start + ra.size - ra.async_size {
-            FileRa { start: ra.start + ra.size, size: next_size(ra.size, window), ..ra }
-        } else {
-            let upto = (page + 1 + window).min(end);
-            let start = self.resident.next_zero(page + 1, upto);
-            if start >= upto {
-                return 0;
-            }
-            FileRa { start, size: next_size(start - page + window, window), ..ra }
-        };
-        self.file_ra[file] = FileRa { async_size: next.size, ..next };
+        let upto = (page + 1 + window).min(end);
+        let resident = &self.resident;
+        let first_missing = || Some(resident.next_zero(page + 1, upto)).filter(|&p| p < upto);
+        let Some(next) = self.file_ra[file].after_mark(page, window, first_missing) else { return 0 };
+        self.file_ra[file] = next;
         self.read_window(file)
     }
 
