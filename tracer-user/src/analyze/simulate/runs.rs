@@ -84,12 +84,11 @@ impl RunLru {
         }
     }
 
-    /// Links `id` right newer than `after` (at the tail when `None`... or
-    /// the head when `after` is the head).
+    /// Links `id` right newer than `after`, or as the oldest when `None`.
     fn link_newer_than(&mut self, id: u32, after: Option<u32>) {
         let newer = match after {
             Some(a) => std::mem::replace(&mut self.runs[a as usize].newer, id),
-            None => std::mem::replace(&mut self.tail, Some(id)).unwrap_or(NIL),
+            None => self.tail.replace(id).unwrap_or(NIL),
         };
         self.runs[id as usize].older = after.unwrap_or(NIL);
         self.runs[id as usize].newer = newer;
@@ -223,7 +222,7 @@ mod tests {
         };
         for _ in 0..200 {
             let (mut runs, mut list) = (RunLru::new(64), Vec::new());
-            let mut present = vec![false; 64];
+            let mut present = [false; 64];
             for _ in 0..60 {
                 let a = rand(64);
                 let b = (a + 1 + rand(12)).min(64);
