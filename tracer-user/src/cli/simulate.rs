@@ -96,6 +96,11 @@ pub struct SimulateArgs {
     /// Which permutation of perms.json: chain_perm, clique_perm or heat_perm.
     #[arg(long, default_value = "chain_perm", requires = "layout")]
     pub layout_key: String,
+    /// How LRU replays the kernel's fault path under readahead: `runs` of
+    /// pages, or `pages` one by one (the straightforward replay, slow on
+    /// long traces; the figures are the same).
+    #[arg(long, value_enum, default_value = "runs")]
+    pub engine: crate::analyze::simulate::Engine,
     /// What the figures count.
     #[arg(long, value_enum, default_value = "generate")]
     pub phase: crate::analyze::simulate::Counting,

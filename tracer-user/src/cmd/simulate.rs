@@ -43,6 +43,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let request = Request {
         options: Options {
             page_bytes: args.page,
+            engine: args.engine,
             // From `readahead_choice`.
             readahead: None,
             layout,

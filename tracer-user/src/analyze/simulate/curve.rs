@@ -8,7 +8,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::{
-    Counting, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError, lru_fit,
+    Counting, Engine, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError, lru_fit,
     recorded_readahead, replay, run,
 };
 use crate::analyze::Analysis;
@@ -109,7 +109,7 @@ impl Request {
     /// defaults.
     pub fn defaults() -> Request {
         Request {
-            options: Options { page_bytes: 4096, readahead: None, layout: None, populate: None },
+            options: Options { page_bytes: 4096, engine: Engine::Runs, readahead: None, layout: None, populate: None },
             readahead_choice: ReadaheadChoice::Recorded,
             budgets: Budgets::Default,
             policies: vec![Policy::Lru, Policy::Opt, Policy::TwoList],

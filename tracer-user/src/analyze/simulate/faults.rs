@@ -30,15 +30,19 @@
 //! else (then the faulting page, if not yet read, is read alone).
 //!
 //! Left out: large folios (the kernel reads and evicts in folios of up to
-//! 2 MiB here; counts of pages read are the same, eviction is coarser).
+//! 2 MiB here; measured in docs/SIMULATE.md, they do not explain where the
+//! replay is off).
+//!
+//! This is the straightforward replay, the reference: LRU runs the same
+//! path run by run in [`super::lru_faults`].
 
 use super::{Misses, stream::Stream};
 
 /// `MMAP_LOTSAMISS`: above this many net misses the kernel stops reading
 /// around faults in the file.
-const LOTS_OF_MISSES: u32 = 100;
+pub(super) const LOTS_OF_MISSES: u32 = 100;
 /// `mmap_miss` saturates at ten times that.
-const MISS_CAP: u32 = LOTS_OF_MISSES * 10;
+pub(super) const MISS_CAP: u32 = LOTS_OF_MISSES * 10;
 
 /// The kernel's readahead sizes, in pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,11 +71,39 @@ pub trait PageCache {
 
 /// One file's `struct file_ra_state`.
 #[derive(Clone, Copy, Default)]
-struct FileRa {
-    start: u64,
-    size: u64,
-    async_size: u64,
-    mmap_miss: u32,
+pub(super) struct FileRa {
+    pub start: u64,
+    pub size: u64,
+    pub async_size: u64,
+    pub mmap_miss: u32,
+}
+
+impl FileRa {
+    /// The read-around window of `window` pages centred on `page`.
+    pub(super) fn around(self, page: u64, window: u64, file_start: u64) -> FileRa {
+        let start = page.saturating_sub(window / 2).max(file_start);
+        FileRa { start, size: window, async_size: window / 4, ..self }
+    }
+
+    /// The window asynchronous readahead reads from the marked `page`, or
+    /// none; `first_missing`: the first page after it, within `window`,
+    /// not cached.
+    pub(super) fn after_mark(
+        self,
+        page: u64,
+        window: u64,
+        first_missing: impl FnOnce() -> Option<u64>,
+    ) -> Option<FileRa> {
+        let next = if page == self.start + self.size - self.async_size {
+            // Where a sequential reader hits it: slide the window on.
+            FileRa { start: self.start + self.size, size: next_size(self.size, window), ..self }
+        } else {
+            // Any other reader: from the first page not cached after it.
+            let start = first_missing()?;
+            FileRa { start, size: next_size(start - page + window, window), ..self }
+        };
+        Some(FileRa { async_size: next.size, ..next })
+    }
 }
 
 struct FaultPath<'a, C: PageCache> {
@@ -179,28 +211,18 @@ impl<C: PageCache> FaultPath<'_, C> {
 
     /// `do_sync_mmap_readahead`'s read-around.
     fn read_around(&mut self, page: u32, file: usize) -> u64 {
-        let window = self.ra.pages;
-        let start = u64::from(page).saturating_sub(window / 2).max(self.files[file].start);
-        self.file_ra[file] = FileRa { start, size: window, async_size: window / 4, ..self.file_ra[file] };
+        self.file_ra[file] = self.file_ra[file].around(u64::from(page), self.ra.pages, self.files[file].start);
         self.read_window(file)
     }
 
     /// `page_cache_async_ra`, from the marked `page`.
     fn async_readahead(&mut self, page: u32, file: usize) -> u64 {
         let (window, end) = (self.ra.pages, self.files[file].end);
-        let ra = self.file_ra[file];
         let page = u64::from(page);
-        let next = if page == ra.start + ra.size - ra.async_size {
-            // Where a sequential reader hits it: slide the window on.
-            FileRa { start: ra.start + ra.size, size: next_size(ra.size, window), ..ra }
-        } else {
-            // Any other reader: from the first page not cached after it.
-            let Some(start) = (page + 1..(page + 1 + window).min(end)).find(|&p| !self.cache.resident(p as u32)) else {
-                return 0;
-            };
-            FileRa { start, size: next_size(start - page + window, window), ..ra }
-        };
-        self.file_ra[file] = FileRa { async_size: next.size, ..next };
+        let cache = &*self.cache;
+        let first_missing = || (page + 1..(page + 1 + window).min(end)).find(|&p| !cache.resident(p as u32));
+        let Some(next) = self.file_ra[file].after_mark(page, window, first_missing) else { return 0 };
+        self.file_ra[file] = next;
         self.read_window(file)
     }
 

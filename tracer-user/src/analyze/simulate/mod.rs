@@ -8,10 +8,13 @@
 //! in the trace), LRU and the two-list model replay the fault path page by
 //! page ([`faults`]), one size at a time.
 
+mod bits;
 pub mod curve;
 pub mod faults;
 pub mod lru;
+mod lru_faults;
 pub mod opt;
+mod runs;
 pub mod stream;
 pub mod twolist;
 
@@ -70,10 +73,23 @@ pub enum Counting {
     All,
 }
 
+/// How the fault path is replayed under readahead (LRU only; the two-list
+/// model is always replayed page by page).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    /// Runs of pages ([`lru_faults`]): the same figures, fast.
+    #[default]
+    Runs,
+    /// Page by page ([`faults`]): the straightforward replay, the reference
+    /// `runs` must equal.
+    Pages,
+}
+
 /// What to replay and how.
 #[derive(Clone, Debug)]
 pub struct Options {
     pub page_bytes: u64,
+    pub engine: Engine,
     /// The kernel's mmap readahead to replay, or demand paging.
     pub readahead: Option<Readahead>,
     /// Expert permutation per layer to replay the run on (mbolt's layout).
@@ -142,6 +158,7 @@ pub struct Replay {
     pub populate: bool,
     /// The readahead replayed (from [`Options`]).
     pub readahead: Option<Readahead>,
+    pub engine: Engine,
     /// Model-file pages the run's ops read at least once.
     pub footprint_pages: u64,
     /// Anonymous memory the ops touched: the pages of every KV-cache,
@@ -196,7 +213,15 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
         .sum();
     let footprint_pages = footprint(&stream);
     let anon_bytes = sink.anon.iter().map(|r| r.end - r.start).sum();
-    Ok(Replay { stream, generated_tokens, populate, readahead: options.readahead, footprint_pages, anon_bytes })
+    Ok(Replay {
+        stream,
+        generated_tokens,
+        populate,
+        readahead: options.readahead,
+        engine: options.engine,
+        footprint_pages,
+        anon_bytes,
+    })
 }
 
 /// Pages of atoms read at least once after loading.
@@ -316,7 +341,8 @@ pub struct Row {
     pub misses: u64,
 }
 
-/// Every (budget, policy) row, in budget order.
+/// Every (budget, policy) row, in budget order. Rows are independent
+/// replays: they run on every core.
 pub fn run(
     replay: &Replay,
     budgets: &[u64],
@@ -334,34 +360,53 @@ pub fn run(
     let stack = (policies.contains(&Policy::Lru) && window.is_none()).then(|| LruCurve::new(stream));
     let next = policies.contains(&Policy::Opt).then(|| opt::next_uses(stream));
     let pages = || vec![1u32; stream.files.last().map_or(0, |f| f.end) as usize];
-    let mut rows = Vec::new();
-    for &budget in budgets {
+    let jobs: Vec<(u64, Policy)> = budgets.iter().flat_map(|&b| policies.iter().map(move |&p| (b, p))).collect();
+    let replay_one = |(budget, policy): (u64, Policy)| {
         let cache_bytes = budget.saturating_sub(anon_bytes);
         let capacity = cache_bytes / page_bytes;
-        for &policy in policies {
-            // OPT stays a floor of demand reads: readahead only adds reads.
-            let misses = match (policy, window) {
-                (Policy::Opt, _) => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
-                (Policy::Lru, None) => stack.as_ref().map(|c| c.misses(capacity)).unwrap_or_default(),
-                (Policy::TwoList, None) => twolist::two_list_one_size(stream, capacity),
-                (Policy::Lru, Some(w)) => faults::replay(stream, w, &mut lru::Lru::new(pages()), capacity),
-                (Policy::TwoList, Some(w)) => faults::replay(stream, w, &mut TwoList::new(pages()), capacity),
-            };
-            progress.inc(1);
-            let missed = misses.counted(counting);
-            let disk_bytes = missed * page_bytes;
-            let tokens = replay.generated_tokens;
-            rows.push(Row {
-                budget_bytes: budget,
-                cache_bytes,
-                policy,
-                disk_bytes,
-                disk_bytes_per_token: (tokens > 0).then(|| disk_bytes as f64 / tokens as f64),
-                misses: missed,
-            });
+        // OPT stays a floor of demand reads: readahead only adds reads.
+        let misses = match (policy, window) {
+            (Policy::Opt, _) => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
+            (Policy::Lru, None) => stack.as_ref().map(|c| c.misses(capacity)).unwrap_or_default(),
+            (Policy::TwoList, None) => twolist::two_list_one_size(stream, capacity),
+            (Policy::Lru, Some(w)) => match replay.engine {
+                Engine::Runs => lru_faults::replay(stream, w, capacity),
+                Engine::Pages => faults::replay(stream, w, &mut lru::Lru::new(pages()), capacity),
+            },
+            (Policy::TwoList, Some(w)) => faults::replay(stream, w, &mut TwoList::new(pages()), capacity),
+        };
+        progress.inc(1);
+        let missed = misses.counted(counting);
+        let disk_bytes = missed * page_bytes;
+        let tokens = replay.generated_tokens;
+        Row {
+            budget_bytes: budget,
+            cache_bytes,
+            policy,
+            disk_bytes,
+            disk_bytes_per_token: (tokens > 0).then(|| disk_bytes as f64 / tokens as f64),
+            misses: missed,
         }
-    }
-    rows
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
+    let next_job = std::sync::atomic::AtomicUsize::new(0);
+    let mut rows: Vec<(usize, Row)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&job) = jobs.get(i) else { break done };
+                        done.push((i, replay_one(job)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a simulate worker panicked")).collect()
+    });
+    rows.sort_by_key(|(i, _)| *i);
+    rows.into_iter().map(|(_, row)| row).collect()
 }
 
 /// The smallest cache, in pages, at which generation under LRU reads

@@ -4,6 +4,7 @@ use super::{
     Misses,
     faults::{self, Window},
     lru::{Lru, LruCurve, lru_one_size},
+    lru_faults,
     opt::{next_uses, opt_one_size},
     stream::{Stream, StreamBuilder},
     twolist::{TwoList, two_list_one_size},
@@ -272,4 +273,69 @@ fn a_cache_below_one_page_misses_every_access_under_readahead() {
     let s = Stream::of(&[1; 8], &[0, 1, 0, 1, 2]);
     assert_eq!(generated(faults::replay(&s, readahead(4), &mut Lru::new(vec![1; 8]), 0)), 5);
     assert_eq!(generated(faults::replay(&s, readahead(4), &mut TwoList::new(vec![1; 8]), 0)), 5);
+}
+
+/// Streams the fault path finds interesting: several files, atoms of 1 to
+/// 40 pages, read mostly in sequential sweeps (so that readahead marks are
+/// hit where the window expects them), with jumps and hot re-reads.
+fn sweeping_stream(rng: &mut Rng) -> Stream {
+    let atoms = 5 + rng.below(60) as usize;
+    let atom_pages: Vec<u32> = (0..atoms)
+        .map(|_| {
+            let largest = if rng.below(3) == 0 { 40 } else { 6 };
+            1 + rng.below(largest) as u32
+        })
+        .collect();
+    let atom_first: Vec<u64> =
+        atom_pages.iter().scan(0u64, |at, &w| Some(std::mem::replace(at, *at + u64::from(w)))).collect();
+    let total: u64 = atom_pages.iter().map(|&w| u64::from(w)).sum();
+    // Up to three files, cut at atom boundaries.
+    let mut cuts: Vec<u64> = (0..rng.below(3)).map(|_| atom_first[rng.below(atoms as u64) as usize]).collect();
+    cuts.extend([0, total]);
+    cuts.sort_unstable();
+    cuts.dedup();
+    let files = cuts.windows(2).map(|w| w[0]..w[1]).collect();
+    let mut accesses = Vec::new();
+    let mut at = 0u32;
+    for _ in 0..rng.below(400) + 20 {
+        accesses.push(at);
+        at = match rng.below(10) {
+            0 => rng.below(atoms as u64) as u32,
+            1 => rng.below(3) as u32,
+            _ => (at + 1) % atoms as u32,
+        };
+    }
+    let mid = accesses.len() as u32 / 3;
+    Stream { atom_pages, atom_first, files, accesses, periods: vec![(0, Period::Prompt), (mid, Period::Generate)] }
+}
+
+#[test]
+fn the_run_replay_equals_the_page_replay_on_random_streams() {
+    let mut rng = Rng(0xfa57);
+    for case in 0..400 {
+        let s = sweeping_stream(&mut rng);
+        let total = s.total_pages();
+        let window = Window { pages: [0, 2, 4, 8, 16, 32, 64][rng.below(7) as usize], fault_around: 1 << rng.below(5) };
+        for capacity in [0, 1, 2, 3, total / 4, total / 3, total / 2, total - 1, total, total + 5] {
+            let pages = faults::replay(&s, window, &mut Lru::new(vec![1; total as usize]), capacity);
+            let runs = lru_faults::replay(&s, window, capacity);
+            assert_eq!(runs, pages, "case {case}, {window:?}, capacity {capacity}");
+        }
+    }
+}
+
+#[test]
+fn the_run_replay_gives_the_hand_worked_readahead_answers() {
+    let mut s = Stream::of(&[1; 1000], &[500]);
+    s.accesses.extend(500..900);
+    assert_eq!(generated(lru_faults::replay(&s, readahead(64), 10_000)), 980 - 468);
+    // The same file as one atom per 100 pages: the same pages are read.
+    let mut s = Stream::of(&[100; 10], &[5]);
+    s.accesses.extend(5..9);
+    assert_eq!(
+        generated(lru_faults::replay(&s, readahead(64), 10_000)),
+        generated(faults::replay(&s, readahead(64), &mut Lru::new(vec![1; 1000]), 10_000))
+    );
+    let s = Stream::of(&[1; 8], &[0, 1, 0, 1, 2]);
+    assert_eq!(generated(lru_faults::replay(&s, readahead(4), 0)), 5);
 }
