@@ -194,7 +194,7 @@ fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
         }
     }
     // SAFETY: as above.
-    unsafe { (*e).cached_srcs = cached };
+    unsafe { (*e).cache = cached };
     entry.submit(submit_flags());
     Ok(())
 }
@@ -252,21 +252,26 @@ fn send_source(walk: &Walk, index: u32, address: u64) -> Source {
             return Source::Cached;
         }
     }
-    let sent = send_tensor(walk, index, node_role::SOURCE, address, t);
-    match seen {
-        // SAFETY: as above.
-        Some(seen) => unsafe {
-            let seen = &mut *seen;
-            seen.sent = u64::from(sent);
-            if sent {
-                for i in 0..MAX_TENSOR_BYTES / 8 {
-                    seen.bytes[i] = words.add(i).read();
-                }
+    // Remembered before the record goes, so that the record can say so.
+    let remembered = match seen {
+        Some(seen) => {
+            // SAFETY: as above.
+            let seen = unsafe { &mut *seen };
+            seen.sent = 1;
+            for i in 0..MAX_TENSOR_BYTES / 8 {
+                // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+                seen.bytes[i] = unsafe { words.add(i).read() };
             }
-        },
-        None => {
-            let _ = insert_seen(&key, walk.uid, sent.then_some(t));
+            true
         }
+        None => insert_seen(&key, walk.uid, Some(t)).is_ok(),
+    };
+    if !send_tensor(walk, index, address, t, remembered)
+        && let Some(seen) = SEEN.get_ptr_mut(&key)
+    {
+        // Lost to a full ring: user space never got these bytes.
+        // SAFETY: as above.
+        unsafe { (*seen).sent = 0 };
     }
     Source::Done
 }
@@ -288,16 +293,20 @@ fn insert_seen(key: &SeenKey, uid: u64, bytes: Option<&RawTensor>) -> Result<(),
     SEEN.insert(key, new, 0).map_err(|_| ())
 }
 
-/// Copy the tensor read into `t` into a ring record as the target holds it.
+/// Copy the source read into `t` into a ring record as the target holds it.
 /// An integer input is remembered. False when the ring is full.
 #[inline(always)]
-fn send_tensor(walk: &Walk, index: u32, role: u16, address: u64, t: &RawTensor) -> bool {
+fn send_tensor(walk: &Walk, index: u32, address: u64, t: &RawTensor, remembered: bool) -> bool {
     let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
         count_lost(EventKind::Node);
         return false;
     };
+    let e = entry.as_mut_ptr();
     // SAFETY: the reservation is NodeEvent-sized; `fill` writes all of it.
-    unsafe { fill(entry.as_mut_ptr(), walk, index, role, address, t) };
+    unsafe {
+        fill(e, walk, index, node_role::SOURCE, address, t);
+        (*e).cache = u16::from(remembered);
+    }
     remember_input(walk, address, t);
     entry.submit(submit_flags());
     true
@@ -321,7 +330,7 @@ unsafe fn fill(e: *mut NodeEvent, walk: &Walk, index: u32, role: u16, address: u
         (*e).uid = walk.uid;
         (*e).index = index;
         (*e).role = role;
-        (*e).cached_srcs = 0;
+        (*e).cache = 0;
         (*e).address = address;
         let words = addr_of_mut!((*e).tensor).cast::<u64>();
         let from = t.0.as_ptr().cast::<u64>();

@@ -16,17 +16,24 @@ use tracer_common::{
 use crate::events::InputRecord;
 
 /// The last SOURCE record the probe sent for each (thread, tensor address),
-/// as the probe remembers it: a node's `cached_srcs` name tensors whose
+/// as the probe remembers it: a node's `cache` name tensors whose
 /// bytes equal these, and that were not sent again.
 #[derive(Default)]
 pub struct SourceCache(HashMap<(u32, u64), [u8; MAX_TENSOR_BYTES]>);
 
 impl SourceCache {
-    /// Every SOURCE record, whatever graph it belongs to: the probe
-    /// compares the next read with it.
+    /// Every SOURCE record, whatever graph it belongs to: what the probe
+    /// remembers of it (`cache` 1) it compares the next read with; what
+    /// it does not (its table full) it never marks.
     pub fn on_node(&mut self, node: &NodeEvent) {
-        if node.role == node_role::SOURCE {
-            self.0.insert((node.header.tid, node.address), node.tensor);
+        if node.role != node_role::SOURCE {
+            return;
+        }
+        let key = (node.header.tid, node.address);
+        if node.cache != 0 {
+            self.0.insert(key, node.tensor);
+        } else {
+            self.0.remove(&key);
         }
     }
 
@@ -41,7 +48,7 @@ impl SourceCache {
         let tid = node.header.tid;
         src.iter()
             .enumerate()
-            .filter(|&(slot, &address)| address != 0 && node.cached_srcs & (1 << slot) != 0)
+            .filter(|&(slot, &address)| address != 0 && node.cache & (1 << slot) != 0)
             .filter_map(move |(_, &address)| self.0.get(&(tid, address)).map(|bytes| (address, bytes)))
     }
 }
@@ -250,12 +257,13 @@ mod tests {
         let t = tensor(src);
         // SAFETY: reading the bytes of a repr(C) POD value.
         let raw = unsafe { std::mem::transmute::<GgmlTensor, [u8; 336]>(t) };
-        NodeEvent { header, uid, index: 0, role, cached_srcs: 0, address, tensor: raw }
+        NodeEvent { header, uid, index: 0, role, cache: 0, address, tensor: raw }
     }
 
     /// A source record whose tensor has `ne[0]` = `ne0`, to tell versions apart.
     fn source(uid: u64, address: u64, ne0: i64) -> NodeEvent {
         let mut n = node(uid, node_role::SOURCE, address, 0);
+        n.cache = 1;
         let mut t = tensor(0);
         t.ne[0] = ne0;
         // SAFETY: as above.
@@ -311,7 +319,7 @@ mod tests {
         // Graph 7's node names 0xb0 as cached: no source record follows.
         a.on_graph(&graph(7, 1, 0));
         let mut cached = node(7, node_role::NODE, 0xa0, 0xb0);
-        cached.cached_srcs = 1;
+        cached.cache = 1;
         a.on_node(&cached);
         let second = a.on_graph(&graph(7, 1, graph::DONE)).definition.expect("graph 7");
         assert_eq!(source_ne0(&second, 0), [(0xb0, 4)], "the same record as if sent");
@@ -324,6 +332,13 @@ mod tests {
         a.on_node(&cached);
         let other = a.on_graph(&graph(8, 1, graph::DONE)).definition.expect("graph 8");
         assert!(source_ne0(&other, 0).is_empty());
+
+        // Sent again with bytes the probe did not keep (its table full): never filled in.
+        let mut forgotten = source(9, 0xb0, 5);
+        forgotten.cache = 0;
+        a.on_node(&forgotten);
+        cached.header.tid = 7;
+        assert!(a.cached_sources(&cached).is_empty());
     }
 
     #[test]

@@ -100,7 +100,7 @@ impl Collector {
                 // data is the compute buffer); resolving only those halves the work.
                 if n.role == node_role::SOURCE {
                     self.on_source(n.uid, &record, recorder);
-                } else if n.cached_srcs != 0 {
+                } else if n.cache != 0 {
                     for source in recorder.graphs.cached_sources(n) {
                         self.on_source(n.uid, &source, recorder);
                     }
