@@ -174,17 +174,24 @@ def server_argv(paths, models, port: int) -> list:
             "-c", "4096", "-t", "2", "--no-webui"]
 
 
-def test_server_requests_equal_its_timings(ttrace, tmp_path, paths, models):
+def record_server(ttrace, trace: Path, paths, models, waves: int = 1) -> list[dict]:
+    """`ttrace run -o trace` of llama-server serving `waves` rounds of the four
+    concurrent completions; their responses."""
     port = free_port()
-    trace = tmp_path / "srv.data"
     proc = subprocess.Popen([ttrace, "run", "-o", trace, "--", *server_argv(paths, models, port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     try:
-        responses = serve(port)
+        responses = [r for _ in range(waves) for r in serve(port)]
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: ttrace stops the server and writes the trace
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
+    return responses
+
+
+def test_server_requests_equal_its_timings(ttrace, tmp_path, paths, models):
+    trace = tmp_path / "srv.data"
+    responses = record_server(ttrace, trace, paths, models)
     a = report(ttrace, trace)
     check_requests(a, responses)
     text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout

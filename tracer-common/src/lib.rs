@@ -380,7 +380,8 @@ pub mod graph {
 
 /// `ggml_graph_compute` entered. Unless `REUSED`, `n_nodes` [`NodeEvent`]s
 /// with `role` NODE follow (index order), each followed by SOURCE records of
-/// the tensors it reads that were not sent before in this graph; then one
+/// the tensors it reads that were not sent before in this graph, and not
+/// marked in the node's `cache`; then one
 /// [`InputEvent`] per integer input.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -401,10 +402,10 @@ pub struct GraphEvent {
 
 /// `NodeEvent::role`.
 pub mod node_role {
-    pub const NODE: u32 = 0;
+    pub const NODE: u16 = 0;
     /// A tensor some node reads that is not a node of this graph (a weight,
     /// an input, the KV cache).
-    pub const SOURCE: u32 = 1;
+    pub const SOURCE: u16 = 1;
 }
 
 /// One tensor of a graph, a node or a source, as the target holds it: the
@@ -416,7 +417,14 @@ pub struct NodeEvent {
     pub uid: u64,
     /// Node index (for a SOURCE: of the node that reads it).
     pub index: u32,
-    pub role: u32,
+    pub role: u16,
+    /// For a NODE: bit `i` set when `src[i]` was not sent again because
+    /// its `ggml_tensor` bytes equal the last SOURCE record the same thread
+    /// sent for that address (weights, the KV cache: a new graph of
+    /// llama-server reads the same ones); user space fills it from there.
+    /// For a SOURCE: 1 when the probe remembers these bytes (its table has
+    /// room), so a later node may mark them; 0 when it does not.
+    pub cache: u16,
     /// Address of the `ggml_tensor`.
     pub address: u64,
     /// The `ggml_tensor` bytes as the target holds them: its layout's
@@ -544,6 +552,7 @@ const _: () = {
     assert!(offset_of!(BlockEvent, rwbs) == 48);
     assert!(size_of::<GraphEvent>() == 56);
     assert!(size_of::<NodeEvent>() == 24 + 24 + 336);
+    assert!(offset_of!(NodeEvent, cache) == 38 && ggml::MAX_SRC <= 16);
     assert!(INPUT_EVENT_FIXED == 48);
     assert!((EventKind::Batch as u32) < EVENT_KIND_SLOTS);
     assert!((EventKind::Buffer as u32) < EVENT_KIND_SLOTS);

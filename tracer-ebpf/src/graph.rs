@@ -10,16 +10,16 @@
 
 use core::{
     ffi::c_void,
-    mem::{MaybeUninit, size_of},
+    mem::size_of,
     ptr::{addr_of_mut, read_volatile},
 };
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::pt_regs,
+    bindings::{BPF_F_NO_PREALLOC, pt_regs},
     helpers::generated::{bpf_loop, bpf_probe_read_user},
     macros::{map, uprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray},
     programs::ProbeContext,
 };
 use tracer_common::{
@@ -58,9 +58,36 @@ struct Inputs {
 #[map]
 static GRAPH_INPUT: PerCpuArray<InputEvent> = PerCpuArray::with_max_entries(1, 0);
 
-/// Tensor address → uid of the graph that last sent it: each tensor once per graph.
+/// A tensor address as one thread of the target sees it.
+#[repr(C)]
+struct SeenKey {
+    tid: u32,
+    _pad: u32,
+    address: u64,
+}
+
+/// What the probe last did with a tensor address on that thread.
+#[repr(C)]
+struct Seen {
+    /// uid of the last graph that sent or marked it: each tensor once per graph.
+    uid: u64,
+    /// 1 when `bytes` are those of the last SOURCE record sent for it: what
+    /// user space holds for it too, so an equal read need not be sent.
+    sent: u64,
+    bytes: [u64; MAX_TENSOR_BYTES / 8],
+}
+
+/// Keyed by thread, so that only one thread ever writes an entry and its
+/// records reach the ring in the order it wrote them. Not an LRU and never
+/// deleted from: an entry a program holds a pointer to is never recycled
+/// under another key. Not preallocated: it holds the tensors seen, at most
+/// `max_entries`; past that, new tensors are sent whole every time.
 #[map]
-static SENT: LruHashMap<u64, u64> = LruHashMap::with_max_entries(1 << 16, 0);
+static SEEN: HashMap<SeenKey, Seen> = HashMap::with_max_entries(1 << 16, BPF_F_NO_PREALLOC);
+
+/// A new `SEEN` entry being put together (too big for the stack).
+#[map]
+static SEEN_NEW: PerCpuArray<Seen> = PerCpuArray::with_max_entries(1, 0);
 
 /// cgraph address → uid of its last run.
 #[map]
@@ -146,51 +173,171 @@ extern "C" fn walk_node(index: u64, ctx: *mut c_void) -> i64 {
 fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
     let mut node = 0u64;
     read_user(&mut node, walk.nodes + u64::from(index) * 8)?;
-    let sources = send_tensor(walk, index, node_role::NODE, node).ok_or(())?;
-    let _ = SENT.insert(node, walk.uid, 0);
-    for src in sources {
-        if src == 0 || SENT.get_ptr(src).is_some_and(|uid| unsafe { *uid } == walk.uid) {
-            continue;
+    // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
+    let t = unsafe { &mut *TENSOR_SCRATCH.get_ptr_mut(0).ok_or(())? };
+    read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), node)?;
+    // The node's record is reserved first and submitted last, with the
+    // sources it did not send again: those were sent before it in the ring.
+    let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
+        count_lost(EventKind::Node);
+        return Err(());
+    };
+    let e = entry.as_mut_ptr();
+    // SAFETY: the reservation is NodeEvent-sized; all of it is written here or below.
+    unsafe { fill(e, walk, index, node_role::NODE, node, t) };
+    let sources = t.src();
+    mark(walk, node);
+    let mut cached = 0u16;
+    for (slot, src) in sources.into_iter().enumerate() {
+        if src != 0 && send_source(walk, index, src) == Source::Cached {
+            cached |= 1 << slot;
         }
-        let _ = SENT.insert(src, walk.uid, 0);
-        let _ = send_tensor(walk, index, node_role::SOURCE, src);
     }
+    // SAFETY: as above.
+    unsafe { (*e).cache = cached };
+    entry.submit(submit_flags());
     Ok(())
 }
 
-/// Read the tensor at `address` into the scratch buffer, then copy it into
-/// a ring record as the target holds it; its sources, for a node. An
-/// integer input among the sources is remembered.
+#[derive(PartialEq, Eq)]
+enum Source {
+    /// Sent already in this graph, sent now, or unreadable.
+    Done,
+    /// Equal to the last record sent for it: the node's record says so.
+    Cached,
+}
+
+/// Record that `address` was sent (as a node) in this graph.
 #[inline(always)]
-fn send_tensor(walk: &Walk, index: u32, role: u32, address: u64) -> Option<[u64; ggml::MAX_SRC]> {
+fn mark(walk: &Walk, address: u64) {
+    let key = SeenKey { tid: walk.task.1, _pad: 0, address };
+    match SEEN.get_ptr_mut(&key) {
+        // SAFETY: an entry only this thread writes (keyed by tid).
+        Some(seen) => unsafe { (*seen).uid = walk.uid },
+        None => {
+            let _ = insert_seen(&key, walk.uid, None);
+        }
+    }
+}
+
+/// A node's source: skipped when already sent in this graph, marked cached
+/// when its bytes equal the last record sent for it, else sent whole.
+#[inline(always)]
+fn send_source(walk: &Walk, index: u32, address: u64) -> Source {
+    let key = SeenKey { tid: walk.task.1, _pad: 0, address };
+    let seen = SEEN.get_ptr_mut(&key);
+    if let Some(seen) = seen {
+        // SAFETY: an entry only this thread writes (keyed by tid).
+        let seen = unsafe { &mut *seen };
+        if seen.uid == walk.uid {
+            return Source::Done;
+        }
+        seen.uid = walk.uid;
+    }
     // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
-    let t = unsafe { &mut *TENSOR_SCRATCH.get_ptr_mut(0)? };
-    read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), address).ok()?;
+    let Some(t) = TENSOR_SCRATCH.get_ptr_mut(0).map(|t| unsafe { &mut *t }) else { return Source::Done };
+    if read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), address).is_err() {
+        if seen.is_none() {
+            let _ = insert_seen(&key, walk.uid, None);
+        }
+        return Source::Done;
+    }
+    let words = t.0.as_ptr().cast::<u64>();
+    if let Some(seen) = seen {
+        // SAFETY: as above.
+        let seen = unsafe { &mut *seen };
+        // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+        if seen.sent == 1 && (0..MAX_TENSOR_BYTES / 8).all(|i| seen.bytes[i] == unsafe { words.add(i).read() }) {
+            remember_input(walk, address, t);
+            return Source::Cached;
+        }
+    }
+    // Remembered before the record goes, so that the record can say so.
+    let remembered = match seen {
+        Some(seen) => {
+            // SAFETY: as above.
+            let seen = unsafe { &mut *seen };
+            seen.sent = 1;
+            for i in 0..MAX_TENSOR_BYTES / 8 {
+                // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+                seen.bytes[i] = unsafe { words.add(i).read() };
+            }
+            true
+        }
+        None => insert_seen(&key, walk.uid, Some(t)).is_ok(),
+    };
+    if !send_tensor(walk, index, address, t, remembered)
+        && let Some(seen) = SEEN.get_ptr_mut(&key)
+    {
+        // Lost to a full ring: user space never got these bytes.
+        // SAFETY: as above.
+        unsafe { (*seen).sent = 0 };
+    }
+    Source::Done
+}
+
+/// A new entry: sent as a SOURCE with `bytes`, or only seen in this graph.
+#[inline(always)]
+fn insert_seen(key: &SeenKey, uid: u64, bytes: Option<&RawTensor>) -> Result<(), ()> {
+    // SAFETY: per-CPU scratch.
+    let new = unsafe { &mut *SEEN_NEW.get_ptr_mut(0).ok_or(())? };
+    new.uid = uid;
+    new.sent = u64::from(bytes.is_some());
+    if let Some(t) = bytes {
+        let words = t.0.as_ptr().cast::<u64>();
+        for i in 0..MAX_TENSOR_BYTES / 8 {
+            // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+            new.bytes[i] = unsafe { words.add(i).read() };
+        }
+    }
+    SEEN.insert(key, new, 0).map_err(|_| ())
+}
+
+/// Copy the source read into `t` into a ring record as the target holds it.
+/// An integer input is remembered. False when the ring is full.
+#[inline(always)]
+fn send_tensor(walk: &Walk, index: u32, address: u64, t: &RawTensor, remembered: bool) -> bool {
     let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
         count_lost(EventKind::Node);
-        return None;
+        return false;
     };
-    let event: &mut MaybeUninit<NodeEvent> = &mut entry;
-    let e = event.as_mut_ptr();
-    // SAFETY: the reservation is NodeEvent-sized; all of it is written below.
+    let e = entry.as_mut_ptr();
+    // SAFETY: the reservation is NodeEvent-sized; `fill` writes all of it.
+    unsafe {
+        fill(e, walk, index, node_role::SOURCE, address, t);
+        (*e).cache = u16::from(remembered);
+    }
+    remember_input(walk, address, t);
+    entry.submit(submit_flags());
+    true
+}
+
+/// An integer input among a graph's sources, sent or cached, is read again at each run.
+#[inline(always)]
+fn remember_input(walk: &Walk, address: u64, t: &RawTensor) {
+    if t.flags() & ggml::FLAG_INPUT != 0 && t.type_() == ggml::TYPE_I32 {
+        add_input(walk.cgraph, address, t);
+    }
+}
+
+/// Write a whole record, the tensor's bytes word by word: a copy of fixed
+/// size the verifier checks once.
+#[inline(always)]
+unsafe fn fill(e: *mut NodeEvent, walk: &Walk, index: u32, role: u16, address: u64, t: &RawTensor) {
+    // SAFETY: the caller's `e` is a NodeEvent-sized reservation.
     unsafe {
         (*e).header = header(EventKind::Node, walk.task);
         (*e).uid = walk.uid;
         (*e).index = index;
         (*e).role = role;
+        (*e).cache = 0;
         (*e).address = address;
-        // Word by word: a copy of fixed size the verifier checks once.
         let words = addr_of_mut!((*e).tensor).cast::<u64>();
         let from = t.0.as_ptr().cast::<u64>();
         for i in 0..MAX_TENSOR_BYTES / 8 {
             words.add(i).write(from.add(i).read());
         }
     }
-    if role == node_role::SOURCE && t.flags() & ggml::FLAG_INPUT != 0 && t.type_() == ggml::TYPE_I32 {
-        add_input(walk.cgraph, address, t);
-    }
-    entry.submit(submit_flags());
-    Some(t.src())
 }
 
 #[inline(always)]

@@ -1,11 +1,10 @@
 //! Writing a trace: interning names, threads and tensor descriptors so an op
 //! frame holds only small indices (the ≤ 32 bytes per op target).
 
-use std::{
-    collections::HashMap,
-    io::{self, Write},
-};
+use std::io::{self, Write};
 
+// Looked up for every tensor of every op and graph frame: a fast hasher.
+use foldhash::HashMap;
 use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_DST, TensorRecord};
 
 use super::{
@@ -59,9 +58,9 @@ impl<W: Write> TraceWriter<W> {
         Ok(Self {
             out,
             frame: Vec::with_capacity(256),
-            strings: HashMap::new(),
-            threads: HashMap::new(),
-            descriptors: HashMap::new(),
+            strings: HashMap::default(),
+            threads: HashMap::default(),
+            descriptors: HashMap::default(),
             last_ts: header.start_monotonic_ns,
             stats: WriterStats { total_bytes, ..Default::default() },
         })

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 
 use tracer_common::{TensorRecord, c_str, ggml::TYPE_I32, graph, layout::TensorLayout, markers, node_role};
 
+use super::graphs::SourceCache;
 use crate::{events::Event, format::LayoutCheck, model::GgmlType};
 
 /// The model file's tensor a record's data starts, if any.
@@ -94,6 +95,8 @@ struct Checker {
     graphs_after_core: u32,
     /// Graphs whose records did not add up, and the last one's counts.
     unread: u32,
+    /// Sources a later graph's nodes name without sending them again.
+    sources: SourceCache,
 }
 
 /// The graph being read: what its nodes' sources need to be resolved.
@@ -133,6 +136,7 @@ impl Gate {
             ubatch_done: false,
             graphs_after_core: 0,
             unread: 0,
+            sources: SourceCache::default(),
         });
     }
 
@@ -226,8 +230,17 @@ impl Checker {
                 }
             }
             Event::Node(n) => {
+                self.sources.on_node(n);
                 let Some(graph) = self.graph.as_mut().filter(|g| g.uid == n.uid) else { return Ok(Verdict::Hold) };
                 let Some(t) = self.rules.tensor.decode(&n.tensor) else { return Ok(Verdict::Hold) };
+                // Sources sent in an earlier graph, checked then: known by name here.
+                for (address, bytes) in self.sources.cached(n, &t.src) {
+                    if let Some(source) = self.rules.tensor.decode(bytes) {
+                        let record = TensorRecord::of(address, &source, 0);
+                        let name = String::from_utf8_lossy(c_str(&record.name)).into_owned();
+                        graph.tensors.insert(address, (record.type_, record.ne[0], name));
+                    }
+                }
                 let record = TensorRecord::of(n.address, &t, 0);
                 check_tensor(&record, &self.rules)?;
                 check_weight(&record, &self.rules, gguf_name, passed)?;

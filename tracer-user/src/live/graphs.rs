@@ -3,17 +3,55 @@
 //! graph event and its integer inputs. These become one GRAPH frame per
 //! distinct graph and one COMPUTE frame per run.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use tracer_common::{
     GraphEvent, NodeEvent, SLOT_DST, TensorRecord,
-    ggml::GgmlTensor,
+    ggml::{GgmlTensor, MAX_SRC},
     graph,
-    layout::{TensorLayout, known::TENSOR_2024_12},
+    layout::{MAX_TENSOR_BYTES, TensorLayout, known::TENSOR_2024_12},
     node_role,
 };
 
 use crate::events::InputRecord;
+
+/// The last SOURCE record the probe sent for each (thread, tensor address),
+/// as the probe remembers it: a node's `cache` name tensors whose
+/// bytes equal these, and that were not sent again.
+#[derive(Default)]
+pub struct SourceCache(HashMap<(u32, u64), [u8; MAX_TENSOR_BYTES]>);
+
+impl SourceCache {
+    /// Every SOURCE record, whatever graph it belongs to: what the probe
+    /// remembers of it (`cache` 1) it compares the next read with; what
+    /// it does not (its table full) it never marks.
+    pub fn on_node(&mut self, node: &NodeEvent) {
+        if node.role != node_role::SOURCE {
+            return;
+        }
+        let key = (node.header.tid, node.address);
+        if node.cache != 0 {
+            self.0.insert(key, node.tensor);
+        } else {
+            self.0.remove(&key);
+        }
+    }
+
+    /// The sources of `node` (its `src` as decoded) it did not send again:
+    /// address and bytes as last sent. One missing from the cache (its
+    /// record lost to a full ring) is left out, as a lost record is.
+    pub fn cached<'a>(
+        &'a self,
+        node: &'a NodeEvent,
+        src: &'a [u64; MAX_SRC],
+    ) -> impl Iterator<Item = (u64, &'a [u8; MAX_TENSOR_BYTES])> + 'a {
+        let tid = node.header.tid;
+        src.iter()
+            .enumerate()
+            .filter(|&(slot, &address)| address != 0 && node.cache & (1 << slot) != 0)
+            .filter_map(move |(_, &address)| self.0.get(&(tid, address)).map(|bytes| (address, bytes)))
+    }
+}
 
 /// A graph whose node records are still arriving.
 struct Reading {
@@ -45,6 +83,7 @@ pub struct GraphAssembler {
     /// Tensors of each defined graph by address, to name a run's inputs.
     tensors: HashMap<u32, HashMap<u64, TensorRecord>>,
     next_id: u32,
+    sources: SourceCache,
     reading: Option<Reading>,
     run: Option<Run>,
     /// Graphs whose node records did not all arrive (ring overflow), and
@@ -69,9 +108,10 @@ impl GraphAssembler {
     pub fn new(layout: TensorLayout) -> Self {
         Self {
             layout,
-            defined: HashMap::new(),
-            tensors: HashMap::new(),
+            defined: HashMap::default(),
+            tensors: HashMap::default(),
             next_id: 0,
+            sources: SourceCache::default(),
             reading: None,
             run: None,
             incomplete: 0,
@@ -102,7 +142,7 @@ impl GraphAssembler {
                 self.reading = Some(Reading {
                     event: *event,
                     nodes: Vec::with_capacity(event.n_nodes as usize),
-                    sources: HashMap::new(),
+                    sources: HashMap::default(),
                 });
             }
         }
@@ -110,14 +150,29 @@ impl GraphAssembler {
     }
 
     pub fn on_node(&mut self, node: &NodeEvent) {
+        self.sources.on_node(node);
         let Some(reading) = self.reading.as_mut().filter(|r| r.event.uid == node.uid) else { return };
         // A copy too short for the layout: the graph stays incomplete.
         let Some(tensor) = self.layout.decode(&node.tensor) else { return };
         if node.role == node_role::NODE {
+            for (address, bytes) in self.sources.cached(node, &tensor.src) {
+                if let Some(source) = self.layout.decode(bytes) {
+                    reading.sources.insert(address, source);
+                }
+            }
             reading.nodes.push((node.address, tensor));
         } else {
             reading.sources.insert(node.address, tensor);
         }
+    }
+
+    /// The sources `node` did not send again, as records (see [`SourceCache`]).
+    pub fn cached_sources(&self, node: &NodeEvent) -> Vec<TensorRecord> {
+        let Some(tensor) = self.layout.decode(&node.tensor) else { return Vec::new() };
+        self.sources
+            .cached(node, &tensor.src)
+            .filter_map(|(address, bytes)| Some(TensorRecord::of(address, &self.layout.decode(bytes)?, SLOT_DST)))
+            .collect()
     }
 
     /// An input of the current run; it ends the graph's node records.
@@ -197,12 +252,27 @@ mod tests {
         GraphEvent { header, cgraph: 0x1000, uid, n_nodes, flags, raw_n_nodes: n_nodes as i32, size: 0 }
     }
 
-    fn node(uid: u64, role: u32, address: u64, src: u64) -> NodeEvent {
+    fn node(uid: u64, role: u16, address: u64, src: u64) -> NodeEvent {
         let header = EventHeader { kind: EventKind::Node as u32, tid: 7, ..Default::default() };
         let t = tensor(src);
         // SAFETY: reading the bytes of a repr(C) POD value.
         let raw = unsafe { std::mem::transmute::<GgmlTensor, [u8; 336]>(t) };
-        NodeEvent { header, uid, index: 0, role, address, tensor: raw }
+        NodeEvent { header, uid, index: 0, role, cache: 0, address, tensor: raw }
+    }
+
+    /// A source record whose tensor has `ne[0]` = `ne0`, to tell versions apart.
+    fn source(uid: u64, address: u64, ne0: i64) -> NodeEvent {
+        let mut n = node(uid, node_role::SOURCE, address, 0);
+        n.cache = 1;
+        let mut t = tensor(0);
+        t.ne[0] = ne0;
+        // SAFETY: as above.
+        n.tensor = unsafe { std::mem::transmute::<GgmlTensor, [u8; 336]>(t) };
+        n
+    }
+
+    fn source_ne0(definition: &Definition, node: usize) -> Vec<(u64, i64)> {
+        definition.nodes[node].1.iter().map(|(_, r)| (r.tensor, r.ne[0])).collect()
     }
 
     fn input(uid: u64, tensor: u64) -> InputRecord {
@@ -230,6 +300,45 @@ mod tests {
         let run = a.on_graph(&graph(5, 2, graph::REUSED | graph::DONE)).run.expect("a reused run");
         assert_eq!((run.graph, run.inputs.len()), (0, 1));
         assert_eq!(a.incomplete, 0);
+    }
+
+    #[test]
+    fn a_cached_source_is_the_last_one_its_thread_sent_for_that_address() {
+        let mut a = GraphAssembler::default();
+        a.on_graph(&graph(5, 1, 0));
+        a.on_node(&node(5, node_role::NODE, 0xa0, 0xb0));
+        a.on_node(&source(5, 0xb0, 3));
+        a.on_graph(&graph(5, 1, graph::DONE));
+        // The address sent again changed (a freed tensor's struct reused): the newer bytes count.
+        a.on_graph(&graph(6, 1, 0));
+        a.on_node(&node(6, node_role::NODE, 0xa0, 0xb0));
+        a.on_node(&source(6, 0xb0, 4));
+        let first = a.on_graph(&graph(6, 1, graph::DONE)).definition.expect("graph 6");
+        assert_eq!(source_ne0(&first, 0), [(0xb0, 4)]);
+
+        // Graph 7's node names 0xb0 as cached: no source record follows.
+        a.on_graph(&graph(7, 1, 0));
+        let mut cached = node(7, node_role::NODE, 0xa0, 0xb0);
+        cached.cache = 1;
+        a.on_node(&cached);
+        let second = a.on_graph(&graph(7, 1, graph::DONE)).definition.expect("graph 7");
+        assert_eq!(source_ne0(&second, 0), [(0xb0, 4)], "the same record as if sent");
+        assert_eq!(a.cached_sources(&cached).iter().map(|r| r.ne[0]).collect::<Vec<_>>(), [4]);
+
+        // Another thread never sent 0xb0: its cached mark names nothing.
+        a.on_graph(&graph(8, 1, 0));
+        cached.uid = 8;
+        cached.header.tid = 9;
+        a.on_node(&cached);
+        let other = a.on_graph(&graph(8, 1, graph::DONE)).definition.expect("graph 8");
+        assert!(source_ne0(&other, 0).is_empty());
+
+        // Sent again with bytes the probe did not keep (its table full): never filled in.
+        let mut forgotten = source(9, 0xb0, 5);
+        forgotten.cache = 0;
+        a.on_node(&forgotten);
+        cached.header.tid = 7;
+        assert!(a.cached_sources(&cached).is_empty());
     }
 
     #[test]

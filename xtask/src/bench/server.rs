@@ -34,6 +34,8 @@ pub struct ServerSample {
     pub requests_per_s: f64,
     /// Per BPF program of the tracer: (name, run_time_ns, run_cnt) over the timed waves.
     pub programs: Vec<(String, u64, u64)>,
+    /// CPU time of the tracer's own process (utime + stime) over the timed waves, in ns.
+    pub tracer_cpu_ns: u64,
 }
 
 impl ServerSample {
@@ -134,16 +136,18 @@ pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> 
         wait_healthy(port, &mut child)?;
         wave(port)?; // warm: first requests pay for lazy set-up
         let before = tracer.map(program_stats).transpose()?;
+        let cpu_before = tracer.map(cpu_ns).transpose()?;
         let started = Instant::now();
         for _ in 0..WAVES {
             wave(port)?;
         }
         let secs = started.elapsed().as_secs_f64();
         let after = tracer.map(program_stats).transpose()?;
-        Ok::<_, anyhow::Error>((secs, before.zip(after)))
+        let cpu = cpu_before.zip(tracer.map(cpu_ns).transpose()?).map_or(0, |(b, a)| a.saturating_sub(b));
+        Ok::<_, anyhow::Error>((secs, before.zip(after), cpu))
     })();
     stop(child)?;
-    let (secs, stats) = timed?;
+    let (secs, stats, tracer_cpu_ns) = timed?;
     let programs = stats.map_or_else(Vec::new, |(before, after)| {
         after
             .iter()
@@ -153,7 +157,19 @@ pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> 
             })
             .collect()
     });
-    Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs, programs })
+    Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs, programs, tracer_cpu_ns })
+}
+
+/// utime + stime of process `pid`, all its threads, in ns (`/proc/PID/stat`).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces): state is 3, utime 14, stime 15.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').context("/proc stat without a command")?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).context("/proc stat field");
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    Ok((ticks(11)? + ticks(12)?) * 1_000_000_000 / hz)
 }
 
 /// The tracer's BPF programs (by the fds it holds) and their kernel counters, by id.
@@ -302,7 +318,18 @@ fn kernel_time(md: &mut String, served: &[ServerSample], traced: &str) -> Result
         total += us;
         writeln!(md, "| {name} | {:.1} | {} | {us:.1} |", *n as f64 / ubatches as f64, ns / n)?;
     }
-    writeln!(md, "\n- Kernel time per ubatch, all programs: {total:.1} µs\n")?;
+    writeln!(md, "\n- Kernel time per ubatch, all programs: {total:.1} µs")?;
+    let cpu: Vec<f64> = rounds
+        .iter()
+        .filter(|s| s.ubatches() > 0)
+        .map(|s| s.tracer_cpu_ns as f64 / s.ubatches() as f64 / 1000.0)
+        .collect();
+    let (lo, hi) = min_max(&cpu);
+    writeln!(
+        md,
+        "- The recorder's own CPU time (utime + stime of the ttrace process over the timed waves) per ubatch, median of rounds: {:.0} µs ({lo:.0}–{hi:.0}); with `-t 2` on 2 cores it competes with llama.cpp's threads\n",
+        median(&cpu)
+    )?;
     Ok(())
 }
 
@@ -310,6 +337,9 @@ fn kernel_time(md: &mut String, served: &[ServerSample], traced: &str) -> Result
 pub fn csv(csv: &mut String, served: &[ServerSample], prefix: &str) -> Result<()> {
     for s in served {
         writeln!(csv, "{prefix}_requests_per_s,{},{},{}", s.variant, s.round, s.requests_per_s)?;
+        if s.variant != "A" {
+            writeln!(csv, "{prefix}_tracer_cpu_ns,{},{},{}", s.variant, s.round, s.tracer_cpu_ns)?;
+        }
         for (name, ns, n) in &s.programs {
             writeln!(csv, "{prefix}_kernel_ns,{}:{name},{},{ns}/{n}", s.variant, s.round)?;
         }

@@ -47,8 +47,9 @@ fn graph_event(n_nodes: i32, size: i32, flags: u32) -> Event {
     })
 }
 
-fn node(index: u32, role: u32, address: u64, t: &GgmlTensor) -> Event {
-    Event::Node(Box::new(NodeEvent { header: header(EventKind::Node), uid: 5, index, role, address, tensor: raw(t) }))
+fn node(index: u32, role: u16, address: u64, t: &GgmlTensor) -> Event {
+    let tensor = raw(t);
+    Event::Node(Box::new(NodeEvent { header: header(EventKind::Node), uid: 5, index, role, cache: 0, address, tensor }))
 }
 
 fn ubatch(n_tokens: u64) -> Event {

@@ -98,17 +98,12 @@ impl Collector {
                 }
                 // Weights are leafs: a node's sources, never its nodes (whose
                 // data is the compute buffer); resolving only those halves the work.
-                if n.role != node_role::SOURCE {
-                    return;
-                }
-                recorder.resolver.prepare_records(std::iter::once(&record));
-                if let Memory::ModelFile { model, tensor, .. } | Memory::Copy { model, tensor } =
-                    recorder.resolver.memory_of(&record)
-                {
-                    if self.graph_weights.len() >= MAX_GRAPHS && !self.graph_weights.contains_key(&n.uid) {
-                        self.graph_weights.clear();
+                if n.role == node_role::SOURCE {
+                    self.on_source(n.uid, &record, recorder);
+                } else if n.cache != 0 {
+                    for source in recorder.graphs.cached_sources(n) {
+                        self.on_source(n.uid, &source, recorder);
                     }
-                    self.graph_weights.entry(n.uid).or_default().insert((model, tensor));
                 }
             }
             Event::Graph(g) if g.flags & graph::DONE != 0 => {
@@ -122,6 +117,19 @@ impl Collector {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A tensor graph `uid` reads: a weight counts towards its run.
+    fn on_source(&mut self, uid: u64, record: &TensorRecord, recorder: &mut Recorder<BufWriter<File>>) {
+        recorder.resolver.prepare_records(std::iter::once(record));
+        if let Memory::ModelFile { model, tensor, .. } | Memory::Copy { model, tensor } =
+            recorder.resolver.memory_of(record)
+        {
+            if self.graph_weights.len() >= MAX_GRAPHS && !self.graph_weights.contains_key(&uid) {
+                self.graph_weights.clear();
+            }
+            self.graph_weights.entry(uid).or_default().insert((model, tensor));
         }
     }
 
