@@ -61,6 +61,16 @@ pub struct TensorBytes {
     pub bytes: u64,
 }
 
+impl TensorBytes {
+    /// What names a block request split into `hits` (see
+    /// [`IoCorrelator::tensors_of`]): the first tensor it read, else its
+    /// first range (the header, padding); and the file offset it starts at.
+    pub fn naming(hits: &[TensorBytes]) -> Option<(&TensorBytes, u64)> {
+        let first = hits.first()?;
+        Some((hits.iter().find(|h| h.tensor != u32::MAX).unwrap_or(first), first.file_offset))
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FaultCounts {
     pub total: u64,

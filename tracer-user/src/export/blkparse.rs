@@ -29,7 +29,7 @@ use tracer_common::{BlockKind, markers};
 
 use super::{ExportError, Written};
 use crate::{
-    analyze::io::IoCorrelator,
+    analyze::io::{IoCorrelator, TensorBytes},
     format::{Record, TraceError, TraceReader},
 };
 
@@ -100,8 +100,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                     last
                 )?;
                 let hits: Vec<_> = io.tensors_of(b.dev, b.sector, b.nr_sector);
-                if let Some(first) = hits.first() {
-                    let named = hits.iter().find(|h| h.tensor != u32::MAX).unwrap_or(first);
+                if let Some((named, file_offset)) = TensorBytes::naming(&hits) {
                     let table = &reader.models()[named.model as usize];
                     let (name, layer) = match table.tensors.get(named.tensor as usize) {
                         Some(t) => (t.name.as_str(), t.layer.map_or_else(|| "-".to_string(), |l| l.to_string())),
@@ -112,7 +111,7 @@ pub fn write_lines<R: std::io::Read>(mut reader: TraceReader<R>, out: &mut impl 
                         None if graphs == 0 => "load".to_string(),
                         None => "between".to_string(),
                     };
-                    write!(out, " tensor={name} file_off={} ubatch={ubatch} layer={layer}", first.file_offset)?;
+                    write!(out, " tensor={name} file_off={file_offset} ubatch={ubatch} layer={layer}")?;
                     if let Some(op) = running.get(&b.tid).filter(|_| b.kind == BlockKind::Issue) {
                         write!(out, " op={op}")?;
                     }

@@ -12,7 +12,7 @@ use crate::{
     analyze::{
         Analysis, Phase,
         diff::{self, Run},
-        io::IoCorrelator,
+        io::{IoCorrelator, TensorBytes},
         sequences::TokenKind,
         stats::Stats,
         usage::{Figures, PERIODS, Period},
@@ -249,10 +249,9 @@ impl IoSink {
         tables: &Tables<'t>,
     ) -> (Option<&'t str>, Option<u64>) {
         let hits = self.files.tensors_of(b.dev, b.sector, b.nr_sector);
-        let Some(first) = hits.first() else { return (None, None) };
-        let named = hits.iter().find(|h| h.tensor != u32::MAX).unwrap_or(first);
+        let Some((named, file_offset)) = TensorBytes::naming(&hits) else { return (None, None) };
         let name = tables.models.get(named.model as usize).and_then(|m| m.tensors.get(named.tensor as usize));
-        (name.map(|t| t.name.as_str()), Some(first.file_offset))
+        (name.map(|t| t.name.as_str()), Some(file_offset))
     }
 }
 
