@@ -29,20 +29,28 @@
 //! memory cgroup's limit the window stops when the cache holds nothing
 //! else (then the faulting page, if not yet read, is read alone).
 //!
-//! Left out: large folios (the kernel reads and evicts in folios of up to
-//! 2 MiB here; measured in docs/SIMULATE.md, they do not explain where the
-//! replay is off).
+//! Large folios: a cache that asks for them ([`PageCache::folios`], the
+//! two-list model) gets the windows cut as mm/readahead.c
+//! `page_cache_ra_order` cuts them: read-around in single pages
+//! (order 0), each asynchronous window two orders above the folio that
+//! carried its mark, capped at 2 MiB (order 9) and at the window's `ilog2`,
+//! aligned in the file; where a folio would overlap a cached page,
+//! the rest of the window is read in single pages (`do_page_cache_ra`). The
+//! whole folio carries PG_readahead. LRU replays single pages.
 //!
 //! This is the straightforward replay, the reference: LRU runs the same
 //! path run by run in [`super::lru_faults`].
 
 use super::{Misses, stream::Stream};
+use crate::analyze::usage::Period;
 
 /// `MMAP_LOTSAMISS`: above this many net misses the kernel stops reading
 /// around faults in the file.
 pub(super) const LOTS_OF_MISSES: u32 = 100;
 /// `mmap_miss` saturates at ten times that.
 pub(super) const MISS_CAP: u32 = LOTS_OF_MISSES * 10;
+/// The page cache's largest folio on x86-64: a PMD, 2 MiB.
+const MAX_FOLIO_ORDER: u32 = 9;
 
 /// The kernel's readahead sizes, in pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +71,26 @@ pub trait PageCache {
     fn accessed(&mut self, unit: u32);
     /// PG_workingset: `mmap_miss` does not count it as a hit.
     fn workingset(&self, unit: u32) -> bool;
+    /// Whether readahead should read this cache's windows in large folios.
+    fn folios(&self) -> bool {
+        false
+    }
+    /// Reads the folio of `pages` pages from `first` in (none of them
+    /// cached); returns the pages read.
+    fn read_in_folio(&mut self, first: u32, pages: u32) -> u64 {
+        (first..first + pages).map(|p| self.read_in(p)).sum()
+    }
+    /// The first page of the folio `unit` belongs to, and its pages.
+    fn folio_of(&self, unit: u32) -> (u32, u32) {
+        (unit, 1)
+    }
+    /// Fault-around mapped `unit` without the task touching it. On x86 such
+    /// page-table entries are made young (`arch_wants_old_prefaulted_pte`
+    /// is false; mm/memory.c `set_pte_range`).
+    fn prefaulted(&mut self, _unit: u32) {}
+    /// `folio_mark_accessed` on `unit`: MAP_POPULATE's page walk (mm/gup.c,
+    /// `FOLL_TOUCH`) calls it on every page it maps.
+    fn touched(&mut self, _unit: u32) {}
     /// Evicts until `capacity` pages remain, telling `gone` each unit that
     /// left; `pinned` units (a read in flight) stay. Stops early when only
     /// pinned units are left.
@@ -76,13 +104,15 @@ pub(super) struct FileRa {
     pub size: u64,
     pub async_size: u64,
     pub mmap_miss: u32,
+    /// The folio order readahead asks for (large folios only).
+    pub order: u32,
 }
 
 impl FileRa {
     /// The read-around window of `window` pages centred on `page`.
     pub(super) fn around(self, page: u64, window: u64, file_start: u64) -> FileRa {
         let start = page.saturating_sub(window / 2).max(file_start);
-        FileRa { start, size: window, async_size: window / 4, ..self }
+        FileRa { start, size: window, async_size: window / 4, order: 0, ..self }
     }
 
     /// The window asynchronous readahead reads from the marked `page`, or
@@ -146,6 +176,9 @@ pub fn replay(stream: &Stream, ra: Window, cache: &mut impl PageCache, capacity:
             // faults again.
             if path.mapped[page as usize] {
                 path.cache.accessed(page);
+                if period == Period::Load {
+                    path.cache.touched(page);
+                }
             }
         }
     }
@@ -169,7 +202,7 @@ impl<C: PageCache> FaultPath<'_, C> {
             // Fault-around skipped it: marked PG_readahead.
             let ra = &mut self.file_ra[file];
             ra.mmap_miss = ra.mmap_miss.saturating_sub(1);
-            if std::mem::take(&mut self.marked[page as usize]) {
+            if self.marked[page as usize] {
                 read += self.async_readahead(page, file);
             }
         } else {
@@ -184,9 +217,17 @@ impl<C: PageCache> FaultPath<'_, C> {
                 read += self.read(page);
             }
         }
-        self.marked[page as usize] = false;
+        self.unmark(page);
         self.mapped[page as usize] = self.cache.resident(page);
         read
+    }
+
+    /// Clears PG_readahead: on the folio holding `page`.
+    fn unmark(&mut self, page: u32) {
+        let (first, pages) = self.cache.folio_of(page);
+        for p in first..first + pages {
+            self.marked[p as usize] = false;
+        }
     }
 
     /// `filemap_map_pages` over the aligned fault-around block.
@@ -200,7 +241,9 @@ impl<C: PageCache> FaultPath<'_, C> {
             if !self.cache.resident(p as u32) || self.marked[p] {
                 continue;
             }
-            self.mapped[p] = true;
+            if !std::mem::replace(&mut self.mapped[p], true) {
+                self.cache.prefaulted(p as u32);
+            }
             if !self.cache.workingset(p as u32) {
                 hits += 1;
             }
@@ -221,7 +264,32 @@ impl<C: PageCache> FaultPath<'_, C> {
         let page = u64::from(page);
         let cache = &*self.cache;
         let first_missing = || (page + 1..(page + 1 + window).min(end)).find(|&p| !cache.resident(p as u32));
-        let Some(next) = self.file_ra[file].after_mark(page, window, first_missing) else { return 0 };
+        let ra = self.file_ra[file];
+        // With folios the kernel expects the fault on the marked folio's
+        // first page (`round_down(mark, 1 << order)`).
+        let (first, pages) = self.cache.folio_of(page as u32);
+        let mark = ra.start + ra.size - ra.async_size;
+        let at = if pages > 1 && page == u64::from(first) && (u64::from(first)..page + u64::from(pages)).contains(&mark)
+        {
+            mark
+        } else {
+            page
+        };
+        let Some(mut next) = ra.after_mark(at, window, first_missing) else { return 0 };
+        if self.cache.folios() {
+            // Two orders above the marked folio's, the window's end aligned
+            // to that order where that leaves something (6.18
+            // `page_cache_async_ra`).
+            next.order = pages.ilog2() + 2;
+            let file_start = self.files[file].start;
+            let align = 1u64 << next.order.min(window.trailing_zeros());
+            let end = next.start + next.size - file_start;
+            let aligned_end = end / align * align;
+            if aligned_end + file_start > next.start {
+                next.size -= end - aligned_end;
+                next.async_size = next.size;
+            }
+        }
         self.file_ra[file] = next;
         self.read_window(file)
     }
@@ -232,7 +300,11 @@ impl<C: PageCache> FaultPath<'_, C> {
         let ra = self.file_ra[file];
         let mark = ra.start + ra.size - ra.async_size;
         let mut read = 0;
-        for p in ra.start..(ra.start + ra.size).min(self.files[file].end) {
+        let mut from = ra.start;
+        if self.cache.folios() {
+            (from, read) = self.read_folios(file);
+        }
+        for p in from..(ra.start + ra.size).min(self.files[file].end) {
             if read >= self.capacity {
                 break;
             }
@@ -249,9 +321,51 @@ impl<C: PageCache> FaultPath<'_, C> {
         read
     }
 
+    /// `page_cache_ra_order`'s large folios over the window, until one
+    /// would overlap a cached page or the cache is full; returns where the
+    /// single pages take over and the pages read.
+    fn read_folios(&mut self, file: usize) -> (u64, u64) {
+        let span = self.files[file].clone();
+        let ra = &mut self.file_ra[file];
+        let limit = (ra.start + ra.size).min(span.end);
+        if ra.size < 4 {
+            return (ra.start, 0);
+        }
+        ra.order = ra.order.min(MAX_FOLIO_ORDER).min(ra.size.ilog2());
+        let (order, mark) = (ra.order, ra.start + ra.size - ra.async_size);
+        let mut at = ra.start;
+        let mut read = 0;
+        while at < limit && read < self.capacity {
+            // Folios are aligned to their size in the file.
+            let index = at - span.start;
+            let mut o = if index == 0 { order } else { order.min(index.trailing_zeros()) };
+            while o > 0 && at + (1 << o) > limit {
+                o -= 1;
+            }
+            let end = at + (1 << o);
+            if (at..end).any(|p| self.cache.resident(p as u32)) {
+                break;
+            }
+            self.in_flight.extend(at as u32..end as u32);
+            read += self.cache.read_in_folio(at as u32, 1 << o);
+            if (at..end).contains(&mark) {
+                self.marked[at as usize..end as usize].fill(true);
+            }
+            self.make_room();
+            at = end;
+        }
+        (at, read)
+    }
+
     /// Reads one page in and makes room for it, sparing the pages in flight.
     fn read(&mut self, page: u32) -> u64 {
         let read = self.cache.read_in(page);
+        self.make_room();
+        read
+    }
+
+    /// Evicts down to the capacity, sparing the pages in flight.
+    fn make_room(&mut self) {
         let (mapped, marked) = (&mut self.mapped, &mut self.marked);
         // Pages in flight are read in file order: a binary search finds them.
         let in_flight = &self.in_flight;
@@ -260,7 +374,6 @@ impl<C: PageCache> FaultPath<'_, C> {
             mapped[gone as usize] = false;
             marked[gone as usize] = false;
         });
-        read
     }
 }
 

@@ -373,7 +373,9 @@ pub fn run(
                 Engine::Runs => lru_faults::replay(stream, w, capacity),
                 Engine::Pages => faults::replay(stream, w, &mut lru::Lru::new(pages()), capacity),
             },
-            (Policy::TwoList, Some(w)) => faults::replay(stream, w, &mut TwoList::new(pages()), capacity),
+            (Policy::TwoList, Some(w)) => {
+                faults::replay(stream, w, &mut TwoList::with_large_folios(pages().len()), capacity)
+            }
         };
         progress.inc(1);
         let missed = misses.counted(counting);

@@ -339,3 +339,21 @@ fn the_run_replay_gives_the_hand_worked_readahead_answers() {
     let s = Stream::of(&[1; 8], &[0, 1, 0, 1, 2]);
     assert_eq!(generated(lru_faults::replay(&s, readahead(4), 0)), 5);
 }
+
+#[test]
+fn the_two_list_model_in_large_folios_reads_each_page_once_when_all_fits() {
+    let mut rng = Rng(0xf011);
+    for case in 0..300 {
+        let s = sweeping_stream(&mut rng);
+        let total = s.total_pages();
+        let window = Window { pages: [0, 4, 8, 16, 32, 64][rng.below(6) as usize], fault_around: 1 << rng.below(5) };
+        let all = |m: Misses| m.pages.iter().sum::<u64>();
+        for capacity in [0, 1, 3, total / 4, total / 2, total - 1] {
+            // Evicting whole folios must not wedge the replay at any size.
+            faults::replay(&s, window, &mut TwoList::with_large_folios(total as usize), capacity);
+        }
+        // Nothing is evicted: a page is read at most once.
+        let m = all(faults::replay(&s, window, &mut TwoList::with_large_folios(total as usize), total));
+        assert!(m <= total, "case {case}, {window:?}: {m} pages read of {total}");
+    }
+}

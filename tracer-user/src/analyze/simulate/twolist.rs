@@ -1,16 +1,26 @@
 //! A model of the kernel's two-list page reclaim for mapped file pages
 //! (mm/vmscan.c and mm/workingset.c without MGLRU, as on this kernel):
-//! - a faulted-in page joins the inactive list, or the active list at once
+//! - a faulted-in folio joins the inactive list, or the active list at once
 //!   when it refaults within the working set (its refault distance, the
 //!   evictions and activations since it left, is at most the active list);
-//! - an access only sets the page-table accessed bit; reclaim looks at it
-//!   when it scans the inactive tail: referenced once, the page gets
-//!   PG_referenced and another round; referenced again, it is activated;
-//!   not referenced, it is evicted;
+//! - an access only sets the page-table accessed bit, and so does
+//!   fault-around, which makes its entries young on x86;
+//! - reclaim looks at the bits when it scans the inactive tail
+//!   (`folio_check_references`): a folio with a young entry anywhere in it
+//!   gets PG_referenced and, if it had it already, is activated, else goes
+//!   round again; a folio with none is evicted. PG_referenced stays on an
+//!   activated folio, so one deactivated and used again is activated on
+//!   its next trip. `folio_referenced` counts the mappings that referenced
+//!   the folio, not its young entries: llama.cpp maps the model once, so a
+//!   large folio needs two trips as a page does;
 //! - while the inactive list is smaller than the active one (below 1 GiB
-//!   the ratio is 1), the active tail is moved to the inactive head.
+//!   the ratio is 1, `inactive_is_low`), the active tail is moved to the
+//!   inactive head.
 //!
-//! It runs at atom granularity: an atom's pages share their bits.
+//! Folios are activated and evicted whole. Under readahead its units are
+//! pages, grouped in the folios readahead made ([`PageCache::read_in_folio`]);
+//! on demand paging they are atoms, one folio each: an atom's pages share
+//! their bits.
 
 use super::{
     Misses,
@@ -26,7 +36,7 @@ enum List {
     Active,
 }
 
-/// An evicted atom's shadow entry (mm/workingset.c): when it left, and
+/// An evicted folio's shadow entry (mm/workingset.c): when it left, and
 /// whether it had been active (PG_workingset).
 #[derive(Clone, Copy)]
 struct Shadow {
@@ -34,19 +44,28 @@ struct Shadow {
     workingset: bool,
 }
 
+/// Per-folio state lives at the folio's first unit.
 pub struct TwoList {
     res: Residency,
     inactive: RecencyList,
     active: RecencyList,
+    /// Whether readahead reads large folios into this cache.
+    large_folios: bool,
+    /// The first unit of each unit's folio.
+    folio: Vec<u32>,
+    /// Units in the folio, at its first unit.
+    folio_units: Vec<u32>,
     on: Vec<List>,
-    /// Page-table accessed bit, set by every access, cleared by a scan.
+    /// Some page-table entry of the folio is young: set by an access or by
+    /// fault-around, cleared by a scan.
     young: Vec<bool>,
     /// PG_referenced.
     referenced: Vec<bool>,
-    /// PG_workingset: set when an active page is deactivated, kept across
+    /// PG_workingset: set when an active folio is deactivated, kept across
     /// a refault. The fault path's `mmap_miss` does not count such pages
     /// as hits.
     workingset: Vec<bool>,
+    /// Per unit: a folio's shadow is left in every slot it covered.
     shadow: Vec<Option<Shadow>>,
     inactive_pages: u64,
     active_pages: u64,
@@ -59,12 +78,16 @@ pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
 }
 
 impl TwoList {
+    /// Units of `sizes` pages, one folio each.
     pub fn new(sizes: Vec<u32>) -> TwoList {
         let n = sizes.len();
         TwoList {
             res: Residency::new(sizes),
             inactive: RecencyList::new(n),
             active: RecencyList::new(n),
+            large_folios: false,
+            folio: (0..n as u32).collect(),
+            folio_units: vec![1; n],
             on: vec![List::Out; n],
             young: vec![false; n],
             referenced: vec![false; n],
@@ -76,45 +99,89 @@ impl TwoList {
         }
     }
 
-    fn unlink(&mut self, atom: u32) {
-        let pages = u64::from(self.res.pages[atom as usize]);
-        match self.on[atom as usize] {
+    /// `pages` single pages, which readahead reads in large folios.
+    pub fn with_large_folios(pages: usize) -> TwoList {
+        TwoList { large_folios: true, ..TwoList::new(vec![1; pages]) }
+    }
+
+    /// Resident pages of the folio at `head`.
+    fn folio_pages(&self, head: u32) -> u64 {
+        let h = head as usize;
+        (h..h + self.folio_units[h] as usize).map(|u| u64::from(self.res.pages[u])).sum()
+    }
+
+    fn unlink(&mut self, head: u32) {
+        let pages = self.folio_pages(head);
+        match self.on[head as usize] {
             List::Inactive => {
-                self.inactive.remove(atom);
+                self.inactive.remove(head);
                 self.inactive_pages -= pages;
             }
             List::Active => {
-                self.active.remove(atom);
+                self.active.remove(head);
                 self.active_pages -= pages;
             }
             List::Out => {}
         }
-        self.on[atom as usize] = List::Out;
+        self.on[head as usize] = List::Out;
     }
 
-    /// A page read in: the active list if it refaults within the working
-    /// set, else the inactive list.
-    fn insert(&mut self, atom: u32) {
-        let a = atom as usize;
-        let pages = u64::from(self.res.size(atom));
-        let shadow = self.shadow[a].take();
+    /// The folio at `head`, just read in: the active list if it refaults
+    /// within the working set, else the inactive list.
+    fn insert(&mut self, head: u32, pages: u64) {
+        let h = head as usize;
+        let shadow = self.shadow[h].take();
         let refault = shadow.filter(|s| self.age - s.age <= self.active_pages);
-        self.referenced[a] = false;
-        self.workingset[a] = refault.is_some_and(|s| s.workingset);
+        self.referenced[h] = false;
+        self.young[h] = false;
+        self.workingset[h] = refault.is_some_and(|s| s.workingset);
         if refault.is_some() {
-            self.activate(atom, pages);
+            self.activate(head, pages);
         } else {
-            self.inactive.push_head(atom);
+            self.inactive.push_head(head);
             self.inactive_pages += pages;
-            self.on[a] = List::Inactive;
+            self.on[h] = List::Inactive;
         }
     }
 
-    fn activate(&mut self, atom: u32, pages: u64) {
-        self.active.push_head(atom);
+    fn activate(&mut self, head: u32, pages: u64) {
+        self.active.push_head(head);
         self.active_pages += pages;
-        self.on[atom as usize] = List::Active;
+        self.on[head as usize] = List::Active;
         self.age += pages;
+    }
+
+    /// Evicts the folio at `head` whole, or, for a one-unit folio (an
+    /// atom), up to `want` pages of it; returns the pages evicted.
+    fn evict(&mut self, head: u32, want: u64, gone: &mut dyn FnMut(u32)) -> u64 {
+        let h = head as usize;
+        let units = self.folio_units[h] as usize;
+        let shadow = Shadow { age: 0, workingset: self.workingset[h] };
+        if units == 1 {
+            let evicted = self.res.evict(head, want);
+            self.age += evicted;
+            self.shadow[h] = Some(Shadow { age: self.age, ..shadow });
+            if self.res.pages[h] == 0 {
+                self.on[h] = List::Out;
+                self.workingset[h] = false;
+                gone(head);
+            }
+            return evicted;
+        }
+        let mut evicted = 0;
+        for u in h..h + units {
+            evicted += self.res.evict(u as u32, u64::MAX);
+        }
+        self.age += evicted;
+        for u in h..h + units {
+            self.shadow[u] = Some(Shadow { age: self.age, ..shadow });
+            self.folio[u] = u as u32;
+            self.folio_units[u] = 1;
+            gone(u as u32);
+        }
+        self.on[h] = List::Out;
+        self.workingset[h] = false;
+        evicted
     }
 }
 
@@ -124,33 +191,80 @@ impl PageCache for TwoList {
     }
 
     fn read_in(&mut self, unit: u32) -> u64 {
+        let head = self.folio[unit as usize];
+        debug_assert_eq!(head, unit, "only a whole folio leaves");
         self.unlink(unit);
         self.res.evict(unit, u64::MAX);
         let read = self.res.fill(unit);
-        self.insert(unit);
+        self.insert(unit, u64::from(self.res.size(unit)));
         read
     }
 
+    fn folios(&self) -> bool {
+        self.large_folios
+    }
+
+    fn read_in_folio(&mut self, first: u32, pages: u32) -> u64 {
+        let (f, n) = (first as usize, pages as usize);
+        let mut read = 0;
+        for u in f..f + n {
+            debug_assert!(self.on[u] == List::Out && self.folio[u] == u as u32);
+            read += self.res.fill(u as u32);
+            self.folio[u] = first;
+            self.folio_units[u] = 1;
+        }
+        // The shadow the new folio finds: its first slot's.
+        for u in f + 1..f + n {
+            self.shadow[u] = None;
+        }
+        self.folio_units[f] = pages;
+        self.insert(first, u64::from(pages));
+        read
+    }
+
+    fn folio_of(&self, unit: u32) -> (u32, u32) {
+        let head = self.folio[unit as usize];
+        (head, self.folio_units[head as usize])
+    }
+
     fn accessed(&mut self, unit: u32) {
-        self.young[unit as usize] = true;
+        self.young[self.folio[unit as usize] as usize] = true;
+    }
+
+    fn prefaulted(&mut self, unit: u32) {
+        self.accessed(unit);
+    }
+
+    fn touched(&mut self, unit: u32) {
+        // Referenced once, then activated (mm/swap.c `folio_mark_accessed`):
+        // a large folio is on its second page.
+        let head = self.folio[unit as usize];
+        let h = head as usize;
+        if !std::mem::replace(&mut self.referenced[h], true) || self.on[h] != List::Inactive {
+            return;
+        }
+        let pages = self.folio_pages(head);
+        self.inactive.remove(head);
+        self.inactive_pages -= pages;
+        self.activate(head, pages);
     }
 
     fn workingset(&self, unit: u32) -> bool {
-        self.workingset[unit as usize]
+        self.workingset[self.folio[unit as usize] as usize]
     }
 
     fn shrink(&mut self, capacity: u64, pinned: &dyn Fn(u32) -> bool, gone: &mut dyn FnMut(u32)) {
-        let res = &mut self.res;
-        // Pinned pages met at the inactive tail go back to its head (reclaim
-        // skips locked folios), at most once each per call.
+        // Pinned folios met at the inactive tail go back to its head
+        // (reclaim skips locked folios), at most once each per call.
         let mut skipped = 0u64;
-        while res.total > capacity {
+        while self.res.total > capacity {
             if self.inactive_pages < self.active_pages
                 && let Some(victim) = self.active.tail()
             {
-                // Deactivate: the accessed bit is tested and cleared, but only
-                // executable file pages stay active for it.
-                let pages = u64::from(res.pages[victim as usize]);
+                // Deactivate: the accessed bits are tested and cleared, but
+                // only executable file folios stay active for it.
+                // PG_referenced stays.
+                let pages = self.folio_pages(victim);
                 self.active.remove(victim);
                 self.active_pages -= pages;
                 self.young[victim as usize] = false;
@@ -162,7 +276,7 @@ impl PageCache for TwoList {
             }
             let Some(victim) = self.inactive.tail() else { break };
             let v = victim as usize;
-            let pages = u64::from(res.pages[v]);
+            let pages = self.folio_pages(victim);
             if pinned(victim) {
                 skipped += pages;
                 if skipped > self.inactive_pages {
@@ -172,32 +286,86 @@ impl PageCache for TwoList {
                 continue;
             }
             let young = std::mem::take(&mut self.young[v]);
-            let referenced = std::mem::take(&mut self.referenced[v]);
             self.inactive.remove(victim);
             self.inactive_pages -= pages;
-            if young && referenced {
-                self.active.push_head(victim);
-                self.active_pages += pages;
-                self.on[v] = List::Active;
-                self.age += pages;
-            } else if young {
-                self.referenced[v] = true;
-                self.inactive.push_head(victim);
-                self.inactive_pages += pages;
-            } else {
-                let evicted = res.evict(victim, res.total - capacity);
-                self.age += evicted;
-                self.shadow[v] = Some(Shadow { age: self.age, workingset: self.workingset[v] });
-                if res.pages[v] > 0 {
-                    // The rest of the atom stays at the tail.
-                    self.inactive.push_tail(victim);
-                    self.inactive_pages += pages - evicted;
+            if young {
+                // `folio_check_references`: referenced again, activate;
+                // else keep it one more round.
+                if std::mem::replace(&mut self.referenced[v], true) {
+                    self.activate(victim, pages);
                 } else {
-                    self.on[v] = List::Out;
-                    self.workingset[v] = false;
-                    gone(victim);
+                    self.inactive.push_head(victim);
+                    self.inactive_pages += pages;
                 }
+                continue;
+            }
+            self.referenced[v] = false;
+            let evicted = self.evict(victim, self.res.total - capacity, gone);
+            if evicted < pages {
+                // The rest of the atom stays at the tail.
+                self.inactive.push_tail(victim);
+                self.inactive_pages += pages - evicted;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{List, PageCache, TwoList};
+
+    /// A 4-page folio (pages 0..4), then single pages 4..10: the folio is
+    /// the inactive tail.
+    fn folio_and_pages() -> TwoList {
+        let mut cache = TwoList::with_large_folios(10);
+        assert_eq!(cache.read_in_folio(0, 4), 4);
+        assert_eq!((4..10).map(|p| cache.read_in(p)).sum::<u64>(), 6);
+        cache
+    }
+
+    fn shrink_to(cache: &mut TwoList, capacity: u64) -> Vec<u32> {
+        let mut gone = Vec::new();
+        cache.shrink(capacity, &|_| false, &mut |u| gone.push(u));
+        gone
+    }
+
+    #[test]
+    fn a_folio_young_on_two_pages_needs_two_trips_like_a_page() {
+        let mut cache = folio_and_pages();
+        // Two young entries in the folio, one on each of pages 4..9, none
+        // on page 9.
+        for page in [0, 1, 4, 5, 6, 7, 8] {
+            cache.accessed(page);
+        }
+        // `folio_referenced` counts mappings, not entries: the folio, like
+        // the young pages, only gets PG_referenced; page 9 goes.
+        assert_eq!(shrink_to(&mut cache, 9), [9]);
+        assert!(cache.on[0] == List::Inactive && cache.referenced[0]);
+        assert!(cache.on[4] == List::Inactive && cache.referenced[4]);
+        // Young again at its next trip: activated whole; page 4, not young,
+        // is evicted in spite of PG_referenced.
+        cache.accessed(3);
+        assert_eq!(shrink_to(&mut cache, 8), [4]);
+        assert!(cache.on[0] == List::Active);
+        assert_eq!((cache.active_pages, cache.inactive_pages), (4, 4));
+        // Not young at its first trip: evicted whole.
+        let mut cache = folio_and_pages();
+        assert_eq!(shrink_to(&mut cache, 9), [0, 1, 2, 3]);
+        assert!((0..4).all(|p| !cache.resident(p) && cache.folio_of(p) == (p, 1)));
+    }
+
+    #[test]
+    fn map_populate_activates_large_folios_and_marks_single_pages_referenced() {
+        let mut cache = folio_and_pages();
+        // MAP_POPULATE's walk marks every page accessed: the folio twice.
+        for page in 0..10 {
+            cache.touched(page);
+        }
+        assert!(cache.on[0] == List::Active);
+        assert!((4..10).all(|p| cache.on[p] == List::Inactive && cache.referenced[p]));
+        // A single page young at its first trip is activated then.
+        cache.accessed(4);
+        assert_eq!(shrink_to(&mut cache, 9), [5]);
+        assert!(cache.on[4] == List::Active);
     }
 }
