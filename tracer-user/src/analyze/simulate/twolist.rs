@@ -13,9 +13,11 @@
 //!   its next trip. `folio_referenced` counts the mappings that referenced
 //!   the folio, not its young entries: llama.cpp maps the model once, so a
 //!   large folio needs two trips as a page does;
-//! - while the inactive list is smaller than the active one (below 1 GiB
-//!   the ratio is 1, `inactive_is_low`), the active tail is moved to the
-//!   inactive head.
+//! - the active tail is moved to the inactive head while the inactive
+//!   list is smaller than the active one (below 1 GiB the ratio is 1,
+//!   `inactive_is_low`), and, in a reclaim after refaults were activated
+//!   (`prepare_scan_control`), in proportion to the inactive list's scan,
+//!   as `shrink_lruvec` scans both lists by their sizes.
 //!
 //! Folios are activated and evicted whole. Under readahead its units are
 //! pages, grouped in the folios readahead made ([`PageCache::read_in_folio`]);
@@ -71,6 +73,10 @@ pub struct TwoList {
     active_pages: u64,
     /// Evictions plus activations, in pages (`nonresident_age`).
     age: u64,
+    /// Refaults activated (WORKINGSET_ACTIVATE_FILE), and their count at
+    /// the last reclaim.
+    refaults: u64,
+    refaults_seen: u64,
 }
 
 pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
@@ -96,6 +102,8 @@ impl TwoList {
             inactive_pages: 0,
             active_pages: 0,
             age: 0,
+            refaults: 0,
+            refaults_seen: 0,
         }
     }
 
@@ -136,6 +144,7 @@ impl TwoList {
         self.young[h] = false;
         self.workingset[h] = refault.is_some_and(|s| s.workingset);
         if refault.is_some() {
+            self.refaults += 1;
             self.activate(head, pages);
         } else {
             self.inactive.push_head(head);
@@ -257,10 +266,21 @@ impl PageCache for TwoList {
         // Pinned folios met at the inactive tail go back to its head
         // (reclaim skips locked folios), at most once each per call.
         let mut skipped = 0u64;
+        // Refaults since the last reclaim: the active list is scanned too,
+        // in proportion to the inactive scan (`prepare_scan_control`).
+        let refaulting = self.refaults != self.refaults_seen && self.res.total > capacity;
+        if refaulting {
+            self.refaults_seen = self.refaults;
+        }
+        let ratio = self.active_pages as f64 / self.inactive_pages.max(1) as f64;
+        let mut credit = 0f64;
         while self.res.total > capacity {
-            if self.inactive_pages < self.active_pages
-                && let Some(victim) = self.active.tail()
-            {
+            let deactivate = self.inactive_pages < self.active_pages
+                || (refaulting && self.active.tail().is_some_and(|t| credit >= self.folio_pages(t) as f64));
+            if deactivate && let Some(victim) = self.active.tail() {
+                if refaulting {
+                    credit -= self.folio_pages(victim) as f64;
+                }
                 // Deactivate: the accessed bits are tested and cleared, but
                 // only executable file folios stay active for it.
                 // PG_referenced stays.
@@ -286,6 +306,7 @@ impl PageCache for TwoList {
                 continue;
             }
             let young = std::mem::take(&mut self.young[v]);
+            credit += pages as f64 * ratio;
             self.inactive.remove(victim);
             self.inactive_pages -= pages;
             if young {
@@ -352,6 +373,37 @@ mod tests {
         let mut cache = folio_and_pages();
         assert_eq!(shrink_to(&mut cache, 9), [0, 1, 2, 3]);
         assert!((0..4).all(|p| !cache.resident(p) && cache.folio_of(p) == (p, 1)));
+    }
+
+    #[test]
+    fn refaults_make_reclaim_deactivate_though_the_inactive_list_is_not_low() {
+        // Pages 0..4 active (marked accessed twice), 4..12 inactive.
+        let setup = |refault: bool| {
+            let mut cache = TwoList::new(vec![1; 12]);
+            for page in 0..12 {
+                cache.read_in(page);
+            }
+            for page in (0..4).chain(0..4) {
+                cache.touched(page);
+            }
+            if refault {
+                // Page 4 leaves and comes back within the active list's
+                // distance: a refault, activated.
+                assert_eq!(shrink_to(&mut cache, 11), [4]);
+                cache.read_in(4);
+                assert!(cache.on[4] == List::Active);
+            }
+            cache
+        };
+        let mut cache = setup(false);
+        assert_eq!(shrink_to(&mut cache, 8), [4, 5, 6, 7]);
+        assert!((0..4).all(|p| cache.on[p] == List::Active));
+        // 5 active against 7 inactive pages: one deactivated per 7/5
+        // inactive pages scanned, the oldest active first.
+        let mut cache = setup(true);
+        assert_eq!(shrink_to(&mut cache, 8), [5, 6, 7, 8]);
+        assert!((0..2).all(|p| cache.on[p] == List::Inactive && cache.workingset[p]));
+        assert!((2..5).all(|p| cache.on[p] == List::Active));
     }
 
     #[test]
