@@ -89,6 +89,31 @@ static SEEN: HashMap<SeenKey, Seen> = HashMap::with_max_entries(1 << 16, BPF_F_N
 #[map]
 static SEEN_NEW: PerCpuArray<Seen> = PerCpuArray::with_max_entries(1, 0);
 
+/// A node of the graph being read, in a direct-mapped table: how a source
+/// that is a node of the same graph is told apart without a hash lookup
+/// (two thirds of a graph's sources are its own nodes, and `SEEN` lookups
+/// were most of the probe's time). A node evicted by another in its slot
+/// only costs its reader a `SEEN` lookup and maybe a SOURCE record with the
+/// node's own bytes, which user space takes as the node.
+#[repr(C)]
+struct NodeSlot {
+    address: u64,
+    uid: u64,
+}
+
+/// Slots: a power of two. Node structs sit 368 bytes apart in a graph's
+/// context (23 slots at 16-byte granularity, odd), so up to this many
+/// consecutive nodes never share a slot.
+const NODE_SLOTS: u32 = 1 << 12;
+
+#[map]
+static GRAPH_NODES: PerCpuArray<NodeSlot> = PerCpuArray::with_max_entries(NODE_SLOTS, 0);
+
+#[inline(always)]
+fn node_slot(address: u64) -> u32 {
+    (address >> 4) as u32 & (NODE_SLOTS - 1)
+}
+
 /// cgraph address → uid of its last run.
 #[map]
 static LAST_UID: HashMap<u64, u64> = HashMap::with_max_entries(1024, 0);
@@ -210,20 +235,29 @@ enum Source {
 /// Record that `address` was sent (as a node) in this graph.
 #[inline(always)]
 fn mark(walk: &Walk, address: u64) {
-    let key = SeenKey { tid: walk.task.1, _pad: 0, address };
-    match SEEN.get_ptr_mut(&key) {
-        // SAFETY: an entry only this thread writes (keyed by tid).
-        Some(seen) => unsafe { (*seen).uid = walk.uid },
-        None => {
-            let _ = insert_seen(&key, walk.uid, None);
-        }
+    if let Some(slot) = GRAPH_NODES.get_ptr_mut(node_slot(address)) {
+        // SAFETY: per-CPU slot; a uprobe program is not migrated while it runs.
+        unsafe { *slot = NodeSlot { address, uid: walk.uid } };
     }
+}
+
+/// Whether `address` is a node of the graph being read, as far as its slot
+/// still says.
+#[inline(always)]
+fn is_marked(walk: &Walk, address: u64) -> bool {
+    // SAFETY: per-CPU slot, read only.
+    GRAPH_NODES
+        .get_ptr(node_slot(address))
+        .is_some_and(|slot| unsafe { (*slot).address == address && (*slot).uid == walk.uid })
 }
 
 /// A node's source: skipped when already sent in this graph, marked cached
 /// when its bytes equal the last record sent for it, else sent whole.
 #[inline(always)]
 fn send_source(walk: &Walk, index: u32, address: u64) -> Source {
+    if is_marked(walk, address) {
+        return Source::Done;
+    }
     let key = SeenKey { tid: walk.task.1, _pad: 0, address };
     let seen = SEEN.get_ptr_mut(&key);
     if let Some(seen) = seen {

@@ -28,7 +28,7 @@ pub use hooks::{
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
-pub use residency::{Residency, evict, resident_bytes};
+pub use residency::{RangePlan, RangeSample, Residency, evict, resident_bytes};
 pub use spawn::{HeldChild, RunningChild, SpawnLimitedError, SpawnOptions, spawn_limited};
 pub use user::UserSpec;
 pub use version::{BuildFacts, SET_USAGE};

@@ -89,6 +89,8 @@ impl Residency {
     /// partial ones at either end counted whole (as fincore does), clipped to the file.
     pub fn resident(&self, offset: u64, len: u64) -> io::Result<u64> {
         let pages = match &self.pages {
+            // cachestat reads a length of 0 as "to the end of the file".
+            _ if len == 0 => 0,
             Some(bitmap) => {
                 let (first, last) = (offset / PAGE, (offset + len).div_ceil(PAGE));
                 let range = bitmap.get(first as usize..(last as usize).min(bitmap.len())).unwrap_or(&[]);
@@ -97,6 +99,21 @@ impl Residency {
             None => self.cachestat(offset, len)?,
         };
         Ok(pages * PAGE)
+    }
+
+    /// Resident bytes of every range of `plan`, and of the whole file, from
+    /// one pass over the file (a range and the total apart would walk the
+    /// file's page cache twice a sample: most of `top`'s own CPU time).
+    pub fn sample(&self, plan: &RangePlan) -> io::Result<RangeSample> {
+        let mut before = Vec::with_capacity(plan.cuts.len());
+        let mut pages = 0;
+        before.push(0);
+        for w in plan.cuts.windows(2) {
+            pages += self.resident(w[0] * PAGE, (w[1] - w[0]) * PAGE)? / PAGE;
+            before.push(pages);
+        }
+        let per_range = plan.spans.iter().map(|&(first, end)| (before[end] - before[first]) * PAGE).collect();
+        Ok(RangeSample { total: pages * PAGE, per_range })
     }
 
     fn cachestat(&self, offset: u64, len: u64) -> io::Result<u64> {
@@ -109,6 +126,41 @@ impl Residency {
         }
         Ok(stat.nr_cache)
     }
+}
+
+/// Byte ranges of one file (its tensors) cut into disjoint page runs, so
+/// that each range is a run of whole segments and the file their union.
+/// A page two ranges share is a segment of its own, counted in both (as
+/// fincore and [`Residency::resident`] count partial pages) and once in the total.
+pub struct RangePlan {
+    /// Segment boundaries in pages, from 0 to the file's page count.
+    cuts: Vec<u64>,
+    /// Per range: its first segment and one past its last.
+    spans: Vec<(usize, usize)>,
+}
+
+impl RangePlan {
+    /// `ranges` as (offset, len) in bytes; what lies past `size` is left out.
+    pub fn new(size: u64, ranges: &[(u64, u64)]) -> Self {
+        let last = size.div_ceil(PAGE);
+        let pages = |&(offset, len): &(u64, u64)| {
+            let end = offset.saturating_add(len).div_ceil(PAGE).min(last);
+            ((offset / PAGE).min(end), end)
+        };
+        let mut cuts: Vec<u64> =
+            [0, last].into_iter().chain(ranges.iter().flat_map(|r| <[u64; 2]>::from(pages(r)))).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let at = |page| cuts.binary_search(&page).unwrap_or_default();
+        let spans = ranges.iter().map(|r| pages(r)).map(|(first, end)| (at(first), at(end))).collect();
+        Self { cuts, spans }
+    }
+}
+
+/// Resident bytes per range of a [`RangePlan`], in its order, and of the file.
+pub struct RangeSample {
+    pub total: u64,
+    pub per_range: Vec<u64>,
 }
 
 /// One byte per page of the file, bit 0 set when resident.
@@ -163,6 +215,41 @@ mod tests {
         by_range.refresh().unwrap();
         assert_eq!(by_range.resident(0, 3 * 4096 + 10).unwrap(), 4 * 4096);
         assert_eq!(by_range.resident(4096, 10).unwrap(), 4096);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_plan_gives_each_range_what_resident_gives_it_and_the_file_its_total() {
+        let dir = std::env::temp_dir().join(format!("ttrace-residency-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        File::create(&path).unwrap().write_all(&vec![1u8; 40 * 4096 + 100]).unwrap();
+        // Pages 10..20 and 30.. dropped, the rest resident as written (no
+        // read, so no readahead changes it under the test).
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        for (first, pages) in [(10, 10), (30, 0)] {
+            // SAFETY: a valid fd; posix_fadvise only reads its arguments.
+            let rc =
+                unsafe { libc::posix_fadvise(file.as_raw_fd(), first * 4096, pages * 4096, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(rc, 0);
+        }
+        // Overlapping, page-sharing, empty and past-the-end ranges.
+        let ranges =
+            [(0, 100), (100, 5 * 4096), (9 * 4096 + 7, 2 * 4096), (25 * 4096, 0), (12 * 4096, 30 * 4096), (0, 1 << 40)];
+        for pages in [false, true] {
+            let mut r = Residency::open(&path).unwrap();
+            if pages {
+                r.pages = Some(Vec::new());
+                r.refresh().unwrap();
+            }
+            let plan = RangePlan::new(r.size(), &ranges);
+            let sample = r.sample(&plan).unwrap();
+            assert_eq!(sample.total, r.resident(0, r.size()).unwrap());
+            let alone: Vec<u64> =
+                ranges.iter().map(|&(o, l)| r.resident(o, l.min(r.size().saturating_sub(o))).unwrap()).collect();
+            assert_eq!(sample.per_range, alone, "mincore: {pages}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -24,7 +24,7 @@ use crate::{
     },
     live::{
         recorder::{Recorder, Resolver, model_table, tensor_name},
-        target::Residency,
+        target::{RangePlan, Residency},
     },
 };
 
@@ -44,8 +44,15 @@ pub struct Collector {
     graph_weights: HashMap<u64, HashSet<TensorKey>>,
     /// `ffn_moe_argsort-L` node address → L.
     argsort_layers: HashMap<u64, u32>,
-    /// Per model file: `(model, file, residency)`.
-    files: Vec<(u32, u32, Residency)>,
+    files: Vec<WatchedFile>,
+}
+
+/// A model file whose page-cache residency each interval shows, in total
+/// and per tensor (`plan` holds the tensors' ranges, in `tensors`' order).
+struct WatchedFile {
+    residency: Residency,
+    plan: RangePlan,
+    tensors: Vec<TensorKey>,
 }
 
 impl Collector {
@@ -69,10 +76,21 @@ impl Collector {
             let used = model.info().n_experts_used.and_then(|n| usize::try_from(n).ok());
             self.agg.add_model(tensors, used);
             for (file, f) in model.files().iter().enumerate() {
-                match Residency::open(&f.path) {
-                    Ok(r) => self.files.push((index as u32, file as u32, r)),
-                    Err(e) => log::warn!("cannot watch the page cache of {}: {e}", f.path.display()),
-                }
+                let residency = match Residency::open(&f.path) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        log::warn!("cannot watch the page cache of {}: {e}", f.path.display());
+                        continue;
+                    }
+                };
+                let (tensors, ranges): (Vec<TensorKey>, Vec<(u64, u64)>) = self
+                    .agg
+                    .tensors()
+                    .filter(|&((m, _), meta)| m == index as u32 && meta.file == file as u32)
+                    .map(|(key, meta)| (key, (meta.file_offset, meta.size_bytes)))
+                    .unzip();
+                let plan = RangePlan::new(residency.size(), &ranges);
+                self.files.push(WatchedFile { residency, plan, tensors });
             }
         }
     }
@@ -195,19 +213,15 @@ impl Collector {
     /// Page-cache residency of every model file now, per tensor and in total.
     pub fn residency(&mut self) -> ResidencySample {
         let mut sample = ResidencySample::default();
-        for (_, _, r) in &mut self.files {
-            if let Err(e) = r.refresh() {
-                log::debug!("page-cache snapshot: {e}");
-            }
-            sample.model_bytes += r.size();
-            sample.resident_bytes += r.resident(0, r.size()).unwrap_or(0);
-        }
-        for (key, meta) in self.agg.tensors() {
-            let file = self.files.iter().find(|(m, f, _)| (*m, *f) == (key.0, meta.file));
-            if let Some((_, _, r)) = file
-                && let Ok(bytes) = r.resident(meta.file_offset, meta.size_bytes)
-            {
-                sample.per_tensor.insert(key, bytes);
+        for f in &mut self.files {
+            sample.model_bytes += f.residency.size();
+            let now = f.residency.refresh().and_then(|()| f.residency.sample(&f.plan));
+            match now {
+                Ok(now) => {
+                    sample.resident_bytes += now.total;
+                    sample.per_tensor.extend(f.tensors.iter().copied().zip(now.per_range));
+                }
+                Err(e) => log::debug!("page-cache snapshot: {e}"),
             }
         }
         sample
