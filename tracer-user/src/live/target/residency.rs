@@ -152,7 +152,7 @@ impl RangePlan {
         cuts.sort_unstable();
         cuts.dedup();
         let at = |page| cuts.binary_search(&page).unwrap_or_default();
-        let spans = ranges.iter().map(|r| pages(r)).map(|(first, end)| (at(first), at(end))).collect();
+        let spans = ranges.iter().map(pages).map(|(first, end)| (at(first), at(end))).collect();
         Self { cuts, spans }
     }
 }
