@@ -38,19 +38,22 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
+/// How many graph sizes `last_graphs` keeps.
+const GRAPH_SIZES_KEPT: usize = 32;
+
 pub struct TraceWriter<W: Write> {
     out: W,
     frame: Vec<u8>,
     /// A frame's kind and length, and a graph's ids: reused, not allocated per frame.
     head: Vec<u8>,
     graph_ids: Vec<u32>,
-    /// The last graph frame's records (slot cleared) in frame order, with
-    /// their descriptor ids. The next definition mostly repeats them at the
-    /// same positions (every weight; all but the token-sized tensors when
-    /// only the batch changed): comparing in order costs less than a lookup
-    /// that misses the cache on the stored key. Ids are never reassigned, so
-    /// an equal record has the same id either way.
-    last_graph: Vec<(TensorRecord, u32)>,
+    /// Per node count, the last graph frame's records (slot cleared) in
+    /// frame order, with their descriptor ids. A definition mostly repeats
+    /// the last one of its size at the same positions (llama.cpp rebuilds a
+    /// few graph shapes as the batch changes): comparing in order costs
+    /// less than a lookup that misses the cache on the stored key. Ids are
+    /// never reassigned, so an equal record has the same id either way.
+    last_graphs: HashMap<usize, Vec<(TensorRecord, u32)>>,
     strings: HashMap<String, u32>,
     threads: HashMap<u32, u32>,
     descriptors: HashMap<TensorRecord, u32>,
@@ -70,7 +73,7 @@ impl<W: Write> TraceWriter<W> {
             frame: Vec::with_capacity(256),
             head: Vec::with_capacity(11),
             graph_ids: Vec::new(),
-            last_graph: Vec::new(),
+            last_graphs: HashMap::default(),
             strings: HashMap::default(),
             threads: HashMap::default(),
             descriptors: HashMap::default(),
@@ -146,23 +149,24 @@ impl<W: Write> TraceWriter<W> {
     }
 
     /// [`Self::descriptor`] for the record at `position` of a graph frame
-    /// (positions are visited in order), through `last_graph`.
+    /// (positions are visited in order), through `last` (see `last_graphs`).
     fn graph_descriptor(
         &mut self,
+        last: &mut Vec<(TensorRecord, u32)>,
         position: usize,
         record: &TensorRecord,
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<u32> {
         let key = TensorRecord { slot: 0, _pad: 0, ..*record };
-        if let Some(&(ref last, id)) = self.last_graph.get(position)
-            && *last == key
+        if let Some(&(ref seen, id)) = last.get(position)
+            && *seen == key
         {
             return Ok(id);
         }
         let id = self.descriptor(record, resolve)?;
-        match self.last_graph.get_mut(position) {
+        match last.get_mut(position) {
             Some(entry) => *entry = (key, id),
-            None => self.last_graph.push((key, id)),
+            None => last.push((key, id)),
         }
         Ok(id)
     }
@@ -223,18 +227,23 @@ impl<W: Write> TraceWriter<W> {
         let mut ids = std::mem::take(&mut self.graph_ids);
         ids.clear();
         ids.push(nodes.len() as u32);
+        let mut last = self.last_graphs.remove(&nodes.len()).unwrap_or_default();
         let mut position = 0;
         for (dst, srcs) in nodes {
-            ids.push(self.graph_descriptor(position, dst, resolve)?);
+            ids.push(self.graph_descriptor(&mut last, position, dst, resolve)?);
             position += 1;
             ids.push(srcs.len() as u32);
             for (slot, record) in srcs {
                 ids.push(*slot);
-                ids.push(self.graph_descriptor(position, record, resolve)?);
+                ids.push(self.graph_descriptor(&mut last, position, record, resolve)?);
                 position += 1;
             }
         }
-        self.last_graph.truncate(position);
+        last.truncate(position);
+        // Bounded: a target that builds ever new graph sizes only misses.
+        if self.last_graphs.len() < GRAPH_SIZES_KEPT {
+            self.last_graphs.insert(nodes.len(), last);
+        }
         put_u64(&mut self.frame, u64::from(graph));
         ids.iter().for_each(|&v| put_u64(&mut self.frame, u64::from(v)));
         self.graph_ids = ids;
