@@ -38,7 +38,7 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
-/// How many graph sizes `last_graphs` keeps.
+/// How many graph shapes `last_graphs` keeps.
 const GRAPH_SIZES_KEPT: usize = 32;
 
 pub struct TraceWriter<W: Write> {
@@ -47,13 +47,14 @@ pub struct TraceWriter<W: Write> {
     /// A frame's kind and length, and a graph's ids: reused, not allocated per frame.
     head: Vec<u8>,
     graph_ids: Vec<u32>,
-    /// Per node count, the last graph frame's records (slot cleared) in
-    /// frame order, with their descriptor ids. A definition mostly repeats
-    /// the last one of its size at the same positions (llama.cpp rebuilds a
-    /// few graph shapes as the batch changes): comparing in order costs
+    /// Per graph shape (node count and the first node's `ne`, which holds
+    /// the batch's token count), the last graph frame's records (slot
+    /// cleared) in frame order, with their descriptor ids. A definition
+    /// mostly repeats the last one of its shape at the same positions
+    /// (llama.cpp rebuilds a few shapes as the batch changes): comparing in order costs
     /// less than a lookup that misses the cache on the stored key. Ids are
     /// never reassigned, so an equal record has the same id either way.
-    last_graphs: HashMap<usize, Vec<(TensorRecord, u32)>>,
+    last_graphs: HashMap<(usize, [i64; 4]), Vec<(TensorRecord, u32)>>,
     strings: HashMap<String, u32>,
     threads: HashMap<u32, u32>,
     descriptors: HashMap<TensorRecord, u32>,
@@ -227,7 +228,8 @@ impl<W: Write> TraceWriter<W> {
         let mut ids = std::mem::take(&mut self.graph_ids);
         ids.clear();
         ids.push(nodes.len() as u32);
-        let mut last = self.last_graphs.remove(&nodes.len()).unwrap_or_default();
+        let shape = (nodes.len(), nodes.first().map_or([0; 4], |(dst, _)| dst.ne));
+        let mut last = self.last_graphs.remove(&shape).unwrap_or_default();
         let mut position = 0;
         for (dst, srcs) in nodes {
             ids.push(self.graph_descriptor(&mut last, position, dst, resolve)?);
@@ -240,9 +242,9 @@ impl<W: Write> TraceWriter<W> {
             }
         }
         last.truncate(position);
-        // Bounded: a target that builds ever new graph sizes only misses.
+        // Bounded: a target that builds ever new graph shapes only misses.
         if self.last_graphs.len() < GRAPH_SIZES_KEPT {
-            self.last_graphs.insert(nodes.len(), last);
+            self.last_graphs.insert(shape, last);
         }
         put_u64(&mut self.frame, u64::from(graph));
         ids.iter().for_each(|&v| put_u64(&mut self.frame, u64::from(v)));
