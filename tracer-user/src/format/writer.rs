@@ -38,6 +38,9 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
+/// A graph definition's node count and its first node's `ne`.
+type GraphShape = (usize, [i64; 4]);
+
 /// How many graph shapes `last_graphs` keeps.
 const GRAPH_SIZES_KEPT: usize = 32;
 
@@ -54,7 +57,7 @@ pub struct TraceWriter<W: Write> {
     /// (llama.cpp rebuilds a few shapes as the batch changes): comparing in order costs
     /// less than a lookup that misses the cache on the stored key. Ids are
     /// never reassigned, so an equal record has the same id either way.
-    last_graphs: HashMap<(usize, [i64; 4]), Vec<(TensorRecord, u32)>>,
+    last_graphs: HashMap<GraphShape, Vec<(TensorRecord, u32)>>,
     strings: HashMap<String, u32>,
     threads: HashMap<u32, u32>,
     descriptors: HashMap<TensorRecord, u32>,
