@@ -70,9 +70,8 @@ fn run_command(cli: Cli) -> Result<()> {
 
 #[cfg(feature = "live")]
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")
+    // One thread: the recording loop itself waits on epoll. With worker
+    // threads, each ring wake-up or tick woke a worker that then woke the
+    // main thread (two context switches, on cores the target needs).
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
 }

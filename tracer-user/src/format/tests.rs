@@ -238,3 +238,52 @@ fn routing_frames_round_trip_and_name_their_argsort_node() {
     assert_eq!((got.ts_ns, got.tid, got.row, got.experts.as_slice()), (2_050, 8, 2, &[5, 1, 7, 0][..]));
     assert_eq!(r.descriptor(got.node.expect("the argsort node is defined")).name, "ffn_moe_argsort-3");
 }
+
+/// A graph node reading the weight (slot 0) and `x` (slot 1).
+fn graph_node(name: &str, data: u64, x: TensorRecord) -> (TensorRecord, Vec<(u32, TensorRecord)>) {
+    (tensor(name, data, SLOT_DST), vec![(0, tensor("blk.0.attn_q.weight", 0x7040, 0)), (1, x)])
+}
+
+/// An activation of `rows` tokens.
+fn activation(rows: i64) -> TensorRecord {
+    let mut x = tensor("x", 0x100, 1);
+    x.ne[1] = rows;
+    x
+}
+
+fn record_name(t: &TensorRecord) -> String {
+    String::from_utf8_lossy(tracer_common::c_str(&t.name)).into_owned()
+}
+
+/// Graph definitions that repeat, change and drop the previous one's records
+/// at the same positions read back as written (the writer reuses ids by position).
+#[test]
+fn graph_definitions_read_back_whatever_they_share_with_the_last_one() {
+    let (one, four) = (activation(1), activation(4));
+    let definitions = [
+        vec![graph_node("Qcur-0", 0x200, one), graph_node("Kcur-0", 0x300, one)],
+        // The token-sized source changes; a node is added.
+        vec![graph_node("Qcur-0", 0x200, four), graph_node("Kcur-0", 0x300, four), graph_node("Vcur-0", 0x400, four)],
+        // Shorter, in the first shape; then the shapes mixed.
+        vec![graph_node("Qcur-0", 0x200, one)],
+        vec![graph_node("Qcur-0", 0x200, four), graph_node("Kcur-0", 0x300, one), graph_node("Vcur-0", 0x400, four)],
+    ];
+    let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
+    for (id, nodes) in definitions.iter().enumerate() {
+        w.graph(id as u32, nodes, &mut memory_of).unwrap();
+        w.compute(id as u32, 2_000 + id as u64, 7, &[], &mut memory_of).unwrap();
+    }
+    assert_eq!(w.stats.descriptors, 6, "Qcur, Kcur, Vcur, the weight and x in two shapes");
+    let bytes = w.finish(&Trailer::default()).unwrap();
+    let (r, records) = read_all(&bytes).unwrap();
+    let ops: Vec<_> = records.iter().filter_map(|rec| if let Record::Op(op) = rec { Some(op) } else { None }).collect();
+    let written: Vec<_> = definitions.iter().flatten().collect();
+    assert_eq!(ops.len(), written.len());
+    for (op, (dst, srcs)) in ops.iter().zip(written) {
+        assert_eq!(r.descriptor(op.dst).name, record_name(dst));
+        let read: Vec<_> =
+            op.srcs.iter().map(|&(slot, id)| (slot, r.descriptor(id).name.clone(), r.descriptor(id).ne)).collect();
+        let want: Vec<_> = srcs.iter().map(|(slot, s)| (*slot, record_name(s), s.ne)).collect();
+        assert_eq!(read, want);
+    }
+}

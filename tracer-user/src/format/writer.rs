@@ -38,9 +38,26 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
+/// A graph definition's node count and its first node's `ne`.
+type GraphShape = (usize, [i64; 4]);
+
+/// How many graph shapes `last_graphs` keeps.
+const GRAPH_SIZES_KEPT: usize = 32;
+
 pub struct TraceWriter<W: Write> {
     out: W,
     frame: Vec<u8>,
+    /// A frame's kind and length, and a graph's ids: reused, not allocated per frame.
+    head: Vec<u8>,
+    graph_ids: Vec<u32>,
+    /// Per graph shape (node count and the first node's `ne`, which holds
+    /// the batch's token count), the last graph frame's records (slot
+    /// cleared) in frame order, with their descriptor ids. A definition
+    /// mostly repeats the last one of its shape at the same positions
+    /// (llama.cpp rebuilds a few shapes as the batch changes): comparing in order costs
+    /// less than a lookup that misses the cache on the stored key. Ids are
+    /// never reassigned, so an equal record has the same id either way.
+    last_graphs: HashMap<GraphShape, Vec<(TensorRecord, u32)>>,
     strings: HashMap<String, u32>,
     threads: HashMap<u32, u32>,
     descriptors: HashMap<TensorRecord, u32>,
@@ -58,6 +75,9 @@ impl<W: Write> TraceWriter<W> {
         Ok(Self {
             out,
             frame: Vec::with_capacity(256),
+            head: Vec::with_capacity(11),
+            graph_ids: Vec::new(),
+            last_graphs: HashMap::default(),
             strings: HashMap::default(),
             threads: HashMap::default(),
             descriptors: HashMap::default(),
@@ -67,12 +87,12 @@ impl<W: Write> TraceWriter<W> {
     }
 
     fn emit(&mut self, kind: FrameKind) -> io::Result<u64> {
-        let mut prefix = Vec::with_capacity(11);
-        prefix.push(kind as u8);
-        put_u64(&mut prefix, self.frame.len() as u64);
-        self.out.write_all(&prefix)?;
+        self.head.clear();
+        self.head.push(kind as u8);
+        put_u64(&mut self.head, self.frame.len() as u64);
+        self.out.write_all(&self.head)?;
         self.out.write_all(&self.frame)?;
-        let n = (prefix.len() + self.frame.len()) as u64;
+        let n = (self.head.len() + self.frame.len()) as u64;
         self.stats.total_bytes += n;
         self.frame.clear();
         Ok(n)
@@ -132,6 +152,29 @@ impl<W: Write> TraceWriter<W> {
         Ok(id)
     }
 
+    /// [`Self::descriptor`] for the record at `position` of a graph frame
+    /// (positions are visited in order), through `last` (see `last_graphs`).
+    fn graph_descriptor(
+        &mut self,
+        last: &mut Vec<(TensorRecord, u32)>,
+        position: usize,
+        record: &TensorRecord,
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<u32> {
+        let key = TensorRecord { slot: 0, _pad: 0, ..*record };
+        if let Some(&(ref seen, id)) = last.get(position)
+            && *seen == key
+        {
+            return Ok(id);
+        }
+        let id = self.descriptor(record, resolve)?;
+        match last.get_mut(position) {
+            Some(entry) => *entry = (key, id),
+            None => last.push((key, id)),
+        }
+        Ok(id)
+    }
+
     fn timestamp(&mut self, ts: u64) {
         put_i64(&mut self.frame, ts.wrapping_sub(self.last_ts) as i64);
         self.last_ts = ts;
@@ -183,26 +226,32 @@ impl<W: Write> TraceWriter<W> {
         nodes: &[(TensorRecord, Vec<(u32, TensorRecord)>)],
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<()> {
-        let mut ids = Vec::with_capacity(nodes.len());
+        // The frame's values after the graph id, in order: descriptors are
+        // defined (frames of their own) before the graph frame is begun.
+        let mut ids = std::mem::take(&mut self.graph_ids);
+        ids.clear();
+        ids.push(nodes.len() as u32);
+        let shape = (nodes.len(), nodes.first().map_or([0; 4], |(dst, _)| dst.ne));
+        let mut last = self.last_graphs.remove(&shape).unwrap_or_default();
+        let mut position = 0;
         for (dst, srcs) in nodes {
-            let dst = self.descriptor(dst, resolve)?;
-            let mut src_ids = Vec::with_capacity(srcs.len());
+            ids.push(self.graph_descriptor(&mut last, position, dst, resolve)?);
+            position += 1;
+            ids.push(srcs.len() as u32);
             for (slot, record) in srcs {
-                src_ids.push((*slot, self.descriptor(record, resolve)?));
-            }
-            ids.push((dst, src_ids));
-        }
-        let f = &mut self.frame;
-        put_u64(f, u64::from(graph));
-        put_u64(f, ids.len() as u64);
-        for (dst, srcs) in &ids {
-            put_u64(f, u64::from(*dst));
-            put_u64(f, srcs.len() as u64);
-            for &(slot, id) in srcs {
-                put_u64(f, u64::from(slot));
-                put_u64(f, u64::from(id));
+                ids.push(*slot);
+                ids.push(self.graph_descriptor(&mut last, position, record, resolve)?);
+                position += 1;
             }
         }
+        last.truncate(position);
+        // Bounded: a target that builds ever new graph shapes only misses.
+        if self.last_graphs.len() < GRAPH_SIZES_KEPT {
+            self.last_graphs.insert(shape, last);
+        }
+        put_u64(&mut self.frame, u64::from(graph));
+        ids.iter().for_each(|&v| put_u64(&mut self.frame, u64::from(v)));
+        self.graph_ids = ids;
         self.stats.graph_bytes += self.emit(FrameKind::Graph)?;
         self.stats.graphs += 1;
         Ok(())

@@ -7,7 +7,7 @@ use foldhash::HashMap;
 
 use tracer_common::{
     GraphEvent, NodeEvent, SLOT_DST, TensorRecord,
-    ggml::{GgmlTensor, MAX_SRC},
+    ggml::MAX_SRC,
     graph,
     layout::{MAX_TENSOR_BYTES, TensorLayout, known::TENSOR_2024_12},
     node_role,
@@ -56,8 +56,11 @@ impl SourceCache {
 /// A graph whose node records are still arriving.
 struct Reading {
     event: GraphEvent,
-    nodes: Vec<(u64, GgmlTensor)>,
-    sources: HashMap<u64, GgmlTensor>,
+    /// Each node's record and the addresses of its sources.
+    nodes: Vec<(TensorRecord, [u64; MAX_SRC])>,
+    /// Source tensors by address, as records (slot 0): kept as they will
+    /// be written, not as the larger decoded struct.
+    sources: HashMap<u64, TensorRecord>,
 }
 
 /// A run waiting for its inputs (they follow its graph event).
@@ -157,12 +160,12 @@ impl GraphAssembler {
         if node.role == node_role::NODE {
             for (address, bytes) in self.sources.cached(node, &tensor.src) {
                 if let Some(source) = self.layout.decode(bytes) {
-                    reading.sources.insert(address, source);
+                    reading.sources.insert(address, TensorRecord::of(address, &source, 0));
                 }
             }
-            reading.nodes.push((node.address, tensor));
+            reading.nodes.push((TensorRecord::of(node.address, &tensor, SLOT_DST), tensor.src));
         } else {
-            reading.sources.insert(node.address, tensor);
+            reading.sources.insert(node.address, TensorRecord::of(node.address, &tensor, 0));
         }
     }
 
@@ -205,15 +208,13 @@ impl GraphAssembler {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let mut by_address: HashMap<u64, TensorRecord> =
-            reading.sources.iter().map(|(&a, t)| (a, TensorRecord::of(a, t, 0))).collect();
-        by_address.extend(reading.nodes.iter().map(|(a, t)| (*a, TensorRecord::of(*a, t, SLOT_DST))));
+        let mut by_address = reading.sources;
+        by_address.extend(reading.nodes.iter().map(|(record, _)| (record.tensor, *record)));
         let nodes = reading
             .nodes
             .iter()
-            .map(|(address, t)| {
-                let srcs = t
-                    .src
+            .map(|(record, src)| {
+                let srcs = src
                     .iter()
                     .enumerate()
                     .filter(|&(_, &src)| src != 0)
@@ -221,7 +222,7 @@ impl GraphAssembler {
                         by_address.get(src).map(|r| (slot as u32, TensorRecord { slot: slot as u32, ..*r }))
                     })
                     .collect();
-                (TensorRecord::of(*address, t, SLOT_DST), srcs)
+                (*record, srcs)
             })
             .collect();
         // Runs only ever name the current definition of their cgraph.
@@ -236,7 +237,7 @@ impl GraphAssembler {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::{EventHeader, EventKind};
+    use tracer_common::{EventHeader, EventKind, ggml::GgmlTensor};
 
     use super::*;
 

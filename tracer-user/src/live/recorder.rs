@@ -243,7 +243,8 @@ impl Resolver {
 
     /// Refresh the maps (rate-limited) when some record's data is unmapped.
     pub fn prepare_records<'a>(&mut self, mut records: impl Iterator<Item = &'a TensorRecord>) {
-        let stale = records.any(|t| t.data != 0 && matches!(self.space.resolve(t.data), Resolution::Unmapped));
+        // Only whether it is mapped: no tensor lookup for every record of a graph.
+        let stale = records.any(|t| t.data != 0 && self.space.region_of(t.data).is_none());
         if stale && self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH_INTERVAL) {
             self.refresh();
         }

@@ -326,6 +326,7 @@ async fn record_until_stop(
     // For `simulate --anon auto`: what a memory limit must hold besides the
     // model's pages.
     let mut peak_anon: Option<u64> = None;
+    let mut anon_rss = target::AnonRss::open(pid);
     let stop_reason = loop {
         let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
         tokio::select! {
@@ -350,7 +351,7 @@ async fn record_until_stop(
                 break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
-                peak_anon = peak_anon.max(crate::live::target::rss_anon_bytes(pid));
+                peak_anon = peak_anon.max(anon_rss.as_mut().and_then(target::AnonRss::bytes));
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;

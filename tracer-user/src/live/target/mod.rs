@@ -142,11 +142,37 @@ pub fn is_running(pid: u32) -> bool {
 }
 
 /// The process's resident anonymous memory (`RssAnon` of /proc/PID/status:
-/// heap, KV cache, compute buffers, weight copies), if it still exists.
-pub fn rss_anon_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib = status.lines().find_map(|l| l.strip_prefix("RssAnon:"))?.trim().strip_suffix("kB")?.trim();
-    kib.parse::<u64>().ok().map(|k| k * 1024)
+/// heap, KV cache, compute buffers, weight copies), sampled while it runs.
+/// One open file re-read from offset 0, not an open per sample: the path
+/// walk was most of a sample's cost. (statm's resident - shared would be
+/// cheaper still, but its counters are not summed exactly: a page off.)
+pub struct AnonRss {
+    status: std::fs::File,
+    text: Vec<u8>,
+}
+
+impl AnonRss {
+    pub fn open(pid: u32) -> Option<Self> {
+        let status = std::fs::File::open(format!("/proc/{pid}/status")).ok()?;
+        Some(Self { status, text: Vec::with_capacity(4096) })
+    }
+
+    /// The bytes now, if the process still exists.
+    pub fn bytes(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        self.text.clear();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = self.status.read_at(&mut chunk, self.text.len() as u64).ok()?;
+            if n == 0 {
+                break;
+            }
+            self.text.extend_from_slice(&chunk[..n]);
+        }
+        let text = std::str::from_utf8(&self.text).ok()?;
+        let kib = text.lines().find_map(|l| l.strip_prefix("RssAnon:"))?.trim().strip_suffix("kB")?.trim();
+        kib.parse::<u64>().ok().map(|k| k * 1024)
+    }
 }
 
 /// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
