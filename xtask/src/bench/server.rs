@@ -34,7 +34,7 @@ pub struct ServerSample {
     pub requests_per_s: f64,
     /// Per BPF program of the tracer: (name, run_time_ns, run_cnt) over the timed waves.
     pub programs: Vec<(String, u64, u64)>,
-    /// CPU time of the tracer's own process (utime + stime) over the timed waves, in ns.
+    /// CPU time of the tracer's own process (its threads' schedstat run time) over the timed waves, in ns.
     pub tracer_cpu_ns: u64,
 }
 
@@ -160,16 +160,18 @@ pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> 
     Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs, programs, tracer_cpu_ns })
 }
 
-/// utime + stime of process `pid`, all its threads, in ns (`/proc/PID/stat`).
+/// CPU time of process `pid` in ns: the run time of each of its threads
+/// (`/proc/PID/task/*/schedstat`, exact to the ns; utime + stime of
+/// /proc/PID/stat are sampled at the 10 ms tick, coarser than a round's
+/// 20-50 ms). A thread that ended during the window is not counted: the
+/// recorder's runtime has one thread.
 fn cpu_ns(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces): state is 3, utime 14, stime 15.
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').context("/proc stat without a command")?.1.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).context("/proc stat field");
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
-    Ok((ticks(11)? + ticks(12)?) * 1_000_000_000 / hz)
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Ok(text) = std::fs::read_to_string(task?.path().join("schedstat")) else { continue };
+        total += text.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).context("schedstat's run time")?;
+    }
+    Ok(total)
 }
 
 /// The tracer's BPF programs (by the fds it holds) and their kernel counters, by id.
@@ -327,7 +329,7 @@ fn kernel_time(md: &mut String, served: &[ServerSample], traced: &str) -> Result
     let (lo, hi) = min_max(&cpu);
     writeln!(
         md,
-        "- The recorder's own CPU time (utime + stime of the ttrace process over the timed waves) per ubatch, median of rounds: {:.0} µs ({lo:.0}–{hi:.0}); with `-t 2` on 2 cores it competes with llama.cpp's threads\n",
+        "- The recorder's own CPU time (the run time of the ttrace process's threads over the timed waves, schedstat) per ubatch, median of rounds: {:.0} µs ({lo:.0}–{hi:.0}); with `-t 2` on 2 cores it competes with llama.cpp's threads\n",
         median(&cpu)
     )?;
     Ok(())
