@@ -69,7 +69,7 @@ struct SeenKey {
 /// What the probe last did with a tensor address on that thread.
 #[repr(C)]
 struct Seen {
-    /// uid of the last graph that sent or marked it: each tensor once per graph.
+    /// uid of the last graph that read it as a source: each tensor once per graph.
     uid: u64,
     /// 1 when `bytes` are those of the last SOURCE record sent for it: what
     /// user space holds for it too, so an equal read need not be sent.
@@ -91,8 +91,8 @@ static SEEN_NEW: PerCpuArray<Seen> = PerCpuArray::with_max_entries(1, 0);
 
 /// A node of the graph being read, in a direct-mapped table: how a source
 /// that is a node of the same graph is told apart without a hash lookup
-/// (two thirds of a graph's sources are its own nodes, and `SEEN` lookups
-/// were most of the probe's time). A node evicted by another in its slot
+/// (`SEEN`'s bucket walks, a cache miss each, were most of the probe's
+/// time in a profile). A node evicted by another in its slot
 /// only costs its reader a `SEEN` lookup and maybe a SOURCE record with the
 /// node's own bytes, which user space takes as the node.
 #[repr(C)]

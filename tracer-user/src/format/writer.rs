@@ -41,8 +41,14 @@ pub struct WriterStats {
 /// A graph definition's node count and its first node's `ne`.
 type GraphShape = (usize, [i64; 4]);
 
+/// A record as descriptors are keyed: the same tensor whatever source slot
+/// it was read through.
+fn descriptor_key(record: &TensorRecord) -> TensorRecord {
+    TensorRecord { slot: 0, _pad: 0, ..*record }
+}
+
 /// How many graph shapes `last_graphs` keeps.
-const GRAPH_SIZES_KEPT: usize = 32;
+const GRAPH_SHAPES_KEPT: usize = 32;
 
 pub struct TraceWriter<W: Write> {
     out: W,
@@ -127,7 +133,7 @@ impl<W: Write> TraceWriter<W> {
         record: &TensorRecord,
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<u32> {
-        let key = TensorRecord { slot: 0, _pad: 0, ..*record };
+        let key = descriptor_key(record);
         if let Some(&id) = self.descriptors.get(&key) {
             return Ok(id);
         }
@@ -161,7 +167,7 @@ impl<W: Write> TraceWriter<W> {
         record: &TensorRecord,
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<u32> {
-        let key = TensorRecord { slot: 0, _pad: 0, ..*record };
+        let key = descriptor_key(record);
         if let Some(&(ref seen, id)) = last.get(position)
             && *seen == key
         {
@@ -246,7 +252,7 @@ impl<W: Write> TraceWriter<W> {
         }
         last.truncate(position);
         // Bounded: a target that builds ever new graph shapes only misses.
-        if self.last_graphs.len() < GRAPH_SIZES_KEPT {
+        if self.last_graphs.len() < GRAPH_SHAPES_KEPT {
             self.last_graphs.insert(shape, last);
         }
         put_u64(&mut self.frame, u64::from(graph));

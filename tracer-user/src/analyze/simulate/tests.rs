@@ -309,13 +309,18 @@ fn sweeping_stream(rng: &mut Rng) -> Stream {
     Stream { atom_pages, atom_first, files, accesses, periods: vec![(0, Period::Prompt), (mid, Period::Generate)] }
 }
 
+/// A read-around window of one of `pages`, with fault-around of 1 to 16 pages.
+fn random_window(rng: &mut Rng, pages: &[u64]) -> Window {
+    Window { pages: pages[rng.below(pages.len() as u64) as usize], fault_around: 1 << rng.below(5) }
+}
+
 #[test]
 fn the_run_replay_equals_the_page_replay_on_random_streams() {
     let mut rng = Rng(0xfa57);
     for case in 0..400 {
         let s = sweeping_stream(&mut rng);
         let total = s.total_pages();
-        let window = Window { pages: [0, 2, 4, 8, 16, 32, 64][rng.below(7) as usize], fault_around: 1 << rng.below(5) };
+        let window = random_window(&mut rng, &[0, 2, 4, 8, 16, 32, 64]);
         for capacity in [0, 1, 2, 3, total / 4, total / 3, total / 2, total - 1, total, total + 5] {
             let pages = faults::replay(&s, window, &mut Lru::new(vec![1; total as usize]), capacity);
             let runs = lru_faults::replay(&s, window, capacity);
@@ -346,7 +351,7 @@ fn the_two_list_model_in_large_folios_reads_each_page_once_when_all_fits() {
     for case in 0..300 {
         let s = sweeping_stream(&mut rng);
         let total = s.total_pages();
-        let window = Window { pages: [0, 4, 8, 16, 32, 64][rng.below(6) as usize], fault_around: 1 << rng.below(5) };
+        let window = random_window(&mut rng, &[0, 4, 8, 16, 32, 64]);
         let all = |m: Misses| m.pages.iter().sum::<u64>();
         for capacity in [0, 1, 3, total / 4, total / 2, total - 1] {
             // Evicting whole folios must not wedge the replay at any size.

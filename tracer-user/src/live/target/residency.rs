@@ -195,12 +195,18 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_file_just_read_is_resident_and_an_empty_one_is_zero() {
-        let dir = std::env::temp_dir().join(format!("ttrace-residency-{}", std::process::id()));
+    /// A fresh directory of its own holding `f`, `len` bytes long.
+    fn temp_file(tag: &str, len: usize) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ttrace-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("f");
-        File::create(&path).unwrap().write_all(&vec![7u8; 3 * 4096 + 10]).unwrap();
+        File::create(&path).unwrap().write_all(&vec![7u8; len]).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_file_just_read_is_resident_and_an_empty_one_is_zero() {
+        let (dir, path) = temp_file("residency", 3 * 4096 + 10);
         let mut buf = Vec::new();
         File::open(&path).unwrap().read_to_end(&mut buf).unwrap();
         assert_eq!(resident_bytes(&path).unwrap(), (3 * 4096 + 10, 3 * 4096 + 10));
@@ -220,10 +226,7 @@ mod tests {
 
     #[test]
     fn a_plan_gives_each_range_what_resident_gives_it_and_the_file_its_total() {
-        let dir = std::env::temp_dir().join(format!("ttrace-residency-plan-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f");
-        File::create(&path).unwrap().write_all(&vec![1u8; 40 * 4096 + 100]).unwrap();
+        let (dir, path) = temp_file("residency-plan", 40 * 4096 + 100);
         // Pages 10..20 and 30.. dropped, the rest resident as written (no
         // read, so no readahead changes it under the test).
         let file = File::open(&path).unwrap();
