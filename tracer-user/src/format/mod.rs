@@ -14,7 +14,7 @@ pub use frames::{
     ModelTensor, StopReason, TargetBuild, Tracepoints, Trailer,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
-pub use writer::{TraceWriter, WriterStats};
+pub use writer::{GraphDefinition, TraceWriter, WriterStats};
 
 #[cfg(test)]
 pub(crate) mod fixtures;

@@ -255,6 +255,24 @@ fn record_name(t: &TensorRecord) -> String {
     String::from_utf8_lossy(tracer_common::c_str(&t.name)).into_owned()
 }
 
+/// A definition from each node's record and its `(slot, record)` sources.
+fn definition_of(id: u32, nodes: &[(TensorRecord, Vec<(u32, TensorRecord)>)]) -> GraphDefinition {
+    let key = |r: &TensorRecord| TensorRecord { slot: 0, _pad: 0, ..*r };
+    let mut records: Vec<TensorRecord> = nodes.iter().map(|(dst, _)| key(dst)).collect();
+    let (mut sources, mut source_ends) = (Vec::new(), Vec::new());
+    for (_, srcs) in nodes {
+        for (slot, record) in srcs {
+            let at = records.iter().position(|r| *r == key(record)).unwrap_or_else(|| {
+                records.push(key(record));
+                records.len() - 1
+            });
+            sources.push((*slot, at as u32));
+        }
+        source_ends.push(sources.len() as u32);
+    }
+    GraphDefinition { id, records, n_nodes: nodes.len(), sources, source_ends }
+}
+
 /// Graph definitions that repeat, change and drop the previous one's records
 /// at the same positions read back as written (the writer reuses ids by position).
 #[test]
@@ -270,7 +288,7 @@ fn graph_definitions_read_back_whatever_they_share_with_the_last_one() {
     ];
     let mut w = TraceWriter::create(Vec::new(), &header()).unwrap();
     for (id, nodes) in definitions.iter().enumerate() {
-        w.graph(id as u32, nodes, &mut memory_of).unwrap();
+        w.graph(&definition_of(id as u32, nodes), &mut memory_of).unwrap();
         w.compute(id as u32, 2_000 + id as u64, 7, &[], &mut memory_of).unwrap();
     }
     assert_eq!(w.stats.descriptors, 6, "Qcur, Kcur, Vcur, the weight and x in two shapes");

@@ -38,6 +38,32 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
+/// A graph definition to write (GRAPH frame): each tensor it names is one
+/// record, its nodes' sources indices into them, so that a tensor read by
+/// several nodes is neither copied nor looked up per reader.
+pub struct GraphDefinition {
+    pub id: u32,
+    /// Slot cleared: the nodes in order (node `i` is record `i`), then the
+    /// sources that are not nodes, in order of first use.
+    pub records: Vec<TensorRecord>,
+    pub n_nodes: usize,
+    /// The nodes' sources as `(slot, record index)`, node after node.
+    pub sources: Vec<(u32, u32)>,
+    /// Where each node's sources end in `sources`.
+    pub source_ends: Vec<u32>,
+}
+
+impl GraphDefinition {
+    /// Each node's record and its `(slot, record index)` sources.
+    pub fn nodes(&self) -> impl Iterator<Item = (&TensorRecord, &[(u32, u32)])> {
+        let starts = std::iter::once(0).chain(self.source_ends.iter().copied());
+        self.records[..self.n_nodes]
+            .iter()
+            .zip(starts.zip(&self.source_ends))
+            .map(|(record, (start, &end))| (record, &self.sources[start as usize..end as usize]))
+    }
+}
+
 /// A graph definition's node count and its first node's `ne`.
 type GraphShape = (usize, [i64; 4]);
 
@@ -46,6 +72,17 @@ type GraphShape = (usize, [i64; 4]);
 fn descriptor_key(record: &TensorRecord) -> TensorRecord {
     TensorRecord { slot: 0, _pad: 0, ..*record }
 }
+
+/// `a == b` as one compare of their bytes: the derived `eq` goes field by
+/// field, and graph frames compare thousands of records each.
+fn same_record(a: &TensorRecord, b: &TensorRecord) -> bool {
+    const WORDS: usize = size_of::<TensorRecord>() / 8;
+    // SAFETY: TensorRecord is repr(C), 8-byte aligned, of whole words and
+    // integers only (`_pad` included, so no byte is uninitialised).
+    let words = |r: &TensorRecord| unsafe { &*(r as *const TensorRecord).cast::<[u64; WORDS]>() };
+    words(a) == words(b)
+}
+const _: () = assert!(size_of::<TensorRecord>() % 8 == 0 && align_of::<TensorRecord>() == 8);
 
 /// How many graph shapes `last_graphs` keeps.
 const GRAPH_SHAPES_KEPT: usize = 32;
@@ -169,7 +206,7 @@ impl<W: Write> TraceWriter<W> {
     ) -> io::Result<u32> {
         let key = descriptor_key(record);
         if let Some(&(ref seen, id)) = last.get(position)
-            && *seen == key
+            && same_record(seen, &key)
         {
             return Ok(id);
         }
@@ -224,39 +261,40 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Define graph `graph` (ids count up from 0): each node's record and
-    /// its `(slot, record)` sources.
+    /// Define a graph (ids count up from 0): each node's descriptor and its
+    /// `(slot, descriptor)` sources.
     pub fn graph(
         &mut self,
-        graph: u32,
-        nodes: &[(TensorRecord, Vec<(u32, TensorRecord)>)],
+        definition: &GraphDefinition,
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<()> {
-        // The frame's values after the graph id, in order: descriptors are
-        // defined (frames of their own) before the graph frame is begun.
+        // Descriptors are defined (frames of their own) before the graph
+        // frame is begun: one id per record, then the frame.
         let mut ids = std::mem::take(&mut self.graph_ids);
         ids.clear();
-        ids.push(nodes.len() as u32);
-        let shape = (nodes.len(), nodes.first().map_or([0; 4], |(dst, _)| dst.ne));
+        let records = &definition.records;
+        let shape = (definition.n_nodes, records.first().map_or([0; 4], |dst| dst.ne));
         let mut last = self.last_graphs.remove(&shape).unwrap_or_default();
-        let mut position = 0;
-        for (dst, srcs) in nodes {
-            ids.push(self.graph_descriptor(&mut last, position, dst, resolve)?);
-            position += 1;
-            ids.push(srcs.len() as u32);
-            for (slot, record) in srcs {
-                ids.push(*slot);
-                ids.push(self.graph_descriptor(&mut last, position, record, resolve)?);
-                position += 1;
-            }
+        for (position, record) in records.iter().enumerate() {
+            let id = self.graph_descriptor(&mut last, position, record, resolve)?;
+            ids.push(id);
         }
-        last.truncate(position);
+        last.truncate(records.len());
         // Bounded: a target that builds ever new graph shapes only misses.
         if self.last_graphs.len() < GRAPH_SHAPES_KEPT {
             self.last_graphs.insert(shape, last);
         }
-        put_u64(&mut self.frame, u64::from(graph));
-        ids.iter().for_each(|&v| put_u64(&mut self.frame, u64::from(v)));
+        let f = &mut self.frame;
+        put_u64(f, u64::from(definition.id));
+        put_u64(f, definition.n_nodes as u64);
+        for (node, (_, sources)) in definition.nodes().enumerate() {
+            put_u64(f, u64::from(ids[node]));
+            put_u64(f, sources.len() as u64);
+            for &(slot, record) in sources {
+                put_u64(f, u64::from(slot));
+                put_u64(f, u64::from(ids[record as usize]));
+            }
+        }
         self.graph_ids = ids;
         self.stats.graph_bytes += self.emit(FrameKind::Graph)?;
         self.stats.graphs += 1;

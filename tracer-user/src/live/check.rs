@@ -230,16 +230,13 @@ impl Checker {
                 }
             }
             Event::Node(n) => {
-                self.sources.on_node(n);
+                self.sources.on_node(n, &self.rules.tensor);
                 let Some(graph) = self.graph.as_mut().filter(|g| g.uid == n.uid) else { return Ok(Verdict::Hold) };
                 let Some(t) = self.rules.tensor.decode(&n.tensor) else { return Ok(Verdict::Hold) };
                 // Sources sent in an earlier graph, checked then: known by name here.
-                for (address, bytes) in self.sources.cached(n, &t.src) {
-                    if let Some(source) = self.rules.tensor.decode(bytes) {
-                        let record = TensorRecord::of(address, &source, 0);
-                        let name = String::from_utf8_lossy(c_str(&record.name)).into_owned();
-                        graph.tensors.insert(address, (record.type_, record.ne[0], name));
-                    }
+                for record in self.sources.cached(n, &t.src) {
+                    let name = String::from_utf8_lossy(c_str(&record.name)).into_owned();
+                    graph.tensors.insert(record.tensor, (record.type_, record.ne[0], name));
                 }
                 let record = TensorRecord::of(n.address, &t, 0);
                 check_tensor(&record, &self.rules)?;

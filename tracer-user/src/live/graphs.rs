@@ -7,9 +7,9 @@ use foldhash::HashMap;
 
 use tracer_common::{
     GraphEvent, NodeEvent, SLOT_DST, TensorRecord,
-    ggml::MAX_SRC,
+    ggml::{FLAG_INPUT, MAX_SRC},
     graph,
-    layout::{MAX_TENSOR_BYTES, TensorLayout, known::TENSOR_2024_12},
+    layout::{TensorLayout, known::TENSOR_2024_12},
     node_role,
 };
 
@@ -17,39 +17,40 @@ use crate::events::InputRecord;
 
 /// The last SOURCE record the probe sent for each (thread, tensor address),
 /// as the probe remembers it: a node's `cache` name tensors whose
-/// bytes equal these, and that were not sent again.
+/// bytes equal these, and that were not sent again. Kept decoded (slot 0):
+/// a weight is named cached by every graph read after its first.
 #[derive(Default)]
-pub struct SourceCache(HashMap<(u32, u64), [u8; MAX_TENSOR_BYTES]>);
+pub struct SourceCache(HashMap<(u32, u64), TensorRecord>);
 
 impl SourceCache {
     /// Every SOURCE record, whatever graph it belongs to: what the probe
     /// remembers of it (`cache` 1) it compares the next read with; what
-    /// it does not (its table full) it never marks.
-    pub fn on_node(&mut self, node: &NodeEvent) {
+    /// it does not (its table full) it never marks. A copy too short for
+    /// `layout` is not kept, and a source naming it is left out as a lost one.
+    pub fn on_node(&mut self, node: &NodeEvent, layout: &TensorLayout) {
         if node.role != node_role::SOURCE {
             return;
         }
         let key = (node.header.tid, node.address);
-        if node.cache != 0 {
-            self.0.insert(key, node.tensor);
-        } else {
-            self.0.remove(&key);
-        }
+        match layout.decode(&node.tensor).filter(|_| node.cache != 0) {
+            Some(tensor) => self.0.insert(key, TensorRecord::of(node.address, &tensor, 0)),
+            None => self.0.remove(&key),
+        };
     }
 
-    /// The sources of `node` (its `src` as decoded) it did not send again:
-    /// address and bytes as last sent. One missing from the cache (its
-    /// record lost to a full ring) is left out, as a lost record is.
+    /// The sources of `node` (its `src` as decoded) it did not send again,
+    /// as last sent. One missing from the cache (its record lost to a full
+    /// ring) is left out, as a lost record is.
     pub fn cached<'a>(
         &'a self,
         node: &'a NodeEvent,
         src: &'a [u64; MAX_SRC],
-    ) -> impl Iterator<Item = (u64, &'a [u8; MAX_TENSOR_BYTES])> + 'a {
+    ) -> impl Iterator<Item = &'a TensorRecord> + 'a {
         let tid = node.header.tid;
         src.iter()
             .enumerate()
             .filter(|&(slot, &address)| address != 0 && node.cache & (1 << slot) != 0)
-            .filter_map(move |(_, &address)| self.0.get(&(tid, address)).map(|bytes| (address, bytes)))
+            .filter_map(move |(_, &address)| self.0.get(&(tid, address)))
     }
 }
 
@@ -72,18 +73,14 @@ pub struct Run {
     pub inputs: Vec<(TensorRecord, Vec<u8>)>,
 }
 
-/// A graph ready to be written: node records with their sources.
-pub struct Definition {
-    pub id: u32,
-    pub nodes: Vec<(TensorRecord, Vec<(u32, TensorRecord)>)>,
-}
+pub use crate::format::GraphDefinition as Definition;
 
 pub struct GraphAssembler {
     /// How the probe's raw copies of `ggml_tensor` are read.
     layout: TensorLayout,
     /// cgraph address → id of its current definition, with the uid read.
     defined: HashMap<u64, (u32, u64)>,
-    /// Tensors of each defined graph by address, to name a run's inputs.
+    /// Input tensors of each defined graph by address, to name a run's inputs.
     tensors: HashMap<u32, HashMap<u64, TensorRecord>>,
     next_id: u32,
     sources: SourceCache,
@@ -153,15 +150,13 @@ impl GraphAssembler {
     }
 
     pub fn on_node(&mut self, node: &NodeEvent) {
-        self.sources.on_node(node);
+        self.sources.on_node(node, &self.layout);
         let Some(reading) = self.reading.as_mut().filter(|r| r.event.uid == node.uid) else { return };
         // A copy too short for the layout: the graph stays incomplete.
         let Some(tensor) = self.layout.decode(&node.tensor) else { return };
         if node.role == node_role::NODE {
-            for (address, bytes) in self.sources.cached(node, &tensor.src) {
-                if let Some(source) = self.layout.decode(bytes) {
-                    reading.sources.insert(address, TensorRecord::of(address, &source, 0));
-                }
+            for record in self.sources.cached(node, &tensor.src) {
+                reading.sources.insert(record.tensor, *record);
             }
             reading.nodes.push((TensorRecord::of(node.address, &tensor, SLOT_DST), tensor.src));
         } else {
@@ -172,10 +167,7 @@ impl GraphAssembler {
     /// The sources `node` did not send again, as records (see [`SourceCache`]).
     pub fn cached_sources(&self, node: &NodeEvent) -> Vec<TensorRecord> {
         let Some(tensor) = self.layout.decode(&node.tensor) else { return Vec::new() };
-        self.sources
-            .cached(node, &tensor.src)
-            .filter_map(|(address, bytes)| Some(TensorRecord::of(address, &self.layout.decode(bytes)?, SLOT_DST)))
-            .collect()
+        self.sources.cached(node, &tensor.src).map(|r| TensorRecord { slot: SLOT_DST, ..*r }).collect()
     }
 
     /// An input of the current run; it ends the graph's node records.
@@ -208,30 +200,41 @@ impl GraphAssembler {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let mut by_address = reading.sources;
-        by_address.extend(reading.nodes.iter().map(|(record, _)| (record.tensor, *record)));
-        let nodes = reading
-            .nodes
-            .iter()
-            .map(|(record, src)| {
-                let srcs = src
-                    .iter()
-                    .enumerate()
-                    .filter(|&(_, &src)| src != 0)
-                    .filter_map(|(slot, src)| {
-                        by_address.get(src).map(|r| (slot as u32, TensorRecord { slot: slot as u32, ..*r }))
-                    })
-                    .collect();
-                (*record, srcs)
-            })
-            .collect();
+        let n_nodes = reading.nodes.len();
+        // A source that is also a node is the node (sent whole, after it).
+        let mut index: HashMap<u64, u32> =
+            reading.nodes.iter().enumerate().map(|(i, (record, _))| (record.tensor, i as u32)).collect();
+        let mut records: Vec<TensorRecord> =
+            reading.nodes.iter().map(|(record, _)| TensorRecord { slot: 0, ..*record }).collect();
+        let mut sources = Vec::with_capacity(n_nodes * 2);
+        let mut source_ends = Vec::with_capacity(n_nodes);
+        for (_, src) in &reading.nodes {
+            for (slot, address) in src.iter().enumerate().filter(|&(_, &a)| a != 0) {
+                let at = match index.get(address) {
+                    Some(&at) => at,
+                    // Not sent, nor cached (a lost record): left out, as lost.
+                    None => {
+                        let Some(record) = reading.sources.get(address) else { continue };
+                        let at = records.len() as u32;
+                        records.push(*record);
+                        index.insert(*address, at);
+                        at
+                    }
+                };
+                sources.push((slot as u32, at));
+            }
+            source_ends.push(sources.len() as u32);
+        }
+        // A run's inputs are its graph's integer input tensors: only those
+        // are kept, to name them.
+        let inputs = records.iter().filter(|r| r.flags & FLAG_INPUT != 0).map(|r| (r.tensor, *r)).collect();
         // Runs only ever name the current definition of their cgraph.
         if let Some((old, _)) = self.defined.insert(reading.event.cgraph, (id, reading.event.uid)) {
             self.tensors.remove(&old);
         }
-        self.tensors.insert(id, by_address);
+        self.tensors.insert(id, inputs);
         self.start_run(id, &reading.event);
-        Some(Definition { id, nodes })
+        Some(Definition { id, records, n_nodes, sources, source_ends })
     }
 }
 
@@ -273,7 +276,18 @@ mod tests {
     }
 
     fn source_ne0(definition: &Definition, node: usize) -> Vec<(u64, i64)> {
-        definition.nodes[node].1.iter().map(|(_, r)| (r.tensor, r.ne[0])).collect()
+        let (_, sources) = definition.nodes().nth(node).expect("a node");
+        sources.iter().map(|&(_, r)| &definition.records[r as usize]).map(|r| (r.tensor, r.ne[0])).collect()
+    }
+
+    /// An integer input tensor's SOURCE record (`ggml_set_input`).
+    fn input_source(uid: u64, address: u64) -> NodeEvent {
+        let mut n = node(uid, node_role::SOURCE, address, 0);
+        let mut t = tensor(0);
+        t.flags = FLAG_INPUT;
+        // SAFETY: as above.
+        n.tensor = unsafe { std::mem::transmute::<GgmlTensor, [u8; 336]>(t) };
+        n
     }
 
     fn input(uid: u64, tensor: u64) -> InputRecord {
@@ -285,12 +299,12 @@ mod tests {
         let mut a = GraphAssembler::default();
         assert!(a.on_graph(&graph(5, 2, 0)).definition.is_none());
         a.on_node(&node(5, node_role::NODE, 0xa0, 0xb0));
-        a.on_node(&node(5, node_role::SOURCE, 0xb0, 0));
+        a.on_node(&input_source(5, 0xb0));
         a.on_node(&node(5, node_role::NODE, 0xa8, 0xa0));
         let ready = a.on_input(&input(5, 0xb0));
         let definition = ready.definition.expect("inputs follow the last node");
-        assert_eq!(definition.nodes.len(), 2);
-        assert_eq!(definition.nodes[1].1[0].1.tensor, 0xa0, "a node's source is the node before it");
+        assert_eq!(definition.n_nodes, 2);
+        assert_eq!(source_ne0(&definition, 1)[0].0, 0xa0, "a node's source is the node before it");
         let ready = a.on_graph(&graph(5, 2, graph::DONE));
         let run = ready.run.expect("DONE ends the run");
         assert_eq!((run.graph, run.inputs.len()), (0, 1));

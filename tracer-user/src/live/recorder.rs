@@ -371,12 +371,10 @@ impl<W: Write> Recorder<W> {
             ready.run.iter().for_each(|r| values.on_run(r.graph));
         }
         if let Some(definition) = ready.definition {
-            let records =
-                definition.nodes.iter().flat_map(|(dst, srcs)| std::iter::once(dst).chain(srcs.iter().map(|(_, r)| r)));
-            self.resolver.prepare_records(records);
+            self.resolver.prepare_records(definition.records.iter());
             self.flush_models()?;
             let resolver = &mut self.resolver;
-            self.writer.graph(definition.id, &definition.nodes, &mut |r| resolver.memory_of(r))?;
+            self.writer.graph(&definition, &mut |r| resolver.memory_of(r))?;
         }
         if let Some(run) = ready.run {
             let resolver = &mut self.resolver;

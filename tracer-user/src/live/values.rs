@@ -60,7 +60,7 @@ impl ValueRecorder {
     }
 
     pub fn on_definition(&mut self, definition: &Definition) {
-        let nodes = definition.nodes.iter().enumerate().map(|(i, (r, _))| (r.tensor, (i as u32, *r))).collect();
+        let nodes = definition.nodes().enumerate().map(|(i, (r, _))| (r.tensor, (i as u32, *r))).collect();
         self.graphs.insert(definition.id, nodes);
     }
 

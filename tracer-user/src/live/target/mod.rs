@@ -157,19 +157,14 @@ impl AnonRss {
         Some(Self { status, text: Vec::with_capacity(4096) })
     }
 
-    /// The bytes now, if the process still exists.
+    /// The bytes now, if the process still exists. One read: `RssAnon`
+    /// is in the first kilobyte, and a second read (to see the end of the
+    /// file) would make the kernel format the whole file again.
     pub fn bytes(&mut self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
-        self.text.clear();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let n = self.status.read_at(&mut chunk, self.text.len() as u64).ok()?;
-            if n == 0 {
-                break;
-            }
-            self.text.extend_from_slice(&chunk[..n]);
-        }
-        let text = std::str::from_utf8(&self.text).ok()?;
+        self.text.resize(4096, 0);
+        let n = self.status.read_at(&mut self.text, 0).ok()?;
+        let text = std::str::from_utf8(&self.text[..n]).ok()?;
         let kib = text.lines().find_map(|l| l.strip_prefix("RssAnon:"))?.trim().strip_suffix("kB")?.trim();
         kib.parse::<u64>().ok().map(|k| k * 1024)
     }
