@@ -82,7 +82,12 @@ fn same_record(a: &TensorRecord, b: &TensorRecord) -> bool {
     let words = |r: &TensorRecord| unsafe { &*(r as *const TensorRecord).cast::<[u64; WORDS]>() };
     words(a) == words(b)
 }
-const _: () = assert!(size_of::<TensorRecord>() % 8 == 0 && align_of::<TensorRecord>() == 8);
+// No padding bytes: 13 words, 6 four-byte fields, then the name.
+const _: () = assert!(
+    size_of::<TensorRecord>() == 13 * 8 + 6 * 4 + tracer_common::ggml::MAX_NAME
+        && tracer_common::ggml::MAX_NAME.is_multiple_of(8)
+        && align_of::<TensorRecord>() == 8
+);
 
 /// How many graph shapes `last_graphs` keeps.
 const GRAPH_SHAPES_KEPT: usize = 32;
