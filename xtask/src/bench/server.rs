@@ -1,8 +1,9 @@
 //! Serving overhead: llama-server on loopback with 4 slots, untraced (A) and
-//! under `ttrace run` (B) or `ttrace top --json` (C), each round timing waves
-//! of 4 concurrent completions (curl clients); request throughput per round,
-//! rounds interleaved A B, B A, …. Traced rounds also read each BPF
-//! program's kernel time over the timed waves (`kernel.bpf_stats_enabled`).
+//! under `ttrace run` (B) or `ttrace top --json` (C), both up in a round and
+//! their timed waves of 4 concurrent completions (curl clients) alternating
+//! A B B A …; request throughput per round. The traced server's waves also
+//! read each BPF program's kernel time (`kernel.bpf_stats_enabled`) and the
+//! tracer's CPU time.
 
 use std::{
     fmt::Write as _,
@@ -128,36 +129,99 @@ fn stop(mut child: Child) -> Result<()> {
     Ok(())
 }
 
-pub fn run_one(ctx: &Ctx, variant: &'static str, round: usize, model: &Path) -> Result<ServerSample> {
-    let port = free_port()?;
-    let mut child = start(ctx, variant, model, port)?;
-    let tracer = (variant != "A").then(|| child.id());
-    let timed = (|| {
-        wait_healthy(port, &mut child)?;
-        wave(port)?; // warm: first requests pay for lazy set-up
-        let before = tracer.map(program_stats).transpose()?;
-        let cpu_before = tracer.map(cpu_ns).transpose()?;
-        let started = Instant::now();
-        for _ in 0..WAVES {
-            wave(port)?;
+/// A server up and warmed (the first requests pay for lazy set-up), and
+/// what was measured over its timed waves so far.
+struct Served {
+    variant: &'static str,
+    child: Child,
+    port: u16,
+    /// The tracer's pid (B, C): its BPF programs and CPU time are read.
+    tracer: Option<u32>,
+    secs: f64,
+    programs: std::collections::HashMap<u64, (String, u64, u64)>,
+    tracer_cpu_ns: u64,
+}
+
+impl Served {
+    fn start(ctx: &Ctx, variant: &'static str, model: &Path) -> Result<Self> {
+        let port = free_port()?;
+        let mut child = start(ctx, variant, model, port)?;
+        let ready = wait_healthy(port, &mut child).and_then(|()| wave(port));
+        let tracer = (variant != "A").then(|| child.id());
+        let served = Self {
+            variant,
+            child,
+            port,
+            tracer,
+            secs: 0.0,
+            programs: Default::default(),
+            tracer_cpu_ns: 0,
+        };
+        match ready {
+            Ok(()) => Ok(served),
+            Err(e) => {
+                let _ = stop(served.child);
+                Err(e)
+            }
         }
-        let secs = started.elapsed().as_secs_f64();
-        let after = tracer.map(program_stats).transpose()?;
-        let cpu = cpu_before.zip(tracer.map(cpu_ns).transpose()?).map_or(0, |(b, a)| a.saturating_sub(b));
-        Ok::<_, anyhow::Error>((secs, before.zip(after), cpu))
+    }
+
+    /// One timed wave, with the tracer's kernel and CPU time over it.
+    fn timed_wave(&mut self) -> Result<()> {
+        let before = self.tracer.map(program_stats).transpose()?;
+        let cpu_before = self.tracer.map(cpu_ns).transpose()?;
+        let started = Instant::now();
+        wave(self.port)?;
+        self.secs += started.elapsed().as_secs_f64();
+        if let (Some(pid), Some(before), Some(cpu_before)) = (self.tracer, before, cpu_before) {
+            self.tracer_cpu_ns += cpu_ns(pid)?.saturating_sub(cpu_before);
+            for (id, (name, ns, n)) in program_stats(pid)? {
+                let (ns0, n0) = before.get(&id).map_or((0, 0), |b| (b.1, b.2));
+                let sum = self.programs.entry(id).or_insert((name, 0, 0));
+                (sum.1, sum.2) = (sum.1 + ns - ns0, sum.2 + n - n0);
+            }
+        }
+        Ok(())
+    }
+
+    fn sample(self, round: usize) -> Result<ServerSample> {
+        let Self { variant, child, secs, programs, tracer_cpu_ns, .. } = self;
+        stop(child)?;
+        Ok(ServerSample {
+            round,
+            variant,
+            requests_per_s: (WAVES * CLIENTS) as f64 / secs,
+            programs: programs.into_values().collect(),
+            tracer_cpu_ns,
+        })
+    }
+}
+
+/// One round: the untraced server and the traced one both up, their timed
+/// waves alternating A B B A … (B A A B … in even rounds), so that a change
+/// in the machine's speed over seconds or minutes (this VM's host) falls
+/// on both alike. The server not being timed is idle meanwhile.
+fn run_round(ctx: &Ctx, traced: &'static str, round: usize, model: &Path) -> Result<[ServerSample; 2]> {
+    let (first, second) = if round % 2 == 1 { ("A", traced) } else { (traced, "A") };
+    let mut one = Served::start(ctx, first, model)?;
+    let mut two = match Served::start(ctx, second, model) {
+        Ok(two) => two,
+        Err(e) => {
+            let _ = stop(one.child);
+            return Err(e);
+        }
+    };
+    let timed = (|| {
+        for pair in 0..WAVES {
+            let (x, y) = if pair % 2 == 0 { (&mut one, &mut two) } else { (&mut two, &mut one) };
+            x.timed_wave()?;
+            y.timed_wave()?;
+        }
+        Ok::<_, anyhow::Error>(())
     })();
-    stop(child)?;
-    let (secs, stats, tracer_cpu_ns) = timed?;
-    let programs = stats.map_or_else(Vec::new, |(before, after)| {
-        after
-            .iter()
-            .map(|(id, (name, ns, n))| {
-                let (ns0, n0) = before.get(id).map_or((0, 0), |b| (b.1, b.2));
-                (name.clone(), ns - ns0, n - n0)
-            })
-            .collect()
-    });
-    Ok(ServerSample { round, variant, requests_per_s: (WAVES * CLIENTS) as f64 / secs, programs, tracer_cpu_ns })
+    let (one, two) = (one.sample(round), two.sample(round));
+    timed?;
+    Ok([one?, two?])
 }
 
 /// CPU time of process `pid` in ns: the run time of each of its threads
@@ -224,10 +288,8 @@ pub fn run(ctx: &Ctx, model: &Path, traced: &'static str) -> Result<Vec<ServerSa
     let _stats = BpfStats::enable();
     let mut samples = Vec::new();
     for round in 1..=ctx.rounds {
-        let order: [&'static str; 2] = if round % 2 == 1 { ["A", traced] } else { [traced, "A"] };
-        for variant in order {
-            let s = run_one(ctx, variant, round, model)?;
-            eprintln!("bench: server round {round}/{} {variant}: {:.3} requests/s", ctx.rounds, s.requests_per_s);
+        for s in run_round(ctx, traced, round, model)? {
+            eprintln!("bench: server round {round}/{} {}: {:.3} requests/s", ctx.rounds, s.variant, s.requests_per_s);
             samples.push(s);
         }
     }
@@ -256,9 +318,14 @@ pub fn top_section(md: &mut String, ctx: &Ctx, served: &[ServerSample]) -> Resul
 fn setup(md: &mut String, ctx: &Ctx) -> Result<()> {
     writeln!(
         md,
-        "`llama-server -np {clients} -c 4096 -t 2` on the real model, loopback; per round, after one warm-up wave, {waves} waves \
-         of {clients} concurrent `/completion` requests (curl; `n_predict` {n}, `ignore_eos`, `cache_prompt` false) are \
-         timed. {} interleaved rounds (A then the traced run, then the reverse, …). Figure: requests per second of wall time.\n",
+        "`llama-server -np {clients} -c 4096 -t 2` on the real model, loopback; per round, an untraced server (A) and a \
+         traced one are both started and given one warm-up wave each, then {waves} waves each of {clients} concurrent \
+         `/completion` requests (curl; `n_predict` {n}, `ignore_eos`, `cache_prompt` false) are timed, alternating A B B A A B B A \
+         (the reverse in even rounds), so that the host's changes of speed over seconds to minutes fall on both alike; the \
+         server not being timed is idle. {} rounds. Figure: requests per second of wall time, per round over its timed waves. \
+         While A is timed, the idle traced server's tracer still wakes on its 100 ms tick and its page-fault tracepoint \
+         filters A's faults (about 0.1 % of A's time, measured below as its CPU and kernel time per ubatch), which favours \
+         the traced run by at most that.\n",
         ctx.rounds,
         clients = CLIENTS,
         waves = WAVES,
