@@ -31,8 +31,8 @@ TOKENS, CTX = 24, 256
 # Chosen from measured runs (docs/SIMULATE.md, "The layout what-if as a
 # test"). The layout saves 10-20 % at these budgets, and with 5 runs per file
 # the change of the medians moved by up to 25 points between test runs (16M:
-# -21 % to +4 %, one run in ten on the wrong side of 1): 11 runs narrow that
-# by a third. From 18M up the two-list model predicts about twice the saving
+# -21 % to +4 %, one test run in eleven on the wrong side of 1): 11 runs
+# narrow that by a third. About 2 minutes. From 18M up the two-list model predicts about twice the saving
 # the runs measure, in every run (18M: -27 % for -12 to -14 %; 20M: -38 % for
 # -8 to -18 %).
 BUDGETS = ["12M", "16M"]
