@@ -68,9 +68,9 @@ def default_readahead_dir(ttrace, tmp_path) -> Iterator[Path]:
     with open(image, "wb") as f:
         f.truncate(IMAGE_BYTES)
     sh("mkfs.ext4", "-q", "-F", image)
-    device = Path(sh("losetup", "--direct-io=on", "--find", "--show", image))
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    device = Path(sh("losetup", "--direct-io=on", "--find", "--show", image))
     try:
         (Path("/sys/block") / device.name / "queue/read_ahead_kb").write_text(str(DEFAULT_READ_AHEAD_KB))
         sh("mount", device, mnt)
