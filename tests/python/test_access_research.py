@@ -226,6 +226,22 @@ def assert_expert_permutation(original: Path, rewritten: Path, perm: np.ndarray)
             assert rb.fields[f.name].contents() == f.contents(), f.name
 
 
+def chain_layout(ttrace, trace: Path, model: Path, out: Path) -> tuple[Path, Path, Path]:
+    """mbolt's round trip: the trace's routing exported for mbolt (the .mblt),
+    clustered by `mbolt-sim cluster` (perms.json), and `model` rewritten in
+    the chain layout (the .chain.gguf), all in `out`."""
+    mblt = out / f"{trace.stem}.mblt"
+    subprocess.run([ttrace, "export", trace, "--format", "mbolt", "-o", mblt], check=True, capture_output=True)
+    perms = out / "perms.json"
+    subprocess.run([VENV_BIN / "mbolt-sim", "cluster", mblt, "-o", perms, "--min-tokens", "1"], check=True,
+                   capture_output=True, timeout=300)
+    rewritten = out / f"{model.stem}.chain.gguf"
+    proc = subprocess.run([VENV_BIN / "mbolt", model, perms, "-o", rewritten, "--layout", "chain"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return mblt, perms, rewritten
+
+
 def test_layout_rewrite_end_to_end(ttrace, tmp_path, llama_completion, models, flush_log_preload):
     """Trace a memory-limited greedy run, export its routing, cluster it and
     rewrite the GGUF with mbolt's chain layout; gguf-py shows the rewrite is a
@@ -241,15 +257,7 @@ def test_layout_rewrite_end_to_end(ttrace, tmp_path, llama_completion, models, f
     original = tmp_path / "moe.gguf"
     shutil.copyfile(models["moe"], original)
     text_a = completion(ttrace, a_trace, llama_completion, original, flush_log_preload, n, limit)
-    mblt_a = tmp_path / "a.mblt"
-    subprocess.run([ttrace, "export", a_trace, "--format", "mbolt", "-o", mblt_a], check=True, capture_output=True)
-    perms = tmp_path / "perms.json"
-    subprocess.run([VENV_BIN / "mbolt-sim", "cluster", mblt_a, "-o", perms, "--min-tokens", "1"], check=True,
-                   capture_output=True, timeout=300)
-    rewritten = tmp_path / "moe.chain.gguf"
-    proc = subprocess.run([VENV_BIN / "mbolt", models["moe"], perms, "-o", rewritten, "--layout", "chain"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    mblt_a, perms, rewritten = chain_layout(ttrace, a_trace, models["moe"], tmp_path)
     perm = np.array([l["chain_perm"] for l in json.loads(perms.read_text())["layers"]])
     assert_expert_permutation(models["moe"], rewritten, perm)
     text_b = completion(ttrace, b_trace, llama_completion, rewritten, flush_log_preload, n, limit)

@@ -42,12 +42,15 @@ KNOWN_GAPS = {
 }
 
 
-def completion(ttrace, out: Path, llama_completion, model: Path, preload: Path, limit: str | None) -> dict:
+def completion(ttrace, out: Path, llama_completion, model: Path, preload: Path, limit: str | None,
+               prompt: str = PROMPT, tokens: int = 16, ctx: int = 512) -> dict:
+    """Trace a greedy llama-completion of `tokens` tokens (under `limit`, if
+    any); the report's JSON."""
     argv = [ttrace, "run", "-o", out]
     if limit:
         argv += ["--mem-limit", limit]
-    argv += ["--", llama_completion, "-m", model, "-p", PROMPT, "-n", "16", "-c", "512", "-t", "2", "--temp", "0",
-             "--ignore-eos", "-no-cnv"]
+    argv += ["--", llama_completion, "-m", model, "-p", prompt, "-n", str(tokens), "-c", str(ctx), "-t", "2",
+             "--temp", "0", "--ignore-eos", "-no-cnv"]
     env = dict(os.environ, LD_PRELOAD=str(preload))
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -56,9 +59,11 @@ def completion(ttrace, out: Path, llama_completion, model: Path, preload: Path, 
     return json.loads(report.stdout)
 
 
-def generation_reads_per_token(a: dict) -> float:
+def generation_reads_per_token(a: dict, generated: int = 15) -> float:
+    """Block reads in the model file during generate ubatches, per generated
+    token (the last of `-n N` tokens is never fed back: N - 1 ubatches)."""
     generate = next(p for p in a["stats"]["phases"] if p["phase"] == "generate")
-    assert generate["tokens"] == 15 and generate["disk_bytes"] is not None
+    assert generate["tokens"] == generated and generate["disk_bytes"] is not None
     return generate["disk_bytes"] / generate["tokens"]
 
 
@@ -76,8 +81,8 @@ def cold_copy(source: Path, to: Path) -> Path:
     return to
 
 
-def predict(ttrace, trace: Path, budgets: list[str]) -> dict:
-    proc = subprocess.run([ttrace, "simulate", trace, "--budgets", ",".join(budgets), "--json"],
+def predict(ttrace, trace: Path, budgets: list[str], *options) -> dict:
+    proc = subprocess.run([ttrace, "simulate", trace, "--budgets", ",".join(budgets), "--json", *options],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)

@@ -14,8 +14,11 @@ use crate::{cache, llama_versions, shell, targets, viewer};
 
 /// Debian packages: bpftool (inspecting loaded programs and links in tests),
 /// chromium (the viewer's browser tests and bench), Java 17 for pyspark (the
-/// sweep test reads the dataset with Spark in local mode).
-const APT_PACKAGES: &[&str] = &["bpftool", "chromium", "bpftrace", "time", "openjdk-17-jre-headless"];
+/// sweep test reads the dataset with Spark in local mode), mount (losetup,
+/// mount) and e2fsprogs (mkfs.ext4) for the layout test's ext4 file system on
+/// a loop device.
+const APT_PACKAGES: &[&str] =
+    &["bpftool", "chromium", "bpftrace", "time", "openjdk-17-jre-headless", "mount", "e2fsprogs"];
 /// Node.js with npm builds the viewer. Only installed from Debian when no
 /// `node`/`npm` is on the PATH: a NodeSource nodejs already bundles npm, and
 /// Debian's npm package would conflict with it.

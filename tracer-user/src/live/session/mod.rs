@@ -104,6 +104,23 @@ pub struct Outcome {
     pub lost: Lost,
 }
 
+/// For `simulate --anon auto`: what a memory limit must hold besides the
+/// model's pages, the largest resident anonymous memory seen. Sampled every
+/// tick and while `run` holds the target at its first graph: the 26 MB MoE
+/// model generates 24 tokens in 15 ms, so a run can end between two ticks,
+/// and the ticks alone saw 0.2 MiB (before the model loaded) in some runs
+/// and 4.4 MiB in others.
+struct PeakAnon {
+    rss: Option<target::AnonRss>,
+    peak: Option<u64>,
+}
+
+impl PeakAnon {
+    fn sample(&mut self) {
+        self.peak = self.peak.max(self.rss.as_mut().and_then(target::AnonRss::bytes));
+    }
+}
+
 /// The longest wait at the end for model-file reads still in flight.
 const IO_SETTLE: Duration = Duration::from_millis(500);
 
@@ -323,10 +340,7 @@ async fn record_until_stop(
     let mut last_flush = Instant::now();
     let mut interrupted_at: Option<tokio::time::Instant> = None;
     let mut write_error = None;
-    // For `simulate --anon auto`: what a memory limit must hold besides the
-    // model's pages.
-    let mut peak_anon: Option<u64> = None;
-    let mut anon_rss = target::AnonRss::open(pid);
+    let mut peak_anon = PeakAnon { rss: target::AnonRss::open(pid), peak: None };
     let stop_reason = loop {
         let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
         tokio::select! {
@@ -351,7 +365,7 @@ async fn record_until_stop(
                 break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
-                peak_anon = peak_anon.max(anon_rss.as_mut().and_then(target::AnonRss::bytes));
+                peak_anon.sample();
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
@@ -359,7 +373,7 @@ async fn record_until_stop(
                         tick = tokio::time::interval(TICK);
                     }
                 }
-                session.continue_after_first_graph(child.as_ref())?;
+                session.continue_after_first_graph(child.as_ref(), &mut peak_anon)?;
                 session.sync_watches(&mut tracer)?;
                 let quit = session.tap.as_mut().is_some_and(|tap| tap.tick(&mut session.recorder.resolver));
                 if quit && interrupted_at.is_none() && let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) {
@@ -373,7 +387,7 @@ async fn record_until_stop(
             ready = stream.readable() => {
                 ready?;
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
-                session.continue_after_first_graph(child.as_ref())?;
+                session.continue_after_first_graph(child.as_ref(), &mut peak_anon)?;
             }
         }
         if let Some(e) = write_error.take() {
@@ -443,7 +457,7 @@ async fn record_until_stop(
         skipped: misses.per_kind,
         layout_check,
         disabled,
-        peak_anon_bytes: peak_anon,
+        peak_anon_bytes: peak_anon.peak,
         fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
     };
     let stats = recorder.writer.stats;
@@ -480,12 +494,15 @@ struct Session<'a> {
 impl Session<'_> {
     /// The kernel stopped a `run` target at its first graph: read its maps
     /// now that the model is surely mapped, then let it go on.
-    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>) -> Result<()> {
+    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>, anon: &mut PeakAnon) -> Result<()> {
         let Some(child) = child.filter(|_| self.held_at_first_graph) else { return Ok(()) };
         if target::process_state(self.attached.pid) != Some('T') {
             return Ok(());
         }
         self.held_at_first_graph = false;
+        // Its KV cache and compute buffers are allocated by now; the run may
+        // end before the next tick.
+        anon.sample();
         self.recorder.resolver.refresh();
         self.recorder.flush_models()?;
         child.signal(libc::SIGCONT)?;

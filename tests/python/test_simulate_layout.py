@@ -1,0 +1,148 @@
+"""`ttrace simulate --layout` against real runs on the rewritten file (issue
+28's layout what-if): the change that mbolt's chain layout makes to the disk
+reads per generated token, predicted from one trace of the original file,
+against the change that cold memory-limited runs of the original and of the
+rewritten file measure.
+
+The runs read the model from an ext4 file system on a loop device with the
+kernel's default readahead (`read_ahead_kb` 128, so 256 KiB read-around
+windows after llama.cpp's POSIX_FADV_SEQUENTIAL): what NVMe and SSD users
+have. On this VM's own disk (`read_ahead_kb` 8192, 16 MiB windows) a window
+reads a whole 2 MiB expert tensor whatever the order of its 256 KiB expert
+slices, so the layout's effect is within run-to-run noise there
+(docs/SIMULATE.md, "Layout what-if against real runs")."""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from test_access_research import PROMPT, chain_layout
+from test_simulate_validation import MIB, cold_copy, completion, generation_reads_per_token, parse_size, predict
+
+# The research round trip's command (test_access_research): 24 tokens, so 23
+# generate ubatches are measured.
+TOKENS, CTX = 24, 256
+# Chosen from measured runs (docs/SIMULATE.md, "The layout what-if as a
+# test"). The layout saves 10-20 % at these budgets, and with 5 runs per file
+# the change of the medians moved by up to 25 points between test runs (16M:
+# -21 % to +4 %, one test run in eleven on the wrong side of 1): 11 runs
+# narrow that by a third. About 2 minutes. From 18M up the two-list model predicts about twice the saving
+# the runs measure, in every run (18M: -27 % for -12 to -14 %; 20M: -38 % for
+# -8 to -18 %).
+BUDGETS = ["12M", "16M"]
+RUNS = 11
+TOLERANCE = 0.20
+# The kernel's default read_ahead_kb (VM_READAHEAD_PAGES): set explicitly, as
+# a udev rule or the distribution may give loop devices another one.
+DEFAULT_READ_AHEAD_KB = 128
+# Room for two copies of the 26 MiB model and ext4's own metadata.
+IMAGE_BYTES = 256 * MIB
+TOOLS = {"losetup": "mount (util-linux)", "mount": "mount (util-linux)", "umount": "mount (util-linux)",
+         "mkfs.ext4": "e2fsprogs"}
+
+
+def sh(*argv) -> str:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(map(str, argv))} failed: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def default_readahead_dir(ttrace, tmp_path) -> Iterator[Path]:
+    """A directory on ext4 on a loop device whose read_ahead_kb is the kernel's
+    default. `--direct-io=on`: the loop device reads its image file with
+    O_DIRECT, so what the runs read comes from the image's disk, not from a
+    second page cache (the image's) behind the loop device. Root (the
+    `ttrace` fixture checks it). Unmounted and detached whatever happens."""
+    missing = [f"{tool} (Debian package {package})" for tool, package in TOOLS.items() if not shutil.which(tool)]
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: `apt-get install mount e2fsprogs` (cargo xtask setup does)",
+                    pytrace=False)
+    image = tmp_path / "ext4.img"
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_BYTES)
+    sh("mkfs.ext4", "-q", "-F", image)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    device = Path(sh("losetup", "--direct-io=on", "--find", "--show", image))
+    try:
+        (Path("/sys/block") / device.name / "queue/read_ahead_kb").write_text(str(DEFAULT_READ_AHEAD_KB))
+        sh("mount", device, mnt)
+        try:
+            yield mnt
+        finally:
+            sh("umount", mnt)
+    finally:
+        sh("losetup", "--detach", device)
+
+
+def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_completion, models,
+                                                         flush_log_preload, default_readahead_dir):
+    protocol = dict(prompt=PROMPT, tokens=TOKENS, ctx=CTX)
+    # The unlimited trace reads the model from the loop device, so the
+    # readahead it records is that device's.
+    free = tmp_path / "free.data"
+    original = cold_copy(models["moe"], default_readahead_dir / "moe.gguf")
+    unlimited = completion(ttrace, free, llama_completion, original, flush_log_preload, None, **protocol)
+    # llama.cpp clears its KV cache buffer when it creates it (llama-kv-cache.cpp),
+    # so those pages are resident anonymous memory until the end: the recorded
+    # peak, which the prediction takes, holds at least them.
+    kv = sum(b["size"] for b in unlimited["buffers"]["list"] if b["usage"] == "kv")
+    assert unlimited["trailer"]["peak_anon_bytes"] >= kv > 0, (unlimited["trailer"]["peak_anon_bytes"], kv)
+    _, perms, rewritten = chain_layout(ttrace, free, models["moe"], tmp_path)
+    chain = json.loads(perms.read_text())["layers"]
+    assert any(l["chain_perm"] != sorted(l["chain_perm"]) for l in chain), "the chain layout moves no expert"
+
+    options = ("--policy", "lru,2q")
+    before = predict(ttrace, free, BUDGETS, *options)
+    after = predict(ttrace, free, BUDGETS, *options, "--layout", perms)
+    assert before["readahead"]["window_bytes"] == 2 * DEFAULT_READ_AHEAD_KB * 1024, before["readahead"]
+    assert "recorded" in before["readahead_source"], before["readahead_source"]
+    predicted = {(name, r["budget_bytes"], r["policy"]): r["disk_bytes_per_token"]
+                 for name, doc in (("original", before), ("chain", after)) for r in doc["rows"]}
+
+    # Original and rewritten runs alternate, so a change of load on the
+    # machine falls on both alike.
+    measured: dict[tuple[str, str], list[float]] = {}
+    for run in range(RUNS):
+        for budget in BUDGETS:
+            for name, source in (("original", models["moe"]), ("chain", rewritten)):
+                model = cold_copy(source, default_readahead_dir / "cold.gguf")
+                trace = tmp_path / f"{name}-{budget}-{run}.data"
+                a = completion(ttrace, trace, llama_completion, model, flush_log_preload, budget, **protocol)
+                measured.setdefault((name, budget), []).append(generation_reads_per_token(a, TOKENS - 1))
+                trace.unlink()
+
+    lines = [f"moe, chain layout vs original: generation's disk MiB per generated token, {RUNS} cold runs each, "
+             f"readahead {before['readahead']['window_bytes'] // 1024} KiB, anon {before['anon_bytes'] / MIB:.1f} MiB",
+             f"{'budget':>6} {'original (runs)':>32} {'chain (runs)':>32} {'measured':>9} {'2q':>14} {'lru':>14}"
+             f" {'2q/measured':>11}"]
+    failures = []
+    for budget in BUDGETS:
+        b = parse_size(budget)
+        runs = {name: measured[(name, budget)] for name in ("original", "chain")}
+        if not (statistics.median(runs["original"]) and predicted[("original", b, "2q")]):
+            failures.append(f"{budget}: the original reads nothing (runs {runs['original']}): no change to predict")
+            continue
+        ratio = statistics.median(runs["chain"]) / statistics.median(runs["original"])
+        two = predicted[("chain", b, "2q")] / predicted[("original", b, "2q")]
+
+        def change(p: str) -> str:
+            was, now = predicted[("original", b, p)], predicted[("chain", b, p)]
+            return f"{was / MIB:.1f}→{now / MIB:.1f} {now / was - 1:+.0%}" if was else f"{was:.0f}→{now / MIB:.1f}"
+
+        lines.append(f"{budget:>6} {', '.join(f'{m / MIB:.1f}' for m in runs['original']):>32} "
+                     f"{', '.join(f'{m / MIB:.1f}' for m in runs['chain']):>32} {ratio - 1:>+9.0%} "
+                     f"{change('2q'):>14} {change('lru'):>14} {two / ratio:>11.2f}")
+        if (two < 1) != (ratio < 1):
+            failures.append(f"{budget}: 2q predicts a change of {two - 1:+.0%}, the runs measure {ratio - 1:+.0%}")
+        elif abs(two / ratio - 1) > TOLERANCE:
+            failures.append(f"{budget}: predicted ratio {two:.2f} not within {TOLERANCE:.0%} of measured {ratio:.2f}")
+    print("\n" + "\n".join(lines))
+    assert not failures, "\n".join(failures + lines)
