@@ -148,15 +148,7 @@ impl Served {
         let mut child = start(ctx, variant, model, port)?;
         let ready = wait_healthy(port, &mut child).and_then(|()| wave(port));
         let tracer = (variant != "A").then(|| child.id());
-        let served = Self {
-            variant,
-            child,
-            port,
-            tracer,
-            secs: 0.0,
-            programs: Default::default(),
-            tracer_cpu_ns: 0,
-        };
+        let served = Self { variant, child, port, tracer, secs: 0.0, programs: Default::default(), tracer_cpu_ns: 0 };
         match ready {
             Ok(()) => Ok(served),
             Err(e) => {
