@@ -34,6 +34,18 @@ pub fn run(args: ViewArgs) -> Result<()> {
     if !assets::built() {
         eprintln!("ttrace: {}", assets::HOW_TO_BUILD);
     }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // Caught from before the URL is printed: whoever stops the server as
+    // soon as it answers (a script, a test) must meet these handlers, not
+    // SIGINT's default action (killed, status 2, seen in CI).
+    let stop = {
+        let _context = runtime.enter();
+        Stop::catch()?
+    };
     let url = url(addr, token.as_deref());
     eprintln!(
         "ttrace: {} indexed in {:.1} s: {} ubatches, {} ops",
@@ -58,34 +70,35 @@ pub fn run(args: ViewArgs) -> Result<()> {
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, server::router(index, token)).with_graceful_shutdown(stopped()).await
+        axum::serve(listener, server::router(index, token)).with_graceful_shutdown(stop.wait()).await
     })?;
     eprintln!("ttrace: view stopped");
     Ok(())
 }
 
-/// Ctrl-C or SIGTERM.
-async fn stopped() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending().await,
+/// Ctrl-C or SIGTERM, caught from when it is made.
+struct Stop {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    /// Inside the runtime's context.
+    fn catch() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+        })
+    }
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }
 
