@@ -104,23 +104,6 @@ pub struct Outcome {
     pub lost: Lost,
 }
 
-/// For `simulate --anon auto`: what a memory limit must hold besides the
-/// model's pages, the largest resident anonymous memory seen. Sampled every
-/// tick and while `run` holds the target at its first graph: the 26 MB MoE
-/// model generates 24 tokens in 15 ms, so a run can end between two ticks,
-/// and the ticks alone saw 0.2 MiB (before the model loaded) in some runs
-/// and 4.4 MiB in others.
-struct PeakAnon {
-    rss: Option<target::AnonRss>,
-    peak: Option<u64>,
-}
-
-impl PeakAnon {
-    fn sample(&mut self) {
-        self.peak = self.peak.max(self.rss.as_mut().and_then(target::AnonRss::bytes));
-    }
-}
-
 /// The longest wait at the end for model-file reads still in flight.
 const IO_SETTLE: Duration = Duration::from_millis(500);
 
@@ -340,7 +323,7 @@ async fn record_until_stop(
     let mut last_flush = Instant::now();
     let mut interrupted_at: Option<tokio::time::Instant> = None;
     let mut write_error = None;
-    let mut peak_anon = PeakAnon { rss: target::AnonRss::open(pid), peak: None };
+    let mut peak_anon = target::PeakAnon::open(pid);
     let stop_reason = loop {
         let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
         tokio::select! {
@@ -457,7 +440,7 @@ async fn record_until_stop(
         skipped: misses.per_kind,
         layout_check,
         disabled,
-        peak_anon_bytes: peak_anon.peak,
+        peak_anon_bytes: peak_anon.peak(),
         fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
     };
     let stats = recorder.writer.stats;
@@ -494,7 +477,7 @@ struct Session<'a> {
 impl Session<'_> {
     /// The kernel stopped a `run` target at its first graph: read its maps
     /// now that the model is surely mapped, then let it go on.
-    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>, anon: &mut PeakAnon) -> Result<()> {
+    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>, anon: &mut target::PeakAnon) -> Result<()> {
         let Some(child) = child.filter(|_| self.held_at_first_graph) else { return Ok(()) };
         if target::process_state(self.attached.pid) != Some('T') {
             return Ok(());

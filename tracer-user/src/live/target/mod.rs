@@ -149,7 +149,7 @@ pub fn is_running(pid: u32) -> bool {
 /// but its counters are not summed exactly (a page off). So status is read
 /// only when statm's figures moved: a flat anon costs one small read, and
 /// what a skipped read misses is under statm's per-CPU batching.
-pub struct AnonRss {
+struct AnonRss {
     status: std::fs::File,
     statm: std::fs::File,
     text: Vec<u8>,
@@ -158,14 +158,14 @@ pub struct AnonRss {
 }
 
 impl AnonRss {
-    pub fn open(pid: u32) -> Option<Self> {
+    fn open(pid: u32) -> Option<Self> {
         let status = std::fs::File::open(format!("/proc/{pid}/status")).ok()?;
         let statm = std::fs::File::open(format!("/proc/{pid}/statm")).ok()?;
         Some(Self { status, statm, text: Vec::with_capacity(4096), last: None })
     }
 
     /// The bytes now, if the process still exists.
-    pub fn bytes(&mut self) -> Option<u64> {
+    fn bytes(&mut self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         let mut statm = [0u8; 64];
         let n = self.statm.read_at(&mut statm, 0).ok()?;
@@ -183,6 +183,31 @@ impl AnonRss {
         let bytes = kib.parse::<u64>().ok()? * 1024;
         self.last = Some((statm, n, bytes));
         Some(bytes)
+    }
+}
+
+/// For `simulate --anon auto`: what a memory limit must hold besides the
+/// model's pages, the largest resident anonymous memory seen. Sampled every
+/// tick and while `run` holds the target at its first graph: the 26 MB MoE
+/// model generates 24 tokens in 15 ms, so a run can end between two ticks,
+/// and the ticks alone saw 0.2 MiB (before the model loaded) in some runs
+/// and 4.4 MiB in others.
+pub struct PeakAnon {
+    rss: Option<AnonRss>,
+    peak: Option<u64>,
+}
+
+impl PeakAnon {
+    pub fn open(pid: u32) -> Self {
+        Self { rss: AnonRss::open(pid), peak: None }
+    }
+
+    pub fn sample(&mut self) {
+        self.peak = self.peak.max(self.rss.as_mut().and_then(AnonRss::bytes));
+    }
+
+    pub fn peak(&self) -> Option<u64> {
+        self.peak
     }
 }
 
