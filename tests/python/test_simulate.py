@@ -3,6 +3,7 @@ the kernel (OPT is a floor, LRU is a stack algorithm, a budget holding
 everything re-reads nothing), its outputs, and its errors."""
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 
+import gguf
 import pytest
 from test_exports import CHROMIUM_FLAGS
 
@@ -138,6 +140,8 @@ def test_the_run_replay_equals_the_page_by_page_replay(ttrace, moe_trace, readah
     (["--page", "3000"], "power of two"),
     (["--readahead", "5K"], "multiple of --page"),
     (["--policy", "fifo"], "invalid value"),
+    (["--detail", "0"], "above zero"),
+    (["--detail", "12Q"], "unknown unit"),
 ])
 def test_bad_arguments_are_one_clear_error(ttrace, moe_trace, args, message):
     proc = simulate(ttrace, moe_trace, *args)
@@ -176,3 +180,60 @@ def test_html_report_shows_the_curve_simulate_prints(ttrace, moe_trace, tmp_path
     # The default budgets reach the one where generation reads nothing.
     top = max(r["budget_bytes"] for r in want["rows"])
     assert fit <= top and all(r["misses"] == 0 for r in want["rows"] if r["budget_bytes"] == top)
+
+
+@pytest.mark.parametrize("args", [["--readahead", "0"], [], ["--engine", "pages", "--policy", "lru"], ["--layout"]],
+                         ids=["demand-paging", "recorded-readahead", "page-engine", "reversed-layout"])
+def test_detail_charges_every_byte_read_to_tensors_layers_and_experts(ttrace, moe_trace, models, tmp_path, args):
+    """`--detail`: at its budget (added to those replayed), each policy's
+    disk bytes split by tensor (named as the GGUF file has them), one
+    entry for the bytes outside every tensor, by layer and by expert slot:
+    each split sums to the row, experts to the expert tensors."""
+    n_expert = 8
+    if args == ["--layout"]:
+        flip = tmp_path / "reverse.json"
+        flip.write_text(json.dumps([list(reversed(range(n_expert)))] * 4))
+        args = ["--layout", str(flip)]
+    proc = simulate(ttrace, moe_trace, "--budgets", "12M,24M", "--detail", "16M", "--json", *args)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    detail = doc["detail"]
+    assert detail["budget_bytes"] == 16 * MIB
+    assert sorted({r["budget_bytes"] for r in doc["rows"]}) == [12 * MIB, 16 * MIB, 24 * MIB]
+    rows = {r["policy"]: r for r in doc["rows"] if r["budget_bytes"] == 16 * MIB}
+    assert [p["policy"] for p in detail["policies"]] == list(rows)
+    gguf_tensors = {t.name: t for t in gguf.GGUFReader(models["moe"]).tensors}
+    for p in detail["policies"]:
+        row = rows[p["policy"]]
+        assert p["disk_bytes"] == row["disk_bytes"] > 0, p["policy"]
+        tensors = p["tensors"]
+        assert sum(t["disk_bytes"] for t in tensors) == row["disk_bytes"]
+        outside = [t for t in tensors if t["name"] is None]
+        assert len(outside) == 1 and outside[0]["tensor"] is None and outside[0]["layer"] is None
+        for t in tensors:
+            if t["name"] is not None:
+                g = gguf_tensors[t["name"]]
+                assert (t["file_offset"], t["size_bytes"]) == (int(g.data_offset), int(g.n_bytes)), t["name"]
+            assert 0 < t["disk_bytes"] or t is outside[0]
+            assert t["disk_bytes_per_token"] == pytest.approx(t["disk_bytes"] / doc["generated_tokens"])
+        by_layer = collections.Counter()
+        for t in tensors:
+            by_layer[t["layer"]] += t["disk_bytes"]
+        assert {x["layer"]: x["disk_bytes"] for x in p["layers"]} == dict(by_layer)
+        # Experts: the expert tensors' bytes, per layer, split by slot.
+        expert_tensors, experts = collections.Counter(), collections.Counter()
+        for t in tensors:
+            if t["component"] and t["component"].endswith("_exps"):
+                expert_tensors[t["layer"]] += t["disk_bytes"]
+        for e in p["experts"]:
+            assert 0 <= e["position"] < n_expert
+            flipped = "--layout" in args
+            assert e["expert"] == (n_expert - 1 - e["position"] if flipped else e["position"])
+            experts[e["layer"]] += e["disk_bytes"]
+        assert experts == expert_tensors and sum(experts.values()) > 0, p["policy"]
+    # The text table: the tensor read the most under any policy is on it.
+    text = simulate(ttrace, moe_trace, "--budgets", "12M,24M", "--detail", "16M", *args)
+    assert text.returncode == 0, text.stderr
+    assert "where the reads go at 16.0 MiB" in text.stdout, text.stdout
+    first = max((t for p in detail["policies"] for t in p["tensors"]), key=lambda t: t["disk_bytes"])
+    assert (first["name"] or "(outside tensors)") in text.stdout.split("where the reads go")[1]

@@ -239,14 +239,9 @@ impl IoCorrelator {
             ranges.sort_unstable();
             self.extents.insert((index, file as u32), (info.disk_dev, ranges));
         }
-        for (i, t) in table.tensors.iter().enumerate() {
-            self.spans.entry((index, t.file)).or_default().push((
-                t.file_offset,
-                t.file_offset + t.size_bytes,
-                i as u32,
-            ));
+        for (file, spans) in tensor_spans(table) {
+            self.spans.insert((index, file), spans);
         }
-        self.spans.values_mut().for_each(|v| v.sort_unstable());
         self.models.push(table.clone());
     }
 
@@ -383,23 +378,7 @@ impl IoCorrelator {
 
     fn split_by_tensor(&self, model: u32, file: u32, from: u64, to: u64, out: &mut Vec<TensorBytes>) {
         let spans = self.spans.get(&(model, file)).map_or(&[][..], Vec::as_slice);
-        let mut at = from;
-        let mut i = spans.partition_point(|&(_, e, _)| e <= from);
-        while at < to {
-            match spans.get(i) {
-                Some(&(s, e, tensor)) if s <= at => {
-                    let upto = e.min(to);
-                    out.push(TensorBytes { model, tensor, file_offset: at, bytes: upto - at });
-                    at = upto;
-                    i += 1;
-                }
-                next => {
-                    let upto = next.map_or(to, |&(s, _, _)| s.min(to));
-                    out.push(TensorBytes { model, tensor: u32::MAX, file_offset: at, bytes: upto - at });
-                    at = upto;
-                }
-            }
-        }
+        split_by_tensor(spans, model, from, to, out);
     }
 
     fn close(&mut self, tid: u32) {
@@ -449,6 +428,41 @@ impl IoCorrelator {
             })
             .collect();
         self.out
+    }
+}
+
+/// Per file of `table`, its tensors' `(start, end, index)` byte spans,
+/// sorted: what [`split_by_tensor`] splits by.
+pub(crate) fn tensor_spans(table: &ModelTable) -> HashMap<u32, Vec<(u64, u64, u32)>> {
+    let mut spans: HashMap<u32, Vec<(u64, u64, u32)>> = HashMap::new();
+    for (i, t) in table.tensors.iter().enumerate() {
+        spans.entry(t.file).or_default().push((t.file_offset, t.file_offset + t.size_bytes, i as u32));
+    }
+    spans.values_mut().for_each(|v| v.sort_unstable());
+    spans
+}
+
+/// Bytes `[from, to)` of a model file split by the tensors of `spans`
+/// ([`tensor_spans`]), byte-exact; bytes between tensors (the header,
+/// padding) count under tensor `u32::MAX`. How block reads are charged to
+/// tensors, and `ttrace simulate --detail` its predicted reads.
+pub(crate) fn split_by_tensor(spans: &[(u64, u64, u32)], model: u32, from: u64, to: u64, out: &mut Vec<TensorBytes>) {
+    let mut at = from;
+    let mut i = spans.partition_point(|&(_, e, _)| e <= from);
+    while at < to {
+        match spans.get(i) {
+            Some(&(s, e, tensor)) if s <= at => {
+                let upto = e.min(to);
+                out.push(TensorBytes { model, tensor, file_offset: at, bytes: upto - at });
+                at = upto;
+                i += 1;
+            }
+            next => {
+                let upto = next.map_or(to, |&(s, _, _)| s.min(to));
+                out.push(TensorBytes { model, tensor: u32::MAX, file_offset: at, bytes: upto - at });
+                at = upto;
+            }
+        }
     }
 }
 

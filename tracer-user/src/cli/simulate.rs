@@ -110,6 +110,12 @@ pub struct SimulateArgs {
     /// How to replay model loading.
     #[arg(long, value_enum, default_value = "auto")]
     pub load: LoadReplay,
+    /// Where the reads go at this budget (added to the budgets replayed
+    /// when not among them): each policy's disk bytes per tensor, layer and
+    /// MoE expert (all of them under --json, the top tensors in the table).
+    /// Example: `ttrace simulate --detail 1G --json`.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub detail: Option<u64>,
     /// Machine-readable output on stdout.
     #[arg(long)]
     pub json: bool,

@@ -12,6 +12,7 @@ use crate::{
         simulate::{
             Counting, Options, Row,
             curve::{self, AnonChoice, AnonSource, Budgets, Curve, ReadaheadChoice, ReadaheadSource, Request},
+            detail::Detail,
         },
     },
     cli::{Anon, LoadReplay, SimulateArgs},
@@ -69,6 +70,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
             Anon::Bytes(b) => AnonChoice::Bytes(b),
         },
         counting: args.phase,
+        detail: args.detail,
     };
     let events = analyze::walk::event_total(&analysis);
     let progress = export::progress_bar(events, "reading");
@@ -181,6 +183,46 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
                 " (besides {} it reads for the first time, which no budget avoids; see --load)",
                 human_bytes(first)
             );
+        }
+        s += "\n";
+    }
+    if let Some(d) = &curve.detail {
+        s += &render_detail(d, curve.generated_tokens);
+    }
+    s
+}
+
+/// Tensors shown in the text table.
+const TOP_TENSORS: usize = 12;
+
+/// The tensors the most is read from at the `--detail` budget (by the
+/// largest of the policies), a column per policy.
+fn render_detail(d: &Detail, tokens: u64) -> String {
+    let per = |bytes: u64| human_bytes(if tokens > 0 { (bytes as f64 / tokens as f64).round() as u64 } else { bytes });
+    let mut by_name: std::collections::BTreeMap<Option<&str>, Vec<u64>> = Default::default();
+    for (i, p) in d.policies.iter().enumerate() {
+        for t in &p.tensors {
+            by_name.entry(t.name.as_deref()).or_insert_with(|| vec![0; d.policies.len()])[i] = t.bytes.disk_bytes;
+        }
+    }
+    let mut top: Vec<(Option<&str>, Vec<u64>)> = by_name.into_iter().collect();
+    top.sort_by_key(|(name, b)| (std::cmp::Reverse(b.iter().copied().max().unwrap_or(0)), *name));
+    let shown = top.len().min(TOP_TENSORS);
+    let mut s = format!(
+        "\nwhere the reads go at {} ({} per generated token; top {shown} of {} entries, --json has all):\n{:<40}",
+        human_bytes(d.budget_bytes),
+        if tokens > 0 { "disk bytes" } else { "disk bytes, total: no token generated" },
+        top.len(),
+        "tensor"
+    );
+    for p in &d.policies {
+        s += &format!(" {:>10}", p.policy.name());
+    }
+    s += "\n";
+    for (name, bytes) in top.iter().take(TOP_TENSORS) {
+        s += &format!("{:<40}", name.unwrap_or("(outside tensors)"));
+        for &b in bytes {
+            s += &format!(" {:>10}", per(b));
         }
         s += "\n";
     }

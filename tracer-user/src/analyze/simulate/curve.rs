@@ -8,8 +8,9 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::{
-    Counting, Engine, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError, lru_fit,
-    recorded_readahead, replay, run,
+    Counting, Engine, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError,
+    detail::{self, Detail},
+    lru_fit, recorded_readahead, replay, run,
 };
 use crate::analyze::Analysis;
 
@@ -102,6 +103,9 @@ pub struct Request {
     pub policies: Vec<Policy>,
     pub anon: AnonChoice,
     pub counting: Counting,
+    /// The budget at which to say where the reads go (replayed too when
+    /// not among `budgets`).
+    pub detail: Option<u64>,
 }
 
 impl Request {
@@ -115,6 +119,7 @@ impl Request {
             policies: vec![Policy::Lru, Policy::Opt, Policy::TwoList],
             anon: AnonChoice::Auto,
             counting: Counting::Generate,
+            detail: None,
         }
     }
 }
@@ -141,6 +146,9 @@ pub struct Curve {
     pub first_read_bytes: Option<u64>,
     /// One per (budget, policy), in budget then policy order.
     pub rows: Vec<Row>,
+    /// Where the reads go at the `--detail` budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Detail>,
 }
 
 /// Replays the trace at `path` and answers `request`; `rows_progress`
@@ -184,9 +192,30 @@ pub fn compute(
     // Up to where the curve reaches zero: past the footprint when loading
     // left pages the ops never read in the cache ahead of them.
     let everything = (footprint_bytes + anon_bytes).max(fit.map_or(0, |f| f.0));
-    let budgets = budgets(&request.budgets, anon_bytes, everything);
+    let mut budgets = budgets(&request.budgets, anon_bytes, everything);
+    if let Some(b) = request.detail.filter(|b| !budgets.contains(b)) {
+        budgets.push(b);
+        budgets.sort_unstable();
+    }
     rows_progress.set_length((budgets.len() * policies.len()) as u64);
-    let rows = run(&replay, &budgets, &policies, anon_bytes, page, request.counting, rows_progress);
+    let (rows, reads) = run(&replay, &budgets, &policies, anon_bytes, request.counting, request.detail, rows_progress);
+    let detail = request.detail.map(|budget_bytes| {
+        let model = detail::Model {
+            models: &a.models,
+            stream: &replay.stream,
+            page_bytes: page,
+            layout: options.layout.as_ref(),
+            generated_tokens: replay.generated_tokens,
+        };
+        let policies = reads
+            .iter()
+            .filter_map(|(policy, reads)| {
+                let row = rows.iter().find(|r| r.budget_bytes == budget_bytes && r.policy == *policy)?;
+                Some(model.charge(row, reads))
+            })
+            .collect();
+        Detail { budget_bytes, policies }
+    });
     Ok(Curve {
         page_bytes: page,
         readahead,
@@ -200,6 +229,7 @@ pub fn compute(
         fit_budget_bytes: fit.map(|f| f.0),
         first_read_bytes: fit.map(|f| f.1),
         rows,
+        detail,
     })
 }
 

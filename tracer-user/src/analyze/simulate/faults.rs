@@ -41,7 +41,7 @@
 //! This is the straightforward replay, the reference: LRU runs the same
 //! path run by run in [`super::lru_faults`].
 
-use super::{Misses, stream::Stream};
+use super::{Misses, detail::Reads, stream::Stream};
 use crate::analyze::usage::Period;
 
 /// `MMAP_LOTSAMISS`: above this many net misses the kernel stops reading
@@ -136,8 +136,11 @@ impl FileRa {
     }
 }
 
-struct FaultPath<'a, C: PageCache> {
+struct FaultPath<'a, C: PageCache, R: Reads> {
     cache: &'a mut C,
+    /// Told every page read, and the period of the access that read it.
+    reads: &'a mut R,
+    period: Period,
     capacity: u64,
     ra: Window,
     files: &'a [std::ops::Range<u64>],
@@ -153,9 +156,22 @@ struct FaultPath<'a, C: PageCache> {
 /// Replays `stream` page by page through the fault path on `cache` (whose
 /// units must be pages), `capacity` pages large.
 pub fn replay(stream: &Stream, ra: Window, cache: &mut impl PageCache, capacity: u64) -> Misses {
+    replay_into(stream, ra, cache, capacity, &mut ())
+}
+
+/// [`replay`], telling `reads` which pages it reads.
+pub fn replay_into(
+    stream: &Stream,
+    ra: Window,
+    cache: &mut impl PageCache,
+    capacity: u64,
+    reads: &mut impl Reads,
+) -> Misses {
     let pages = stream.files.last().map_or(0, |f| f.end) as usize;
     let mut path = FaultPath {
         cache,
+        reads,
+        period: Period::Load,
         capacity,
         ra,
         files: &stream.files,
@@ -166,6 +182,7 @@ pub fn replay(stream: &Stream, ra: Window, cache: &mut impl PageCache, capacity:
     };
     let mut misses = Misses::default();
     for (atom, period) in stream.iter() {
+        path.period = period;
         let first = stream.atom_first[atom as usize];
         for page in first..first + u64::from(stream.atom_pages[atom as usize]) {
             let page = page as u32;
@@ -185,7 +202,7 @@ pub fn replay(stream: &Stream, ra: Window, cache: &mut impl PageCache, capacity:
     misses
 }
 
-impl<C: PageCache> FaultPath<'_, C> {
+impl<C: PageCache, R: Reads> FaultPath<'_, C, R> {
     fn file_of(&self, page: u32) -> usize {
         self.files.partition_point(|f| f.end <= u64::from(page))
     }
@@ -347,7 +364,9 @@ impl<C: PageCache> FaultPath<'_, C> {
                 break;
             }
             self.in_flight.extend(at as u32..end as u32);
-            read += self.cache.read_in_folio(at as u32, 1 << o);
+            let pages = self.cache.read_in_folio(at as u32, 1 << o);
+            self.reads.read(self.period, at, pages);
+            read += pages;
             if (at..end).contains(&mark) {
                 self.marked[at as usize..end as usize].fill(true);
             }
@@ -360,6 +379,7 @@ impl<C: PageCache> FaultPath<'_, C> {
     /// Reads one page in and makes room for it, sparing the pages in flight.
     fn read(&mut self, page: u32) -> u64 {
         let read = self.cache.read_in(page);
+        self.reads.read(self.period, u64::from(page), read);
         self.make_room();
         read
     }

@@ -2,7 +2,7 @@
 //! counted with a Fenwick tree over access times (Olken 1981), and one size
 //! at a time when readahead makes LRU no longer a stack algorithm.
 
-use super::{Misses, faults::PageCache, stream::Stream};
+use super::{Misses, detail::Reads, faults::PageCache, stream::Stream};
 use crate::analyze::usage::PERIODS;
 
 /// Pages missed at every cache size, per period.
@@ -269,16 +269,26 @@ impl PageCache for Lru {
 /// LRU on atoms, one size: the cross-check of the stack-distance curve.
 #[cfg(test)]
 pub fn lru_one_size(stream: &Stream, capacity: u64) -> Misses {
-    demand_paging(stream, &mut Lru::new(stream.atom_pages.clone()), capacity)
+    lru_one_size_into(stream, capacity, &mut ())
+}
+
+/// [`lru_one_size`], telling `reads` which pages it reads: the curve has
+/// every size's totals but not which pages.
+pub fn lru_one_size_into(stream: &Stream, capacity: u64, reads: &mut impl Reads) -> Misses {
+    demand_paging(stream, &mut Lru::new(stream.atom_pages.clone()), capacity, reads)
 }
 
 /// Replays `stream` on `cache` reading only what is accessed (no
-/// readahead), at atom granularity.
-pub fn demand_paging(stream: &Stream, cache: &mut impl PageCache, capacity: u64) -> Misses {
+/// readahead), at atom granularity; `reads` is told the pages read (an
+/// atom's last ones: a partial eviction keeps its first).
+pub fn demand_paging(stream: &Stream, cache: &mut impl PageCache, capacity: u64, reads: &mut impl Reads) -> Misses {
     let mut misses = Misses::default();
     for (atom, period) in stream.iter() {
         if !cache.resident(atom) {
-            misses.pages[period.index()] += cache.read_in(atom);
+            let read = cache.read_in(atom);
+            let end = stream.atom_first[atom as usize] + u64::from(stream.atom_pages[atom as usize]);
+            reads.read(period, end - read, read);
+            misses.pages[period.index()] += read;
         }
         cache.accessed(atom);
         cache.shrink(capacity, &|_| false, &mut |_| {});

@@ -19,13 +19,17 @@
 use super::{
     Misses,
     bits::Bits,
+    detail::Reads,
     faults::{FileRa, LOTS_OF_MISSES, MISS_CAP, Window},
     runs::RunLru,
     stream::Stream,
 };
 
-struct RunPath<'a> {
+struct RunPath<'a, R: Reads> {
     lru: RunLru,
+    /// Told every page read, and the period of the access that read it.
+    reads: &'a mut R,
+    period: crate::analyze::usage::Period,
     /// Pages cached (`lru` lists exactly these).
     cached: u64,
     capacity: u64,
@@ -44,10 +48,18 @@ struct RunPath<'a> {
 
 /// LRU with a cache of `capacity` pages under the kernel's fault path:
 /// equal to `faults::replay(stream, ra, &mut Lru::new(vec![1; pages]), capacity)`.
+#[cfg(test)]
 pub fn replay(stream: &Stream, ra: Window, capacity: u64) -> Misses {
+    replay_into(stream, ra, capacity, &mut ())
+}
+
+/// [`replay`], telling `reads` which pages it reads.
+pub fn replay_into(stream: &Stream, ra: Window, capacity: u64, reads: &mut impl Reads) -> Misses {
     let pages = stream.files.last().map_or(0, |f| f.end);
     let mut path = RunPath {
         lru: RunLru::new(pages),
+        reads,
+        period: crate::analyze::usage::Period::Load,
         cached: 0,
         capacity,
         ra,
@@ -60,6 +72,7 @@ pub fn replay(stream: &Stream, ra: Window, capacity: u64) -> Misses {
     };
     let mut misses = Misses::default();
     for (atom, period) in stream.iter() {
+        path.period = period;
         let a = stream.atom_first[atom as usize];
         let b = a + u64::from(stream.atom_pages[atom as usize]);
         // Atoms tile files: one file per atom.
@@ -82,7 +95,7 @@ pub fn replay(stream: &Stream, ra: Window, capacity: u64) -> Misses {
     misses
 }
 
-impl RunPath<'_> {
+impl<R: Reads> RunPath<'_, R> {
     fn file_of(&self, page: u64) -> usize {
         self.files.partition_point(|f| f.end <= page)
     }
@@ -200,6 +213,7 @@ impl RunPath<'_> {
     /// Reads `[from, to)` in and makes room, sparing the pages in flight.
     fn read(&mut self, from: u64, to: u64) -> u64 {
         self.lru.push(from, to);
+        self.reads.read(self.period, from, to - from);
         self.resident.set_range(from, to);
         self.cached += to - from;
         let excess = self.cached.saturating_sub(self.capacity);

@@ -6,10 +6,12 @@
 //! every size at once ([`LruCurve`]), OPT and the kernel-like two-list model
 //! one size at a time. With the kernel's readahead ([`Readahead`], recorded
 //! in the trace), LRU and the two-list model replay the fault path page by
-//! page ([`faults`]), one size at a time.
+//! page ([`faults`]), one size at a time. At one budget, [`detail`] says
+//! which tensors, layers and experts the pages read belong to.
 
 mod bits;
 pub mod curve;
+pub mod detail;
 pub mod faults;
 pub mod lru;
 mod lru_faults;
@@ -30,7 +32,7 @@ use super::{
     Analysis, Phase,
     diff::Permutation,
     tensor::{is_expert_tensor, model_tensor, view_bytes, weight_of},
-    usage::{LoadMode, Period, routed_experts, source_ranges},
+    usage::{LoadMode, PERIODS, Period, routed_experts, source_ranges},
     walk::{self, Event, Sink, Tables},
 };
 use crate::format::{Memory, ModelTensor, TraceError};
@@ -127,12 +129,16 @@ pub struct Misses {
     pub pages: [u64; 5],
 }
 
+impl Counting {
+    /// Whether accesses in `period` count.
+    pub fn counts(self, period: Period) -> bool {
+        self == Counting::All || period == Period::Generate
+    }
+}
+
 impl Misses {
     pub fn counted(&self, counting: Counting) -> u64 {
-        match counting {
-            Counting::Generate => self.pages[Period::Generate.index()],
-            Counting::All => self.pages.iter().sum(),
-        }
+        PERIODS.into_iter().filter(|&p| counting.counts(p)).map(|p| self.pages[p.index()]).sum()
     }
 }
 
@@ -152,6 +158,7 @@ pub enum SimulateError {
 /// The replayed stream and what it counts.
 pub struct Replay {
     pub stream: Stream,
+    pub page_bytes: u64,
     /// Generated tokens (tokens of generate ubatches).
     pub generated_tokens: u64,
     /// Whether loading was replayed as a sequential read.
@@ -215,6 +222,7 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
     let anon_bytes = sink.anon.iter().map(|r| r.end - r.start).sum();
     Ok(Replay {
         stream,
+        page_bytes: options.page_bytes,
         generated_tokens,
         populate,
         readahead: options.readahead,
@@ -239,6 +247,11 @@ fn footprint(stream: &Stream) -> u64 {
 /// Distinct per (model, file).
 fn file_key(model: u32, file: u32) -> u32 {
     (model << 16) | (file & 0xffff)
+}
+
+/// `(model, file)` of a [`file_key`].
+fn file_of_key(key: u32) -> (u32, u32) {
+    (key >> 16, key & 0xffff)
 }
 
 struct Collector<'a> {
@@ -341,58 +354,60 @@ pub struct Row {
     pub misses: u64,
 }
 
-/// Every (budget, policy) row, in budget order. Rows are independent
-/// replays: they run on every core.
+/// Every (budget, policy) row, in budget order, and at the `detail`
+/// budget each policy's reads per page (see [`detail`]). Rows are
+/// independent replays: they run on every core.
 pub fn run(
     replay: &Replay,
     budgets: &[u64],
     policies: &[Policy],
     anon_bytes: u64,
-    page_bytes: u64,
     counting: Counting,
+    detail: Option<u64>,
     progress: &ProgressBar,
-) -> Vec<Row> {
+) -> (Vec<Row>, Vec<(Policy, Vec<u32>)>) {
     let stream = &replay.stream;
+    let page_bytes = replay.page_bytes;
     let window = replay.readahead.map(|r| faults::Window {
         pages: r.window_bytes / page_bytes,
         fault_around: (r.fault_around_bytes / page_bytes).max(1),
     });
-    let stack = (policies.contains(&Policy::Lru) && window.is_none()).then(|| LruCurve::new(stream));
-    let next = policies.contains(&Policy::Opt).then(|| opt::next_uses(stream));
-    let pages = || vec![1u32; stream.files.last().map_or(0, |f| f.end) as usize];
+    let replayers = Replayers {
+        stream,
+        window,
+        engine: replay.engine,
+        stack: (policies.contains(&Policy::Lru) && window.is_none()).then(|| LruCurve::new(stream)),
+        next: policies.contains(&Policy::Opt).then(|| opt::next_uses(stream)),
+    };
     let jobs: Vec<(u64, Policy)> = budgets.iter().flat_map(|&b| policies.iter().map(move |&p| (b, p))).collect();
     let replay_one = |(budget, policy): (u64, Policy)| {
         let cache_bytes = budget.saturating_sub(anon_bytes);
         let capacity = cache_bytes / page_bytes;
-        // OPT stays a floor of demand reads: readahead only adds reads.
-        let misses = match (policy, window) {
-            (Policy::Opt, _) => opt::opt_one_size(stream, next.as_deref().unwrap_or_default(), capacity),
-            (Policy::Lru, None) => stack.as_ref().map(|c| c.misses(capacity)).unwrap_or_default(),
-            (Policy::TwoList, None) => twolist::two_list_one_size(stream, capacity),
-            (Policy::Lru, Some(w)) => match replay.engine {
-                Engine::Runs => lru_faults::replay(stream, w, capacity),
-                Engine::Pages => faults::replay(stream, w, &mut lru::Lru::new(pages()), capacity),
-            },
-            (Policy::TwoList, Some(w)) => {
-                faults::replay(stream, w, &mut TwoList::with_large_folios(pages().len()), capacity)
-            }
+        let (misses, reads) = if detail == Some(budget) {
+            let mut reads = detail::PageReads::new(counting, replayers.pages());
+            let misses = replayers.replay(policy, capacity, &mut reads);
+            debug_assert_eq!(reads.total(), misses.counted(counting));
+            (misses, Some(reads.counts))
+        } else {
+            (replayers.replay(policy, capacity, &mut ()), None)
         };
         progress.inc(1);
         let missed = misses.counted(counting);
         let disk_bytes = missed * page_bytes;
         let tokens = replay.generated_tokens;
-        Row {
+        let row = Row {
             budget_bytes: budget,
             cache_bytes,
             policy,
             disk_bytes,
             disk_bytes_per_token: (tokens > 0).then(|| disk_bytes as f64 / tokens as f64),
             misses: missed,
-        }
+        };
+        (row, reads)
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
     let next_job = std::sync::atomic::AtomicUsize::new(0);
-    let mut rows: Vec<(usize, Row)> = std::thread::scope(|scope| {
+    let mut done: Vec<_> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
@@ -407,8 +422,70 @@ pub fn run(
             .collect();
         workers.into_iter().flat_map(|w| w.join().expect("a simulate worker panicked")).collect()
     });
-    rows.sort_by_key(|(i, _)| *i);
-    rows.into_iter().map(|(_, row)| row).collect()
+    done.sort_by_key(|(i, _)| *i);
+    let mut detailed = Vec::new();
+    let rows = done
+        .into_iter()
+        .map(|(_, (row, reads))| {
+            if let Some(reads) = reads {
+                detailed.push((row.policy, reads));
+            }
+            row
+        })
+        .collect();
+    (rows, detailed)
+}
+
+/// What every row's replay shares.
+struct Replayers<'a> {
+    stream: &'a Stream,
+    window: Option<faults::Window>,
+    engine: Engine,
+    /// LRU at every size, on demand paging.
+    stack: Option<LruCurve>,
+    /// OPT's next uses.
+    next: Option<Vec<u32>>,
+}
+
+impl Replayers<'_> {
+    fn pages(&self) -> u64 {
+        self.stream.files.last().map_or(0, |f| f.end)
+    }
+
+    /// `policy` with a cache of `capacity` pages, telling `reads` the pages
+    /// it reads.
+    fn replay(&self, policy: Policy, capacity: u64, reads: &mut impl detail::Reads) -> Misses {
+        let stream = self.stream;
+        let pages = || vec![1u32; self.pages() as usize];
+        // OPT stays a floor of demand reads: readahead only adds reads.
+        match (policy, self.window) {
+            (Policy::Opt, _) => {
+                opt::opt_one_size_into(stream, self.next.as_deref().unwrap_or_default(), capacity, reads)
+            }
+            (Policy::Lru, None) => lru_at(stream, self.stack.as_ref(), capacity, reads),
+            (Policy::TwoList, None) => twolist::two_list_one_size_into(stream, capacity, reads),
+            (Policy::Lru, Some(w)) => match self.engine {
+                Engine::Runs => lru_faults::replay_into(stream, w, capacity, reads),
+                Engine::Pages => faults::replay_into(stream, w, &mut lru::Lru::new(pages()), capacity, reads),
+            },
+            (Policy::TwoList, Some(w)) => {
+                faults::replay_into(stream, w, &mut TwoList::with_large_folios(pages().len()), capacity, reads)
+            }
+        }
+    }
+}
+
+/// LRU on demand paging: read off the stack-distance curve, or, when the
+/// pages read are wanted, replayed at this one size, which must agree.
+fn lru_at<R: detail::Reads>(stream: &Stream, curve: Option<&LruCurve>, capacity: u64, reads: &mut R) -> Misses {
+    let Some(curve) = curve.filter(|_| !R::RECORDS) else {
+        let one = lru::lru_one_size_into(stream, capacity, reads);
+        if let Some(curve) = curve {
+            assert_eq!(one, curve.misses(capacity), "LRU at one size disagrees with its stack-distance curve");
+        }
+        return one;
+    };
+    curve.misses(capacity)
 }
 
 /// The smallest cache, in pages, at which generation under LRU reads

@@ -6,7 +6,7 @@
 
 use std::{cmp::Reverse, collections::BinaryHeap};
 
-use super::{Misses, lru::Residency, stream::Stream};
+use super::{Misses, detail::Reads, lru::Residency, stream::Stream};
 
 const NEVER: u32 = u32::MAX;
 
@@ -29,6 +29,12 @@ pub fn next_uses(stream: &Stream) -> Vec<u32> {
 /// evicting part of an atom keeps its first pages, and its next read
 /// misses the rest.
 pub fn opt_one_size(stream: &Stream, next: &[u32], capacity: u64) -> Misses {
+    opt_one_size_into(stream, next, capacity, &mut ())
+}
+
+/// [`opt_one_size`], telling `reads` which pages it reads: an atom's last
+/// ones, those a partial eviction took.
+pub fn opt_one_size_into(stream: &Stream, next: &[u32], capacity: u64, reads: &mut impl Reads) -> Misses {
     let mut misses = Misses::default();
     let mut res = Residency::new(stream.atom_pages.clone());
     // Resident atoms by next use, furthest first; an entry is stale when the
@@ -36,7 +42,10 @@ pub fn opt_one_size(stream: &Stream, next: &[u32], capacity: u64) -> Misses {
     let mut heap: BinaryHeap<(u32, Reverse<u32>)> = BinaryHeap::new();
     let mut next_of = vec![NEVER; stream.atom_pages.len()];
     for (t, (atom, period)) in stream.iter().enumerate() {
-        misses.pages[period.index()] += res.fill(atom);
+        let kept = u64::from(res.pages[atom as usize]);
+        let read = res.fill(atom);
+        reads.read(period, stream.atom_first[atom as usize] + kept, read);
+        misses.pages[period.index()] += read;
         next_of[atom as usize] = next[t];
         heap.push((next[t], Reverse(atom)));
         while res.total > capacity {

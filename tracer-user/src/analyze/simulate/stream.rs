@@ -22,6 +22,9 @@ pub struct Stream {
     pub atom_first: Vec<u64>,
     /// Per file, the span of those page numbers it covers.
     pub files: Vec<std::ops::Range<u64>>,
+    /// Per file (as `files`): the id [`StreamBuilder::access`] was given
+    /// and the file's own number of the span's first page.
+    pub file_ids: Vec<(u32, u64)>,
     /// Atom ids in access order.
     pub accesses: Vec<u32>,
     /// Which accesses count: `(first access, what it counts as)`, in order.
@@ -57,6 +60,7 @@ impl Stream {
             atom_pages: atom_pages.to_vec(),
             atom_first,
             files: std::iter::once(0..total).collect(),
+            file_ids: vec![(0, 0)],
             accesses: accesses.to_vec(),
             periods: vec![(0, Period::Generate)],
         }
@@ -140,6 +144,7 @@ impl StreamBuilder {
             }
             numbered += points.last().unwrap_or(&0) - points.first().unwrap_or(&0);
             stream.files.push(base..numbered);
+            stream.file_ids.push((file, points.first().copied().unwrap_or(0)));
             atoms_of.insert(file, (points, first));
         }
         // Gaps between covered spans become atoms too (never read by an op,

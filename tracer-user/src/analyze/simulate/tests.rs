@@ -1,13 +1,15 @@
 //! Textbook answers and naive page-by-page oracles.
 
 use super::{
-    Misses,
+    Counting, Engine, Misses, Policy, Readahead, Replay,
+    detail::PageReads,
     faults::{self, Window},
-    lru::{Lru, LruCurve, lru_one_size},
+    lru::{Lru, LruCurve, lru_one_size, lru_one_size_into},
     lru_faults,
-    opt::{next_uses, opt_one_size},
+    opt::{next_uses, opt_one_size, opt_one_size_into},
+    run,
     stream::{Stream, StreamBuilder},
-    twolist::{TwoList, two_list_one_size},
+    twolist::{TwoList, two_list_one_size, two_list_one_size_into},
 };
 use crate::analyze::usage::Period;
 
@@ -294,7 +296,7 @@ fn sweeping_stream(rng: &mut Rng) -> Stream {
     cuts.extend([0, total]);
     cuts.sort_unstable();
     cuts.dedup();
-    let files = cuts.windows(2).map(|w| w[0]..w[1]).collect();
+    let files: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
     let mut accesses = Vec::new();
     let mut at = 0u32;
     for _ in 0..rng.below(400) + 20 {
@@ -306,7 +308,15 @@ fn sweeping_stream(rng: &mut Rng) -> Stream {
         };
     }
     let mid = accesses.len() as u32 / 3;
-    Stream { atom_pages, atom_first, files, accesses, periods: vec![(0, Period::Prompt), (mid, Period::Generate)] }
+    let file_ids = (0..files.len() as u32).map(|f| (f, 0)).collect();
+    Stream {
+        atom_pages,
+        atom_first,
+        files,
+        file_ids,
+        accesses,
+        periods: vec![(0, Period::Prompt), (mid, Period::Generate)],
+    }
 }
 
 /// A read-around window of one of `pages`, with fault-around of 1 to 16 pages.
@@ -360,5 +370,86 @@ fn the_two_list_model_in_large_folios_reads_each_page_once_when_all_fits() {
         // Nothing is evicted: a page is read at most once.
         let m = all(faults::replay(&s, window, &mut TwoList::with_large_folios(total as usize), total));
         assert!(m <= total, "case {case}, {window:?}: {m} pages read of {total}");
+    }
+}
+
+/// Every replay, told to record the pages it reads, reads the same (the
+/// recording changes nothing), and its pages read in the counted phase sum
+/// to its misses there; the run replay reads the very pages the page
+/// replay reads.
+#[test]
+fn pages_read_sum_to_the_misses_of_every_replay() {
+    let mut rng = Rng(0xde7a);
+    for case in 0..150 {
+        let s = sweeping_stream(&mut rng);
+        let total = s.total_pages();
+        let window = random_window(&mut rng, &[0, 4, 16, 64]);
+        let next = next_uses(&s);
+        for counting in [Counting::Generate, Counting::All] {
+            for capacity in [0, 1, total / 3, total - 1, total] {
+                let recorded = |plain: Misses, replay: &dyn Fn(&mut PageReads) -> Misses| {
+                    let mut reads = PageReads::new(counting, total);
+                    let misses = replay(&mut reads);
+                    assert_eq!(misses, plain, "case {case}, capacity {capacity}");
+                    assert_eq!(reads.total(), misses.counted(counting), "case {case}, capacity {capacity}");
+                    reads.counts
+                };
+                let runs = recorded(lru_faults::replay(&s, window, capacity), &|r| {
+                    lru_faults::replay_into(&s, window, capacity, r)
+                });
+                let pages =
+                    recorded(faults::replay(&s, window, &mut Lru::new(vec![1; total as usize]), capacity), &|r| {
+                        faults::replay_into(&s, window, &mut Lru::new(vec![1; total as usize]), capacity, r)
+                    });
+                assert_eq!(runs, pages, "case {case}, {window:?}, capacity {capacity}");
+                let folios = |r: &mut PageReads| {
+                    let mut cache = TwoList::with_large_folios(total as usize);
+                    faults::replay_into(&s, window, &mut cache, capacity, r)
+                };
+                recorded(folios(&mut PageReads::new(counting, total)), &folios);
+                recorded(opt_one_size(&s, &next, capacity), &|r| opt_one_size_into(&s, &next, capacity, r));
+                let lru = recorded(lru_one_size(&s, capacity), &|r| lru_one_size_into(&s, capacity, r));
+                assert_eq!(lru_one_size(&s, capacity), LruCurve::new(&s).misses(capacity));
+                assert!(lru.iter().all(|&c| c <= 1) || capacity < total, "case {case}: all fits, reads once");
+                recorded(two_list_one_size(&s, capacity), &|r| two_list_one_size_into(&s, capacity, r));
+            }
+        }
+    }
+}
+
+/// `run` with a detail budget: the same rows, and per policy the pages read
+/// there summing to its row, on both engines, with and without readahead.
+#[test]
+fn the_detail_budget_changes_no_row_and_its_pages_sum_to_it() {
+    let mut rng = Rng(0x5eed);
+    let bar = indicatif::ProgressBar::hidden();
+    let policies = [Policy::Lru, Policy::Opt, Policy::TwoList];
+    for case in 0..40 {
+        let stream = sweeping_stream(&mut rng);
+        let total = stream.total_pages();
+        let budgets = [total / 4 * 4096, total / 2 * 4096, total * 4096];
+        for (readahead, engine) in [(None, Engine::Runs), (Some(16), Engine::Runs), (Some(16), Engine::Pages)] {
+            let replay = Replay {
+                stream: stream.clone(),
+                page_bytes: 4096,
+                generated_tokens: 3,
+                populate: false,
+                readahead: readahead
+                    .map(|pages| Readahead { window_bytes: pages * 4096, fault_around_bytes: 4 * 4096 }),
+                engine,
+                footprint_pages: 0,
+                anon_bytes: 0,
+            };
+            let (plain, none) = run(&replay, &budgets, &policies, 0, Counting::Generate, None, &bar);
+            assert!(none.is_empty());
+            let (rows, reads) = run(&replay, &budgets, &policies, 0, Counting::Generate, Some(budgets[1]), &bar);
+            assert_eq!(format!("{rows:?}"), format!("{plain:?}"), "case {case}");
+            assert_eq!(reads.iter().map(|r| r.0).collect::<Vec<_>>(), policies);
+            for (policy, counts) in reads {
+                let row = rows.iter().find(|r| r.budget_bytes == budgets[1] && r.policy == policy).unwrap();
+                let pages: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+                assert_eq!(pages, row.misses, "case {case}, {policy:?}, {readahead:?}");
+            }
+        }
     }
 }

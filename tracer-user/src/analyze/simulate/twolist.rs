@@ -26,6 +26,7 @@
 
 use super::{
     Misses,
+    detail::Reads,
     faults::PageCache,
     lru::{RecencyList, Residency, demand_paging},
     stream::Stream,
@@ -80,7 +81,12 @@ pub struct TwoList {
 }
 
 pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
-    demand_paging(stream, &mut TwoList::new(stream.atom_pages.clone()), capacity)
+    two_list_one_size_into(stream, capacity, &mut ())
+}
+
+/// [`two_list_one_size`], telling `reads` which pages it reads.
+pub fn two_list_one_size_into(stream: &Stream, capacity: u64, reads: &mut impl Reads) -> Misses {
+    demand_paging(stream, &mut TwoList::new(stream.atom_pages.clone()), capacity, reads)
 }
 
 impl TwoList {
