@@ -30,6 +30,7 @@ fn session_spec(
         drop_caches: false,
         mem_limit: None,
         cgroup: None,
+        cgroup_dir: None,
         all_threads: args.all_threads,
         // Per-thread records need the per-node probes.
         op_timing: args.op_timing || args.all_threads,

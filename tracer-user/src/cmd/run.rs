@@ -22,6 +22,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         drop_caches: args.drop_caches,
         mem_limit: cgroup.as_ref().map(MemoryCgroup::limit_bytes),
         cgroup: cgroup.as_ref().map(|c| c.version().to_string()),
+        cgroup_dir: cgroup.as_ref().map(|c| c.path().to_path_buf()),
         ..super::session_spec(&args.common, user.or(UserSpec::from_sudo_env()?))
     };
     spec.models.extend(models_in_command(&args.command));

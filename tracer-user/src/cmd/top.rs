@@ -57,6 +57,7 @@ pub async fn run(args: TopArgs) -> Result<()> {
         drop_caches: false,
         mem_limit: cgroup.as_ref().map(|c| c.limit_bytes()),
         cgroup: cgroup.as_ref().map(|c| c.version().to_string()),
+        cgroup_dir: cgroup.as_ref().map(|c| c.path().to_path_buf()),
         all_threads: false,
         op_timing: false,
         libs: args.lib.clone(),

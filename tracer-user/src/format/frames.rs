@@ -449,6 +449,14 @@ impl std::fmt::Display for Tracepoints {
     }
 }
 
+/// A memory cgroup's charges, from its memory.stat: v1 `rss` and `cache`,
+/// v2 `anon` and `file`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    pub anon_bytes: u64,
+    pub file_bytes: u64,
+}
+
 /// Written last; its absence means the trace was cut short.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Trailer {
@@ -480,6 +488,11 @@ pub struct Trailer {
     /// sampled every 100 ms); `None` in older traces.
     #[serde(default)]
     pub peak_anon_bytes: Option<u64>,
+    /// Under `--mem-limit`, the most anonymous memory and page cache the
+    /// cgroup held (its memory.stat, read every tick); `None` without a
+    /// limit and in older traces.
+    #[serde(default)]
+    pub cgroup_peak: Option<CgroupMemory>,
     /// The kernel's fault-around size (`fault_around_bytes` in debugfs, or
     /// its 64 KiB default when debugfs is not mounted); `None` in older traces.
     #[serde(default)]

@@ -220,6 +220,7 @@ async fn trace_one(
         drop_caches: false,
         mem_limit: cgroup.as_ref().map(MemoryCgroup::limit_bytes),
         cgroup: cgroup.as_ref().map(|c| c.version().to_string()),
+        cgroup_dir: cgroup.as_ref().map(|c| c.path().to_path_buf()),
         all_threads: false,
         op_timing: false,
         libs: Vec::new(),

@@ -65,6 +65,8 @@ pub struct SessionSpec {
     pub drop_caches: bool,
     pub mem_limit: Option<u64>,
     pub cgroup: Option<String>,
+    /// The memory cgroup's directory, read every tick (`--mem-limit`).
+    pub cgroup_dir: Option<PathBuf>,
     pub all_threads: bool,
     /// Per-node probes (op durations) instead of per-graph capture.
     pub op_timing: bool,
@@ -323,7 +325,7 @@ async fn record_until_stop(
     let mut last_flush = Instant::now();
     let mut interrupted_at: Option<tokio::time::Instant> = None;
     let mut write_error = None;
-    let mut peak_anon = target::PeakAnon::open(pid);
+    let mut memory = target::MemorySamples::open(pid, spec.cgroup_dir.as_deref());
     let stop_reason = loop {
         let grace_over = interrupted_at.map(|t| t + CHILD_GRACE);
         tokio::select! {
@@ -348,7 +350,7 @@ async fn record_until_stop(
                 break StopReason::TargetKilledAfterGrace;
             }
             _ = tick.tick() => {
-                peak_anon.sample();
+                memory.sample();
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
@@ -356,7 +358,7 @@ async fn record_until_stop(
                         tick = tokio::time::interval(TICK);
                     }
                 }
-                session.continue_after_first_graph(child.as_ref(), &mut peak_anon)?;
+                session.continue_after_first_graph(child.as_ref(), &mut memory)?;
                 session.sync_watches(&mut tracer)?;
                 let quit = session.tap.as_mut().is_some_and(|tap| tap.tick(&mut session.recorder.resolver));
                 if quit && interrupted_at.is_none() && let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) {
@@ -370,7 +372,7 @@ async fn record_until_stop(
             ready = stream.readable() => {
                 ready?;
                 stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
-                session.continue_after_first_graph(child.as_ref(), &mut peak_anon)?;
+                session.continue_after_first_graph(child.as_ref(), &mut memory)?;
             }
         }
         if let Some(e) = write_error.take() {
@@ -440,7 +442,8 @@ async fn record_until_stop(
         skipped: misses.per_kind,
         layout_check,
         disabled,
-        peak_anon_bytes: peak_anon.peak(),
+        peak_anon_bytes: memory.peak_anon(),
+        cgroup_peak: memory.cgroup_peak(),
         fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
     };
     let stats = recorder.writer.stats;
@@ -477,7 +480,11 @@ struct Session<'a> {
 impl Session<'_> {
     /// The kernel stopped a `run` target at its first graph: read its maps
     /// now that the model is surely mapped, then let it go on.
-    fn continue_after_first_graph(&mut self, child: Option<&RunningChild>, anon: &mut target::PeakAnon) -> Result<()> {
+    fn continue_after_first_graph(
+        &mut self,
+        child: Option<&RunningChild>,
+        memory: &mut target::MemorySamples,
+    ) -> Result<()> {
         let Some(child) = child.filter(|_| self.held_at_first_graph) else { return Ok(()) };
         if target::process_state(self.attached.pid) != Some('T') {
             return Ok(());
@@ -485,7 +492,7 @@ impl Session<'_> {
         self.held_at_first_graph = false;
         // Its KV cache and compute buffers are allocated by now; the run may
         // end before the next tick.
-        anon.sample();
+        memory.sample();
         self.recorder.resolver.refresh();
         self.recorder.flush_models()?;
         child.signal(libc::SIGCONT)?;

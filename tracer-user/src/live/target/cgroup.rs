@@ -365,6 +365,65 @@ fn read_stats(version: CgroupVersion, dir: &Path) -> Result<MemoryStats, CgroupE
     }
 }
 
+/// The cgroup's memory.stat, read at every tick of a limited run: its peak
+/// charges for the trailer, and, as a side effect that matters more, fresh
+/// reclaim statistics. Reclaim in a memory cgroup decides from per-cgroup
+/// counters (the active list's size in the refault test,
+/// mm/workingset.c `workingset_test_recent`; the list sizes and activated
+/// refaults in `prepare_scan_control`) that the kernel aggregates only
+/// every 2 s, or when memory.stat is read. A new cgroup's counters lag its
+/// lists for its first seconds, so which pages a short run keeps depended
+/// on when the 2 s flusher last ran: cold `moe` runs at 24M read 0.8 to 7.0
+/// MiB per token; with memory.stat read every 100 ms, 1.1 to 1.3 (docs/SIMULATE.md).
+pub struct StatSampler {
+    file: fs::File,
+    text: Vec<u8>,
+    peak: crate::format::CgroupMemory,
+}
+
+impl StatSampler {
+    pub fn open(cgroup_dir: &Path) -> Option<Self> {
+        let file = fs::File::open(cgroup_dir.join("memory.stat")).ok()?;
+        Some(Self { file, text: Vec::with_capacity(8192), peak: Default::default() })
+    }
+
+    pub fn sample(&mut self) {
+        use std::os::unix::fs::FileExt;
+        // memory.stat is generated whole at offset 0 (and its statistics
+        // flushed then): read it all from there.
+        self.text.resize(self.text.capacity().max(8192), 0);
+        let mut len = 0;
+        loop {
+            match self.file.read_at(&mut self.text[len..], len as u64) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => len += n,
+            }
+            if len == self.text.len() {
+                self.text.resize(len * 2, 0);
+            }
+        }
+        if let Ok(text) = std::str::from_utf8(&self.text[..len]) {
+            record_peaks(&mut self.peak, text);
+        }
+    }
+
+    pub fn peak(&self) -> crate::format::CgroupMemory {
+        self.peak
+    }
+}
+
+/// Raises `peak` to the charges in a memory.stat text (v1 or v2).
+fn record_peaks(peak: &mut crate::format::CgroupMemory, memory_stat: &str) {
+    for (k, v) in memory_stat.lines().filter_map(|l| l.split_once(' ')) {
+        let slot = match k {
+            "rss" | "anon" => &mut peak.anon_bytes,
+            "cache" | "file" => &mut peak.file_bytes,
+            _ => continue,
+        };
+        *slot = (*slot).max(v.trim().parse().unwrap_or(0));
+    }
+}
+
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
         if let Err(e) = self.remove() {
@@ -474,6 +533,17 @@ fn read_pids(path: &Path) -> Result<Vec<u32>, CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_stat_peaks_from_v1_and_v2_keys_only() {
+        let mut peak = crate::format::CgroupMemory::default();
+        // v1: `rss` and `cache`, not `rss_huge`, `total_rss` or `mapped_file`.
+        record_peaks(&mut peak, "cache 4096\nrss 8192\nrss_huge 0\nmapped_file 99999\ntotal_rss 77777\n");
+        assert_eq!((peak.anon_bytes, peak.file_bytes), (8192, 4096));
+        // v2: `anon` and `file`; a peak stays when the charge falls.
+        record_peaks(&mut peak, "anon 4096\nfile 12288\nanon_thp 0\nfile_mapped 99999\n");
+        assert_eq!((peak.anon_bytes, peak.file_bytes), (8192, 12288));
+    }
 
     #[test]
     fn stale_names() {

@@ -186,28 +186,38 @@ impl AnonRss {
     }
 }
 
-/// For `simulate --anon auto`: what a memory limit must hold besides the
-/// model's pages, the largest resident anonymous memory seen. Sampled every
-/// tick and while `run` holds the target at its first graph: the 26 MB MoE
-/// model generates 24 tokens in 15 ms, so a run can end between two ticks,
-/// and the ticks alone saw 0.2 MiB (before the model loaded) in some runs
-/// and 4.4 MiB in others.
-pub struct PeakAnon {
+/// What a run's memory is, sampled every tick and while `run` holds the
+/// target at its first graph:
+/// - for `simulate --anon auto`, what a memory limit must hold besides the
+///   model's pages: the largest resident anonymous memory seen. The 26 MB
+///   MoE model generates 24 tokens in 15 ms, so a run can end between two
+///   ticks, and the ticks alone saw 0.2 MiB (before the model loaded) in
+///   some runs and 4.4 MiB in others;
+/// - under `--mem-limit`, the cgroup's memory.stat ([`cgroup::StatSampler`]).
+pub struct MemorySamples {
     rss: Option<AnonRss>,
     peak: Option<u64>,
+    cgroup: Option<cgroup::StatSampler>,
 }
 
-impl PeakAnon {
-    pub fn open(pid: u32) -> Self {
-        Self { rss: AnonRss::open(pid), peak: None }
+impl MemorySamples {
+    pub fn open(pid: u32, cgroup_dir: Option<&std::path::Path>) -> Self {
+        Self { rss: AnonRss::open(pid), peak: None, cgroup: cgroup_dir.and_then(cgroup::StatSampler::open) }
     }
 
     pub fn sample(&mut self) {
         self.peak = self.peak.max(self.rss.as_mut().and_then(AnonRss::bytes));
+        if let Some(c) = &mut self.cgroup {
+            c.sample();
+        }
     }
 
-    pub fn peak(&self) -> Option<u64> {
+    pub fn peak_anon(&self) -> Option<u64> {
         self.peak
+    }
+
+    pub fn cgroup_peak(&self) -> Option<crate::format::CgroupMemory> {
+        self.cgroup.as_ref().map(cgroup::StatSampler::peak)
     }
 }
 
