@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,51 @@ def flush_log_preload(tmp_path_factory) -> Path:
     so = d / "flushlog.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(so), str(d / "flushlog.c"), "-ldl"], check=True)
     return so
+
+
+# The kernel's default read_ahead_kb (VM_READAHEAD_PAGES): set explicitly, as
+# a udev rule or the distribution may give loop devices another one.
+DEFAULT_READ_AHEAD_KB = 128
+# Room for a copy of Gemma 3 270M (241 MiB) or two of `moe`, and ext4's own
+# metadata. Sparse: only what is written takes disk space.
+IMAGE_BYTES = 512 << 20
+LOOP_TOOLS = {"losetup": "mount (util-linux)", "mount": "mount (util-linux)", "umount": "mount (util-linux)",
+              "mkfs.ext4": "e2fsprogs"}
+
+
+def sh(*argv) -> str:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{' '.join(map(str, argv))} failed: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def default_readahead_dir(ttrace, tmp_path) -> Iterator[Path]:
+    """A directory on ext4 on a loop device whose read_ahead_kb is the kernel's
+    default (so 256 KiB read-around windows after llama.cpp's
+    POSIX_FADV_SEQUENTIAL): what NVMe and SSD users have, where this VM's own
+    disk has 8192 (16 MiB windows). `--direct-io=on`: the loop device reads
+    its image file with O_DIRECT, so what the runs read comes from the
+    image's disk, not from a second page cache (the image's) behind the loop
+    device. Root (the `ttrace` fixture checks it). Unmounted and detached
+    whatever happens."""
+    missing = [f"{tool} (Debian package {package})" for tool, package in LOOP_TOOLS.items() if not shutil.which(tool)]
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: `apt-get install mount e2fsprogs` (cargo xtask setup does)",
+                    pytrace=False)
+    image = tmp_path / "ext4.img"
+    with open(image, "wb") as f:
+        f.truncate(IMAGE_BYTES)
+    sh("mkfs.ext4", "-q", "-F", image)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    device = Path(sh("losetup", "--direct-io=on", "--find", "--show", image))
+    try:
+        (Path("/sys/block") / device.name / "queue/read_ahead_kb").write_text(str(DEFAULT_READ_AHEAD_KB))
+        sh("mount", device, mnt)
+        try:
+            yield mnt
+        finally:
+            sh("umount", mnt)
+    finally:
+        sh("losetup", "--detach", device)

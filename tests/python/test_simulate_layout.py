@@ -5,23 +5,17 @@ against the change that cold memory-limited runs of the original and of the
 rewritten file measure.
 
 The runs read the model from an ext4 file system on a loop device with the
-kernel's default readahead (`read_ahead_kb` 128, so 256 KiB read-around
-windows after llama.cpp's POSIX_FADV_SEQUENTIAL): what NVMe and SSD users
-have. On this VM's own disk (`read_ahead_kb` 8192, 16 MiB windows) a window
-reads a whole 2 MiB expert tensor whatever the order of its 256 KiB expert
-slices, so the layout's effect is within run-to-run noise there
-(docs/SIMULATE.md, "Layout what-if against real runs")."""
+kernel's default readahead (conftest's `default_readahead_dir`). On this
+VM's own disk (`read_ahead_kb` 8192, 16 MiB windows) a window reads a whole
+2 MiB expert tensor whatever the order of its 256 KiB expert slices, so the
+layout changes little there (docs/SIMULATE.md, "Layout what-if against real
+runs")."""
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
+from conftest import DEFAULT_READ_AHEAD_KB
 from test_access_research import PROMPT, chain_layout
 from test_simulate_validation import MIB, cold_copy, completion, generation_reads_per_token, parse_size, predict
 
@@ -29,57 +23,14 @@ from test_simulate_validation import MIB, cold_copy, completion, generation_read
 # generate ubatches are measured.
 TOKENS, CTX = 24, 256
 # Chosen from measured runs (docs/SIMULATE.md, "The layout what-if as a
-# test"). The layout saves 10-20 % at these budgets, and with 5 runs per file
-# the change of the medians moved by up to 25 points between test runs (16M:
-# -21 % to +4 %, one test run in eleven on the wrong side of 1): 11 runs
-# narrow that by a third. About 2 minutes. From 18M up the two-list model predicts about twice the saving
-# the runs measure, in every run (18M: -27 % for -12 to -14 %; 20M: -38 % for
-# -8 to -18 %).
-BUDGETS = ["12M", "16M"]
-RUNS = 11
+# test"): with the cgroup's reclaim statistics fresh (`run` reads its
+# memory.stat every tick), the layout saves 30-45 % at these budgets and the
+# runs of one file are within 20 % of each other. At 16M, where the cache
+# holds a third of the file and every token thrashes, the two-list model
+# predicts -11 % where the runs measure -27 %. About 2 minutes.
+BUDGETS = ["20M", "24M"]
+RUNS = 7
 TOLERANCE = 0.20
-# The kernel's default read_ahead_kb (VM_READAHEAD_PAGES): set explicitly, as
-# a udev rule or the distribution may give loop devices another one.
-DEFAULT_READ_AHEAD_KB = 128
-# Room for two copies of the 26 MiB model and ext4's own metadata.
-IMAGE_BYTES = 256 * MIB
-TOOLS = {"losetup": "mount (util-linux)", "mount": "mount (util-linux)", "umount": "mount (util-linux)",
-         "mkfs.ext4": "e2fsprogs"}
-
-
-def sh(*argv) -> str:
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"{' '.join(map(str, argv))} failed: {proc.stderr}"
-    return proc.stdout.strip()
-
-
-@pytest.fixture
-def default_readahead_dir(ttrace, tmp_path) -> Iterator[Path]:
-    """A directory on ext4 on a loop device whose read_ahead_kb is the kernel's
-    default. `--direct-io=on`: the loop device reads its image file with
-    O_DIRECT, so what the runs read comes from the image's disk, not from a
-    second page cache (the image's) behind the loop device. Root (the
-    `ttrace` fixture checks it). Unmounted and detached whatever happens."""
-    missing = [f"{tool} (Debian package {package})" for tool, package in TOOLS.items() if not shutil.which(tool)]
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: `apt-get install mount e2fsprogs` (cargo xtask setup does)",
-                    pytrace=False)
-    image = tmp_path / "ext4.img"
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_BYTES)
-    sh("mkfs.ext4", "-q", "-F", image)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    device = Path(sh("losetup", "--direct-io=on", "--find", "--show", image))
-    try:
-        (Path("/sys/block") / device.name / "queue/read_ahead_kb").write_text(str(DEFAULT_READ_AHEAD_KB))
-        sh("mount", device, mnt)
-        try:
-            yield mnt
-        finally:
-            sh("umount", mnt)
-    finally:
-        sh("losetup", "--detach", device)
 
 
 def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_completion, models,
