@@ -117,6 +117,12 @@ def test_predictions_against_memory_limited_runs(ttrace, tmp_path, llama_complet
             peak = a["trailer"]["cgroup_peak"]
             assert 0 < peak["anon_bytes"] <= parse_size(budget) and 0 < peak["file_bytes"] <= parse_size(budget), peak
             measured.setdefault(budget, []).append(generation_reads_per_token(a))
+            if run == 0:
+                # simulate of a limited trace sets what the run read beside
+                # its prediction at the run's own budget.
+                own = predict(ttrace, trace, [budget])["measured"]
+                generate = next(p for p in a["stats"]["phases"] if p["phase"] == "generate")
+                assert (own["budget_bytes"], own["disk_bytes"]) == (parse_size(budget), generate["disk_bytes"]), own
             trace.unlink()
 
     lines = [f"{name}: generation's disk MiB per generated token, readahead "

@@ -186,6 +186,15 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
         }
         s += "\n";
     }
+    if let Some(m) = &curve.measured {
+        s += &format!(
+            "\nthis trace ran under --mem-limit {}: generation read {} per generated token from disk \
+             (block reads in the model files; the row at {} is its prediction)\n",
+            human_bytes(m.budget_bytes),
+            m.disk_bytes_per_token.map_or("-".into(), |b| human_bytes(b.round() as u64)),
+            human_bytes(m.budget_bytes),
+        );
+    }
     if let Some(d) = &curve.detail {
         s += &render_detail(d, curve.generated_tokens);
     }

@@ -12,7 +12,7 @@ use super::{
     detail::{self, Detail},
     lru_fit, recorded_readahead, replay, run,
 };
-use crate::analyze::Analysis;
+use crate::analyze::{Analysis, Phase, io::When};
 
 /// Anonymous memory inside the budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,6 +149,33 @@ pub struct Curve {
     /// Where the reads go at the `--detail` budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<Detail>,
+    /// A trace recorded under `--mem-limit`: what the run itself read, to
+    /// set beside the rows at its budget (which are always replayed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+}
+
+/// What a run under a memory limit read from disk during generation: the
+/// block reads in its model files in generate ubatches (the report's
+/// figure), per generated token.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Measured {
+    pub budget_bytes: u64,
+    pub disk_bytes: u64,
+    pub disk_bytes_per_token: Option<f64>,
+}
+
+/// The run's own reads, when it ran under a limit, recorded block I/O, and
+/// generation is what is counted.
+fn measured(a: &Analysis, counting: Counting, generated_tokens: u64) -> Option<Measured> {
+    let budget_bytes = a.header.options.mem_limit.filter(|_| counting == Counting::Generate && a.io.disk.issues > 0)?;
+    let disk_bytes = (a.ubatches.iter())
+        .filter(|u| u.phase == Phase::Generate)
+        .filter_map(|u| a.io.by_when.get(&When::Ubatch(u.index)))
+        .map(|w| w.disk.bytes)
+        .sum();
+    let per_token = (generated_tokens > 0).then(|| disk_bytes as f64 / generated_tokens as f64);
+    Some(Measured { budget_bytes, disk_bytes, disk_bytes_per_token: per_token })
 }
 
 /// Replays the trace at `path` and answers `request`; `rows_progress`
@@ -192,11 +219,14 @@ pub fn compute(
     // Up to where the curve reaches zero: past the footprint when loading
     // left pages the ops never read in the cache ahead of them.
     let everything = (footprint_bytes + anon_bytes).max(fit.map_or(0, |f| f.0));
+    let measured = measured(a, request.counting, replay.generated_tokens);
     let mut budgets = budgets(&request.budgets, anon_bytes, everything);
-    if let Some(b) = request.detail.filter(|b| !budgets.contains(b)) {
-        budgets.push(b);
-        budgets.sort_unstable();
+    for b in [request.detail, measured.map(|m| m.budget_bytes)].into_iter().flatten() {
+        if !budgets.contains(&b) {
+            budgets.push(b);
+        }
     }
+    budgets.sort_unstable();
     rows_progress.set_length((budgets.len() * policies.len()) as u64);
     let (rows, reads) = run(&replay, &budgets, &policies, anon_bytes, request.counting, request.detail, rows_progress);
     let detail = request.detail.map(|budget_bytes| {
@@ -230,6 +260,7 @@ pub fn compute(
         first_read_bytes: fit.map(|f| f.1),
         rows,
         detail,
+        measured,
     })
 }
 
