@@ -13,11 +13,15 @@
 //!   its next trip. `folio_referenced` counts the mappings that referenced
 //!   the folio, not its young entries: llama.cpp maps the model once, so a
 //!   large folio needs two trips as a page does;
-//! - the active tail is moved to the inactive head while the inactive
-//!   list is smaller than the active one (below 1 GiB the ratio is 1,
-//!   `inactive_is_low`), and, in a reclaim after refaults were activated
-//!   (`prepare_scan_control`), in proportion to the inactive list's scan,
-//!   as `shrink_lruvec` scans both lists by their sizes.
+//! - a reclaim (`try_to_free_mem_cgroup_pages`, when a charge would pass
+//!   the limit) frees at least SWAP_CLUSTER_MAX (32) pages, scanning from
+//!   DEF_PRIORITY (12) down each list's size shifted right by the
+//!   priority, 32 pages at a time, the inactive list then the active one
+//!   (`shrink_lruvec`), whole folios however few pages were asked
+//!   (`isolate_lru_folios`). The active list is scanned, its tail moved
+//!   to the inactive head, only while the inactive list is smaller (below
+//!   1 GiB the ratio is 1, `inactive_is_low`) or after refaults were
+//!   activated since the last reclaim (`prepare_scan_control`).
 //!
 //! Folios are activated and evicted whole. Under readahead its units are
 //! pages, grouped in the folios readahead made ([`PageCache::read_in_folio`]);
@@ -78,7 +82,15 @@ pub struct TwoList {
     /// the last reclaim.
     refaults: u64,
     refaults_seen: u64,
+    /// Pages one reclaim frees at least (SWAP_CLUSTER_MAX).
+    cluster: u64,
 }
+
+/// `SWAP_CLUSTER_MAX`: a reclaim's least target and its scan batch.
+const SWAP_CLUSTER_MAX: u64 = 32;
+/// Reclaim's first priority: it scans each list's size shifted right by
+/// the priority, from this down to 0.
+const DEF_PRIORITY: u32 = 12;
 
 pub fn two_list_one_size(stream: &Stream, capacity: u64) -> Misses {
     two_list_one_size_into(stream, capacity, &mut ())
@@ -110,12 +122,20 @@ impl TwoList {
             age: 0,
             refaults: 0,
             refaults_seen: 0,
+            cluster: SWAP_CLUSTER_MAX,
         }
     }
 
     /// `pages` single pages, which readahead reads in large folios.
     pub fn with_large_folios(pages: usize) -> TwoList {
         TwoList { large_folios: true, ..TwoList::new(vec![1; pages]) }
+    }
+
+    /// Reclaims of at least `pages` pages: tests of the other rules on
+    /// caches a few pages large use 1.
+    #[cfg(test)]
+    pub fn with_cluster(self, pages: u64) -> TwoList {
+        TwoList { cluster: pages, ..self }
     }
 
     /// Resident pages of the folio at `head`.
@@ -269,50 +289,75 @@ impl PageCache for TwoList {
     }
 
     fn shrink(&mut self, capacity: u64, pinned: &dyn Fn(u32) -> bool, gone: &mut dyn FnMut(u32)) {
-        // Pinned folios met at the inactive tail go back to its head
-        // (reclaim skips locked folios), at most once each per call.
-        let mut skipped = 0u64;
-        // Refaults since the last reclaim: the active list is scanned too,
-        // in proportion to the inactive scan (`prepare_scan_control`).
-        let refaulting = self.refaults != self.refaults_seen && self.res.total > capacity;
-        if refaulting {
-            self.refaults_seen = self.refaults;
+        if self.res.total <= capacity {
+            return;
         }
-        let ratio = self.active_pages as f64 / self.inactive_pages.max(1) as f64;
-        let mut credit = 0f64;
-        while self.res.total > capacity {
-            let deactivate = self.inactive_pages < self.active_pages
-                || (refaulting && self.active.tail().is_some_and(|t| credit >= self.folio_pages(t) as f64));
-            if deactivate && let Some(victim) = self.active.tail() {
-                if refaulting {
-                    credit -= self.folio_pages(victim) as f64;
+        // One memcg reclaim (`try_to_free_mem_cgroup_pages`): at least
+        // SWAP_CLUSTER_MAX pages, from DEF_PRIORITY down.
+        let target = (self.res.total - capacity).max(self.cluster);
+        // Refaults activated since the last reclaim (`prepare_scan_control`;
+        // `snapshot_refaults` at its end).
+        let refaulting = std::mem::replace(&mut self.refaults_seen, self.refaults) != self.refaults;
+        let mut reclaim = Reclaim { target, reclaimed: 0, skipped: 0 };
+        for priority in (0..=DEF_PRIORITY).rev() {
+            // `shrink_lruvec`: both lists by their sizes, the active one
+            // only if it may be deactivated (refaults, or `inactive_is_low`).
+            let deactivate = refaulting || self.inactive_pages < self.active_pages;
+            let mut inactive = self.inactive_pages >> priority;
+            let mut active = if deactivate { self.active_pages >> priority } else { 0 };
+            while inactive > 0 || active > 0 {
+                let scan = inactive.min(self.cluster);
+                inactive -= scan;
+                if !self.shrink_inactive(scan, &mut reclaim, pinned, gone) {
+                    return;
                 }
-                // Deactivate: the accessed bits are tested and cleared, but
-                // only executable file folios stay active for it.
-                // PG_referenced stays.
-                let pages = self.folio_pages(victim);
-                self.active.remove(victim);
-                self.active_pages -= pages;
-                self.young[victim as usize] = false;
-                self.workingset[victim as usize] = true;
-                self.inactive.push_head(victim);
-                self.inactive_pages += pages;
-                self.on[victim as usize] = List::Inactive;
-                continue;
+                let scan = active.min(self.cluster);
+                active -= scan;
+                self.shrink_active(scan);
+                if reclaim.reclaimed >= reclaim.target {
+                    return;
+                }
             }
-            let Some(victim) = self.inactive.tail() else { break };
+        }
+    }
+}
+
+/// One reclaim's progress.
+struct Reclaim {
+    target: u64,
+    reclaimed: u64,
+    /// Pinned pages met at the inactive tail.
+    skipped: u64,
+}
+
+impl TwoList {
+    /// `shrink_inactive_list`: folios off the inactive tail, whole, until
+    /// `scan` pages (`isolate_lru_folios`) or the target; false when only
+    /// pinned folios are left.
+    fn shrink_inactive(
+        &mut self,
+        scan: u64,
+        reclaim: &mut Reclaim,
+        pinned: &dyn Fn(u32) -> bool,
+        gone: &mut dyn FnMut(u32),
+    ) -> bool {
+        let mut scanned = 0;
+        while scanned < scan && reclaim.reclaimed < reclaim.target {
+            let Some(victim) = self.inactive.tail() else { return false };
             let v = victim as usize;
             let pages = self.folio_pages(victim);
+            scanned += pages;
             if pinned(victim) {
-                skipped += pages;
-                if skipped > self.inactive_pages {
-                    break;
+                // Reclaim skips locked folios: back to the head, at most
+                // once each per reclaim.
+                reclaim.skipped += pages;
+                if reclaim.skipped > self.inactive_pages {
+                    return false;
                 }
                 self.inactive.push_head(victim);
                 continue;
             }
             let young = std::mem::take(&mut self.young[v]);
-            credit += pages as f64 * ratio;
             self.inactive.remove(victim);
             self.inactive_pages -= pages;
             if young {
@@ -327,12 +372,34 @@ impl PageCache for TwoList {
                 continue;
             }
             self.referenced[v] = false;
-            let evicted = self.evict(victim, self.res.total - capacity, gone);
+            let evicted = self.evict(victim, reclaim.target - reclaim.reclaimed, gone);
+            reclaim.reclaimed += evicted;
             if evicted < pages {
                 // The rest of the atom stays at the tail.
                 self.inactive.push_tail(victim);
                 self.inactive_pages += pages - evicted;
             }
+        }
+        true
+    }
+
+    /// `shrink_active_list`: folios off the active tail, whole, until
+    /// `scan` pages, to the inactive head. Their accessed bits are tested
+    /// and cleared, but only executable file folios stay active for it;
+    /// PG_referenced stays.
+    fn shrink_active(&mut self, scan: u64) {
+        let mut scanned = 0;
+        while scanned < scan {
+            let Some(victim) = self.active.tail() else { return };
+            let pages = self.folio_pages(victim);
+            scanned += pages;
+            self.active.remove(victim);
+            self.active_pages -= pages;
+            self.young[victim as usize] = false;
+            self.workingset[victim as usize] = true;
+            self.inactive.push_head(victim);
+            self.inactive_pages += pages;
+            self.on[victim as usize] = List::Inactive;
         }
     }
 }
@@ -344,7 +411,7 @@ mod tests {
     /// A 4-page folio (pages 0..4), then single pages 4..10: the folio is
     /// the inactive tail.
     fn folio_and_pages() -> TwoList {
-        let mut cache = TwoList::with_large_folios(10);
+        let mut cache = TwoList::with_large_folios(10).with_cluster(1);
         assert_eq!(cache.read_in_folio(0, 4), 4);
         assert_eq!((4..10).map(|p| cache.read_in(p)).sum::<u64>(), 6);
         cache
@@ -385,7 +452,7 @@ mod tests {
     fn refaults_make_reclaim_deactivate_though_the_inactive_list_is_not_low() {
         // Pages 0..4 active (marked accessed twice), 4..12 inactive.
         let setup = |refault: bool| {
-            let mut cache = TwoList::new(vec![1; 12]);
+            let mut cache = TwoList::new(vec![1; 12]).with_cluster(1);
             for page in 0..12 {
                 cache.read_in(page);
             }
@@ -404,12 +471,45 @@ mod tests {
         let mut cache = setup(false);
         assert_eq!(shrink_to(&mut cache, 8), [4, 5, 6, 7]);
         assert!((0..4).all(|p| cache.on[p] == List::Active));
-        // 5 active against 7 inactive pages: one deactivated per 7/5
-        // inactive pages scanned, the oldest active first.
+        // 5 active against 7 inactive pages, each scanned by its size
+        // shifted by the priority: at 2 one page of each, at 1 three and
+        // two, until 4 pages are evicted; the oldest active first.
         let mut cache = setup(true);
         assert_eq!(shrink_to(&mut cache, 8), [5, 6, 7, 8]);
-        assert!((0..2).all(|p| cache.on[p] == List::Inactive && cache.workingset[p]));
-        assert!((2..5).all(|p| cache.on[p] == List::Active));
+        assert!((0..3).all(|p| cache.on[p] == List::Inactive && cache.workingset[p]));
+        assert!((3..5).all(|p| cache.on[p] == List::Active));
+    }
+
+    #[test]
+    fn a_reclaim_frees_swap_cluster_max_and_deactivates_whole_folios() {
+        // A 4-page folio activated by MAP_POPULATE's walk, 64 single pages
+        // inactive; with an activated refault since the last reclaim or not.
+        let setup = |refault: bool| {
+            let mut cache = TwoList::with_large_folios(68);
+            cache.read_in_folio(0, 4);
+            for page in 0..4 {
+                cache.touched(page);
+            }
+            for page in 4..68 {
+                cache.read_in(page);
+            }
+            if refault {
+                cache.refaults += 1;
+            }
+            cache
+        };
+        // One page over the limit: one reclaim frees 32, the oldest.
+        let oldest: Vec<u32> = (4..36).collect();
+        let mut cache = setup(false);
+        assert_eq!(shrink_to(&mut cache, 67), oldest);
+        assert!(cache.on[0] == List::Active);
+        // After a refault the active list is scanned too, by its size
+        // shifted by the priority: from priority 2 on, one page, and the
+        // scan takes the folio whole.
+        let mut cache = setup(true);
+        assert_eq!(shrink_to(&mut cache, 67), oldest);
+        assert!(cache.on[0] == List::Inactive && cache.workingset[0]);
+        assert_eq!((cache.active_pages, cache.inactive_pages), (0, 36));
     }
 
     #[test]
