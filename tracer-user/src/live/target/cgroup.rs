@@ -365,51 +365,81 @@ fn read_stats(version: CgroupVersion, dir: &Path) -> Result<MemoryStats, CgroupE
     }
 }
 
-/// The cgroup's memory.stat, read at every tick of a limited run: its peak
-/// charges for the trailer, and, as a side effect that matters more, fresh
-/// reclaim statistics. Reclaim in a memory cgroup decides from per-cgroup
-/// counters (the active list's size in the refault test,
-/// mm/workingset.c `workingset_test_recent`; the list sizes and activated
-/// refaults in `prepare_scan_control`) that the kernel aggregates only
-/// every 2 s, or when memory.stat is read. A new cgroup's counters lag its
-/// lists for its first seconds, so which pages a short run keeps depended
-/// on when the 2 s flusher last ran: cold `moe` runs at 24M read 0.8 to 7.0
-/// MiB per token; with memory.stat read every 100 ms, 1.1 to 1.3 (docs/SIMULATE.md).
+/// The cgroup's memory.stat, read every [`STAT_PERIOD`] by a thread of its
+/// own through a limited run: its peak charges for the trailer, and, as a
+/// side effect that matters more, fresh reclaim statistics. Reclaim in a
+/// memory cgroup decides from per-cgroup counters (the active list's size in
+/// the refault test, mm/workingset.c `workingset_test_recent`; the list
+/// sizes and activated refaults in `prepare_scan_control`) that the kernel
+/// aggregates only every 2 s, or when memory.stat is read. A new cgroup's
+/// counters lag its lists for its first seconds, so which pages a short run
+/// keeps depended on when the 2 s flusher last ran: cold `moe` runs at 24M
+/// read 0.8 to 7.0 MiB per token, Gemma 3 270M's at 256M 75 to 230; with
+/// memory.stat read every 5 ms, 0.9 to 1.0 and 231.0 to 231.4. Every 100 ms
+/// was not enough for Gemma (150.6 to 190.3; docs/SIMULATE.md).
 pub struct StatSampler {
-    file: fs::File,
-    text: Vec<u8>,
-    peak: crate::format::CgroupMemory,
+    peak: std::sync::Arc<std::sync::Mutex<crate::format::CgroupMemory>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl StatSampler {
-    pub fn open(cgroup_dir: &Path) -> Option<Self> {
-        let file = fs::File::open(cgroup_dir.join("memory.stat")).ok()?;
-        Some(Self { file, text: Vec::with_capacity(8192), peak: Default::default() })
-    }
+/// How often memory.stat is read: a read costs 10-20 us.
+pub const STAT_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
 
-    pub fn sample(&mut self) {
-        use std::os::unix::fs::FileExt;
-        // memory.stat is generated whole at offset 0 (and its statistics
-        // flushed then): read it all from there.
-        self.text.resize(self.text.capacity().max(8192), 0);
-        let mut len = 0;
-        loop {
-            match self.file.read_at(&mut self.text[len..], len as u64) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => len += n,
-            }
-            if len == self.text.len() {
-                self.text.resize(len * 2, 0);
-            }
-        }
-        if let Ok(text) = std::str::from_utf8(&self.text[..len]) {
-            record_peaks(&mut self.peak, text);
-        }
+impl StatSampler {
+    pub fn start(cgroup_dir: &Path) -> Option<Self> {
+        use std::sync::{Arc, Mutex, atomic::AtomicBool};
+        let file = fs::File::open(cgroup_dir.join("memory.stat")).ok()?;
+        let peak = Arc::new(Mutex::new(crate::format::CgroupMemory::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("ttrace-memstat".into())
+            .spawn(move || {
+                let mut text = Vec::with_capacity(8192);
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(stat) = read_whole(&file, &mut text)
+                        && let Ok(mut peak) = p.lock()
+                    {
+                        record_peaks(&mut peak, stat);
+                    }
+                    std::thread::sleep(STAT_PERIOD);
+                }
+            })
+            .ok()?;
+        Some(Self { peak, stop, thread: Some(thread) })
     }
 
     pub fn peak(&self) -> crate::format::CgroupMemory {
-        self.peak
+        self.peak.lock().map(|p| *p).unwrap_or_default()
     }
+}
+
+impl Drop for StatSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The whole of a file the kernel generates at offset 0 (and whose
+/// statistics it flushes then).
+fn read_whole<'a>(file: &fs::File, text: &'a mut Vec<u8>) -> Option<&'a str> {
+    use std::os::unix::fs::FileExt;
+    text.resize(text.capacity().max(8192), 0);
+    let mut len = 0;
+    loop {
+        match file.read_at(&mut text[len..], len as u64).ok()? {
+            0 => break,
+            n => len += n,
+        }
+        if len == text.len() {
+            text.resize(len * 2, 0);
+        }
+    }
+    std::str::from_utf8(&text[..len]).ok()
 }
 
 /// Raises `peak` to the charges in a memory.stat text (v1 or v2).

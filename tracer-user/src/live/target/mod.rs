@@ -193,7 +193,9 @@ impl AnonRss {
 ///   MoE model generates 24 tokens in 15 ms, so a run can end between two
 ///   ticks, and the ticks alone saw 0.2 MiB (before the model loaded) in
 ///   some runs and 4.4 MiB in others;
-/// - under `--mem-limit`, the cgroup's memory.stat ([`cgroup::StatSampler`]).
+/// - under `--mem-limit`, the cgroup's memory.stat ([`cgroup::StatSampler`],
+///   read by a thread of its own: often enough to keep reclaim's statistics
+///   fresh).
 pub struct MemorySamples {
     rss: Option<AnonRss>,
     peak: Option<u64>,
@@ -202,14 +204,11 @@ pub struct MemorySamples {
 
 impl MemorySamples {
     pub fn open(pid: u32, cgroup_dir: Option<&std::path::Path>) -> Self {
-        Self { rss: AnonRss::open(pid), peak: None, cgroup: cgroup_dir.and_then(cgroup::StatSampler::open) }
+        Self { rss: AnonRss::open(pid), peak: None, cgroup: cgroup_dir.and_then(cgroup::StatSampler::start) }
     }
 
     pub fn sample(&mut self) {
         self.peak = self.peak.max(self.rss.as_mut().and_then(AnonRss::bytes));
-        if let Some(c) = &mut self.cgroup {
-            c.sample();
-        }
     }
 
     pub fn peak_anon(&self) -> Option<u64> {
