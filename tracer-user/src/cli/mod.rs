@@ -318,6 +318,9 @@ pub struct RunArgs {
     pub drop_caches: bool,
     /// Run the command in a memory cgroup with this limit (e.g. 512M, 2G),
     /// so a model larger than it is streamed from disk while generating.
+    /// ttrace reads the cgroup's memory.stat every 5 ms, which keeps the
+    /// statistics the kernel's reclaim decides by current (a new cgroup's
+    /// lag up to 2 s, and short runs then spread 2-4x: docs/SIMULATE.md).
     #[arg(long, value_name = "SIZE", value_parser = mem_limit)]
     pub mem_limit: Option<u64>,
     /// The command and its arguments.
