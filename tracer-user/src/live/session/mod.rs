@@ -65,7 +65,7 @@ pub struct SessionSpec {
     pub drop_caches: bool,
     pub mem_limit: Option<u64>,
     pub cgroup: Option<String>,
-    /// The memory cgroup's directory, read every tick (`--mem-limit`).
+    /// The memory cgroup's directory, whose memory.stat is sampled (`--mem-limit`).
     pub cgroup_dir: Option<PathBuf>,
     pub all_threads: bool,
     /// Per-node probes (op durations) instead of per-graph capture.
@@ -121,23 +121,6 @@ const SIGNAL_WITH_EXIT: Duration = Duration::from_millis(50);
 const HOOK_SEARCH_TICK: Duration = Duration::from_millis(20);
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
-/// Whether a failed attach failed because `pid` exited. A SIGKILLed target
-/// is gone from its maps before it is a zombie: a step may see it gone (or
-/// fail on what it tore down) while its state still reads running, for the
-/// moments its exit takes.
-fn exited_while_attaching(pid: u32, error: &anyhow::Error) -> bool {
-    let saw_it_gone =
-        error.chain().any(|c| matches!(c.downcast_ref(), Some(target::TargetError::NoSuchPid { pid: p }) if *p == pid));
-    saw_it_gone
-        || (0..20).any(|_| {
-            let gone = !target::is_running(pid);
-            if !gone {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            gone
-        })
-}
-
 pub async fn trace(target: Target, spec: &SessionSpec) -> Result<Outcome> {
     trace_with_tap(target, spec, None).await
 }
@@ -159,7 +142,7 @@ pub async fn trace_with_tap(target: Target, spec: &SessionSpec, tap: Option<Box<
             // Whatever step failed (maps gone, perf_event_open ESRCH, pidfd),
             // the cause is the target's exit, so say that rather than the step.
             return Err(match attach_pid {
-                Some(pid) if exited_while_attaching(pid, &e) => {
+                Some(pid) if target::exited_while_attaching(pid, &e) => {
                     anyhow::anyhow!("pid {pid} exited while ttrace was attaching; nothing was traced")
                 }
                 _ => e,

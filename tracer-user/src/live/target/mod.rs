@@ -141,6 +141,23 @@ pub fn is_running(pid: u32) -> bool {
     !matches!(process_state(pid), None | Some('Z' | 'X'))
 }
 
+/// Whether a failed attach failed because `pid` exited. A SIGKILLed target
+/// is gone from its maps before it is a zombie: a step may see it gone (or
+/// fail on what it tore down) while its state still reads running, for the
+/// moments its exit takes.
+pub fn exited_while_attaching(pid: u32, error: &anyhow::Error) -> bool {
+    let saw_it_gone =
+        error.chain().any(|c| matches!(c.downcast_ref(), Some(TargetError::NoSuchPid { pid: p }) if *p == pid));
+    saw_it_gone
+        || (0..20).any(|_| {
+            let gone = !is_running(pid);
+            if !gone {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            gone
+        })
+}
+
 /// The process's resident anonymous memory (`RssAnon` of /proc/PID/status:
 /// heap, KV cache, compute buffers, weight copies), sampled while it runs.
 /// Open files re-read from offset 0, not an open per sample: the path walk
