@@ -28,6 +28,9 @@ TOKENS, CTX = 24, 256
 # other, and the layout saves 24 % (16M, every token thrashing) and 35 %
 # (22M, most routed experts staying). At 20M and 24M, around the knee of
 # the curve, the two-list model's ratio was 1.11-1.34 of the measured one.
+# At one exact cache size the model resonated (a CI run: 22M 1.23 with the
+# anonymous memory 0.2 MiB below the run before); 2q is now the median of
+# a band of sizes (docs/SIMULATE.md, "The two-list model's resonance").
 # About 2.5 minutes.
 BUDGETS = ["16M", "22M"]
 RUNS = 7

@@ -10,7 +10,7 @@ use crate::{
     analyze::{
         self,
         simulate::{
-            Counting, Options, Row,
+            Counting, Options, Policy, Row,
             curve::{self, AnonChoice, AnonSource, Budgets, Curve, ReadaheadChoice, ReadaheadSource, Request},
             detail::Detail,
         },
@@ -169,6 +169,13 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
             s += &format!(" {cell:>12}");
         }
         s += "\n";
+    }
+    if policies.contains(&Policy::TwoList) {
+        s += &format!(
+            "2q: the median of its replays from {0} below to {0} above each cache size (at one exact size \
+             it resonates with the model's cyclic reads; docs/SIMULATE.md)\n",
+            human_bytes(curve.two_list_band_bytes)
+        );
     }
     if curve.generated_tokens == 0 {
         s += "\nno token was generated in this trace: per-token figures are '-'\n";

@@ -136,6 +136,9 @@ pub struct Curve {
     pub populate: bool,
     pub anon_bytes: u64,
     pub anon_source: AnonSource,
+    /// 2q's rows: the median of its replays at capacities this far either
+    /// side of the budget's ([`super::TWO_LIST_BAND_BYTES`]).
+    pub two_list_band_bytes: u64,
     pub generated_tokens: u64,
     /// Model-file bytes the run's ops read at least once.
     pub footprint_bytes: u64,
@@ -254,6 +257,7 @@ pub fn compute(
         populate: replay.populate,
         anon_bytes,
         anon_source,
+        two_list_band_bytes: super::TWO_LIST_BAND_BYTES,
         generated_tokens: replay.generated_tokens,
         footprint_bytes,
         fit_budget_bytes: fit.map(|f| f.0),

@@ -455,3 +455,40 @@ fn the_detail_budget_changes_no_row_and_its_pages_sum_to_it() {
         }
     }
 }
+
+/// 2q's row is the median of the two-list replays across the band around
+/// the budget's capacity (five capacities, [`TWO_LIST_BAND_BYTES`] either
+/// side), and the detail budget records that same replay.
+#[test]
+fn two_list_rows_are_the_median_of_the_band() {
+    let mut rng = Rng(0xba2d);
+    let bar = indicatif::ProgressBar::hidden();
+    // 16 KiB pages: the band's steps are 8 pages apart.
+    let page = 16 << 10;
+    let step = super::TWO_LIST_BAND_BYTES / 2 / page;
+    let mut uneven = 0;
+    for case in 0..60 {
+        let stream = sweeping_stream(&mut rng);
+        let total = stream.total_pages();
+        let capacity = total / 3 + 2 * step;
+        let replay = Replay {
+            stream: stream.clone(),
+            page_bytes: page,
+            generated_tokens: 3,
+            populate: false,
+            readahead: None,
+            engine: Engine::Runs,
+            footprint_pages: 0,
+            anon_bytes: 0,
+        };
+        let mut band: Vec<u64> =
+            (0..5).map(|i| generated(two_list_one_size(&stream, capacity - 2 * step + i * step))).collect();
+        band.sort_unstable();
+        uneven += usize::from(band[0] != band[4]);
+        let budget = capacity * page;
+        let (rows, reads) = run(&replay, &[budget], &[Policy::TwoList], 0, Counting::Generate, Some(budget), &bar);
+        assert_eq!(rows[0].misses, band[2], "case {case}: band {band:?}");
+        assert_eq!(reads[0].1.iter().map(|&c| u64::from(c)).sum::<u64>(), band[2], "case {case}");
+    }
+    assert!(uneven > 10, "only {uneven} bands of 60 differ within: the test tests nothing");
+}
