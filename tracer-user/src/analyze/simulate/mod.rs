@@ -33,7 +33,7 @@ use super::{
     diff::Permutation,
     tensor::{is_expert_tensor, model_tensor, view_bytes, weight_of},
     usage::{LoadMode, PERIODS, Period, routed_experts, source_ranges},
-    walk::{self, Event, Sink, Tables},
+    walk::{self, Event, OpEvent, Sink, Tables},
 };
 use crate::format::{Memory, ModelTensor, TraceError};
 pub use lru::LruCurve;
@@ -100,6 +100,10 @@ pub struct Options {
     /// Replay model loading as a sequential read of every model file
     /// (llama.cpp's default MAP_POPULATE), else from the first op.
     pub populate: Option<bool>,
+    /// Collect the anonymous pages the ops touch (`--anon auto`'s fallback
+    /// for traces that recorded no peak): a long trace's replay spends a
+    /// tenth of its time there.
+    pub touched_anon: bool,
 }
 
 /// The kernel's readahead for the model's mapping, in bytes.
@@ -185,7 +189,9 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
         layout: options.layout.as_ref(),
         routed: routed_experts(a),
         error: None,
+        touched_anon: options.touched_anon,
         anon: rangemap::RangeSet::new(),
+        anon_seen: Default::default(),
     };
     sink.builder.period(Period::Load);
     for (m, model) in a.models.iter().enumerate() {
@@ -257,9 +263,14 @@ fn file_of_key(key: u32) -> (u32, u32) {
 
 struct Collector<'a> {
     builder: StreamBuilder,
+    touched_anon: bool,
     /// Pages of anonymous memory (KV cache, compute buffers, weight
     /// copies) some op read or wrote, by address.
     anon: rangemap::RangeSet<u64>,
+    /// The page ranges already in `anon`: a decode reads the same tensors
+    /// every token, and a set lookup is a fraction of a RangeSet insert
+    /// (which was a sixth of a long trace's replay).
+    anon_seen: foldhash::HashSet<(u64, u64)>,
     page: u64,
     layout: Option<&'a Permutation>,
     routed: std::collections::BTreeMap<(u32, u32), std::collections::BTreeSet<u32>>,
@@ -277,13 +288,8 @@ impl Sink for Collector<'_> {
         };
         self.builder.period(period);
         let name = tables.op_name_ref(&e.op);
-        for id in std::iter::once(e.op.dst).chain(e.op.srcs.iter().map(|s| s.1)) {
-            let d = tables.descriptor(id);
-            if matches!(d.memory, Memory::Anon | Memory::Copy { .. })
-                && let Some(bytes) = view_bytes(d).filter(|&b| b > 0)
-            {
-                self.anon.insert(d.data / self.page * self.page..(d.data + bytes).div_ceil(self.page) * self.page);
-            }
+        if self.touched_anon {
+            self.touch_anon(e, tables);
         }
         for &(slot, id) in &e.op.srcs {
             let d = tables.descriptor(id);
@@ -306,6 +312,21 @@ impl Sink for Collector<'_> {
 }
 
 impl Collector<'_> {
+    /// Adds the anonymous pages op `e` reads or writes to `anon`.
+    fn touch_anon(&mut self, e: &OpEvent, tables: &Tables) {
+        for id in std::iter::once(e.op.dst).chain(e.op.srcs.iter().map(|s| s.1)) {
+            let d = tables.descriptor(id);
+            if matches!(d.memory, Memory::Anon | Memory::Copy { .. })
+                && let Some(bytes) = view_bytes(d).filter(|&b| b > 0)
+            {
+                let pages = (d.data / self.page * self.page, (d.data + bytes).div_ceil(self.page) * self.page);
+                if self.anon_seen.insert(pages) {
+                    self.anon.insert(pages.0..pages.1);
+                }
+            }
+        }
+    }
+
     /// Where byte range `r` of tensor `t` lies in the permuted layout: an
     /// expert tensor's slice of expert `e` moves to the position `p` with
     /// `perm[p] == e`; everything else stays.
