@@ -101,8 +101,8 @@ pub struct Options {
     /// (llama.cpp's default MAP_POPULATE), else from the first op.
     pub populate: Option<bool>,
     /// Collect the anonymous pages the ops touch (`--anon auto`'s fallback
-    /// for traces that recorded no peak): a long trace's replay spends a
-    /// tenth of its time there.
+    /// for traces that recorded no peak): inserting them was a sixth of a
+    /// long trace's replay.
     pub touched_anon: bool,
 }
 
