@@ -53,8 +53,6 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 LoadReplay::Populate => Some(true),
                 LoadReplay::None => Some(false),
             },
-            // From `anon`.
-            touched_anon: true,
         },
         readahead_choice: match args.readahead {
             Some(0) => ReadaheadChoice::None,

@@ -113,14 +113,7 @@ impl Request {
     /// defaults.
     pub fn defaults() -> Request {
         Request {
-            options: Options {
-                page_bytes: 4096,
-                engine: Engine::Runs,
-                readahead: None,
-                layout: None,
-                populate: None,
-                touched_anon: true,
-            },
+            options: Options { page_bytes: 4096, engine: Engine::Runs, readahead: None, layout: None, populate: None },
             readahead_choice: ReadaheadChoice::Recorded,
             budgets: Budgets::Default,
             policies: vec![Policy::Lru, Policy::Opt, Policy::TwoList],
@@ -214,8 +207,8 @@ pub fn compute(
     };
     let recorded_anon = a.trailer.as_ref().and_then(|t| t.peak_anon_bytes);
     let touched_anon = request.anon == AnonChoice::Auto && recorded_anon.is_none();
-    let options = Options { readahead, touched_anon, ..request.options.clone() };
-    let replay = replay(path, a, &options, read_progress)?;
+    let options = Options { readahead, ..request.options.clone() };
+    let replay = replay(path, a, &options, touched_anon, read_progress)?;
     let (anon_bytes, anon_source) = match request.anon {
         AnonChoice::Bytes(b) => (b, AnonSource::Given),
         AnonChoice::Auto => match recorded_anon {

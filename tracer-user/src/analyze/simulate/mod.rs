@@ -100,10 +100,6 @@ pub struct Options {
     /// Replay model loading as a sequential read of every model file
     /// (llama.cpp's default MAP_POPULATE), else from the first op.
     pub populate: Option<bool>,
-    /// Collect the anonymous pages the ops touch (`--anon auto`'s fallback
-    /// for traces that recorded no peak): inserting them was a sixth of a
-    /// long trace's replay.
-    pub touched_anon: bool,
 }
 
 /// The kernel's readahead for the model's mapping, in bytes.
@@ -181,7 +177,16 @@ pub struct Replay {
 }
 
 /// Reads the trace once into a [`Replay`].
-pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressBar) -> Result<Replay, SimulateError> {
+/// `touched_anon`: collect the anonymous pages the ops touch (`--anon
+/// auto`'s fallback for traces that recorded no peak; inserting them was a
+/// sixth of a long trace's replay).
+pub fn replay(
+    path: &Path,
+    a: &Analysis,
+    options: &Options,
+    touched_anon: bool,
+    progress: &ProgressBar,
+) -> Result<Replay, SimulateError> {
     let populate = options.populate.unwrap_or(LoadMode::from_command(&a.header.command) == LoadMode::Default);
     let mut sink = Collector {
         builder: StreamBuilder::default(),
@@ -189,7 +194,7 @@ pub fn replay(path: &Path, a: &Analysis, options: &Options, progress: &ProgressB
         layout: options.layout.as_ref(),
         routed: routed_experts(a),
         error: None,
-        touched_anon: options.touched_anon,
+        touched_anon,
         anon: rangemap::RangeSet::new(),
         anon_seen: Default::default(),
     };
@@ -405,7 +410,10 @@ pub fn run(
     let replay_one = |(budget, policy): (u64, Policy)| {
         let cache_bytes = budget.saturating_sub(anon_bytes);
         let (capacity, median) = match policy {
-            Policy::TwoList => replayers.two_list_median(cache_bytes / page_bytes, page_bytes, counting),
+            Policy::TwoList => {
+                let (capacity, misses) = replayers.two_list_median(cache_bytes / page_bytes, page_bytes, counting);
+                (capacity, Some(misses))
+            }
             _ => (cache_bytes / page_bytes, None),
         };
         let (misses, reads) = if detail == Some(budget) {
@@ -486,7 +494,7 @@ impl Replayers<'_> {
     /// The capacity, within [`TWO_LIST_BAND_BYTES`] of `capacity`, whose
     /// two-list replay has the median of the band's counted misses, and
     /// that replay's misses.
-    fn two_list_median(&self, capacity: u64, page_bytes: u64, counting: Counting) -> (u64, Option<Misses>) {
+    fn two_list_median(&self, capacity: u64, page_bytes: u64, counting: Counting) -> (u64, Misses) {
         let step = (TWO_LIST_BAND_BYTES / TWO_LIST_BAND_STEPS / page_bytes).max(1);
         let low = capacity.saturating_sub(step * TWO_LIST_BAND_STEPS);
         let mut band: Vec<(u64, u64, Misses)> = (0..=2 * TWO_LIST_BAND_STEPS)
@@ -498,7 +506,7 @@ impl Replayers<'_> {
             .collect();
         band.sort_unstable_by_key(|&(counted, c, _)| (counted, c));
         let (_, c, misses) = band.swap_remove(band.len() / 2);
-        (c, Some(misses))
+        (c, misses)
     }
 
     fn pages(&self) -> u64 {
