@@ -143,9 +143,13 @@ def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model:
     return report(ttrace, out), int(prompt[0]), int(runs[0]), proc
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-q8", "moe"])
-def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths, name):
-    a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8)
+# Graph capture (the default), and the per-node probes of --op-timing on tiny.
+@pytest.mark.parametrize("name, opts", [("tiny", ()), ("tiny-q8", ()), ("moe", ()), ("tiny", ("--op-timing",))],
+                         ids=["tiny", "tiny-q8", "moe", "tiny-op-timing"])
+def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths, name, opts):
+    a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8,
+                                                       ttrace_opts=opts)
+    assert a["header"]["options"]["op_timing"] == ("--op-timing" in opts)
     # The trace states the build's commit, as `llama-completion --version` reports it.
     assert a["header"]["llama_commit"] == paths["llama_commit"]
     assert (a["prompt_tokens"], a["generate_runs"]) == (prompt_tokens, eval_runs) == (3, 7)

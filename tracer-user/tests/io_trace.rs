@@ -60,6 +60,17 @@ fn block_requests_and_completions_match_the_kernel_blk_tracer() {
     assert_eq!(a.io.disk.uncompleted, missing as u64, "report: uncompleted reads are the missing completions");
 }
 
+/// A cold run of `moe` streamed from its own disk under a memory limit (the
+/// kernel matrix runs it in every kernel, on the guest's virtio disk).
+#[test]
+fn a_cold_memory_limited_run_on_its_own_disk_matches_the_blk_tracer() {
+    common::require_root();
+    let mut argv = llama(&target_support::private_model("moe"), "4");
+    argv.extend(["-c", "512"].map(String::from));
+    let (a, _) = blk_oracle_run("blk-moe-limit", &["run", "--drop-caches", "--mem-limit", "32M"], &argv);
+    assert!(a.io.disk.issues > 0, "a cold run under a limit reads the model");
+}
+
 /// The real model streamed from disk under a memory limit, five times:
 /// thousands of reads per run, issued and completed while uprobe programs
 /// run on the same CPUs (which made perf-event tracepoint programs miss

@@ -9,14 +9,13 @@ use anyhow::{Context, Result};
 use crate::{cache, setup, shell};
 
 pub fn run() -> Result<()> {
-    let paths = setup::run()?;
+    let setup::Demo { completion, gemma: model } = setup::demo()?;
     let ttrace = build_ttrace()?;
     let out_dir = cache::repo_root().join("target/demo");
     std::fs::create_dir_all(&out_dir)?;
     eprintln!("demo: kernel round trip (`ttrace check`)");
     shell::run(Command::new(&ttrace).arg("check"))?;
 
-    let model = paths.models.get("gemma").context("set-up fetched no `gemma` model")?;
     let trace = out_dir.join("ttrace.data");
     eprintln!("demo: tracing llama-completion on {}", model.display());
     shell::run(
@@ -24,9 +23,9 @@ pub fn run() -> Result<()> {
             .args(["run", "--drop-caches", "-o"])
             .arg(&trace)
             .arg("--")
-            .arg(&paths.llama.completion)
+            .arg(&completion)
             .arg("-m")
-            .arg(model)
+            .arg(&model)
             // Gemma's default context (32768) would size a KV cache far bigger than the model.
             .args(["-p", "The three primary colors are", "-n", "32", "-c", "512", "-no-cnv", "--perf", "-t", "2"]),
     )?;

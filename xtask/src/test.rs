@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cache, demo, scratch::TestTmp, setup, shell};
+use crate::{cache, demo, kernels, scratch::TestTmp, setup, shell};
 
 pub fn run(cargo_args: &[String]) -> Result<()> {
     let paths = setup::run()?;
@@ -57,6 +57,10 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
             failures.push(e.to_string());
         }
         eprintln!("xtask: screenshots of the HTML reports in {}", screenshots.display());
+        // Last: the same tests inside each kernel of the matrix.
+        if let Err(e) = kernel_matrix(&paths, &ttrace, &tmp, &[], None) {
+            failures.push(format!("{e:#}"));
+        }
     }
     if !failures.is_empty() {
         eprintln!("xtask: the failed run's scratch files are kept in {}", tmp.path().display());
@@ -64,5 +68,53 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     }
     tmp.remove();
     eprintln!("xtask: all test suites passed");
+    Ok(())
+}
+
+/// `cargo xtask kernels`: set up, build, and run the kernel matrix alone.
+pub fn run_kernels(series: &[String], case: Option<&str>) -> Result<()> {
+    let paths = setup::run()?;
+    let ttrace = demo::build_ttrace()?;
+    let tmp = TestTmp::create()?;
+    kernel_matrix(&paths, &ttrace, &tmp, series, case)?;
+    tmp.remove();
+    Ok(())
+}
+
+/// Runs the matrix (those `series`, or all) and prints its table; a full
+/// run also rewrites the README's "Supported kernels" table.
+fn kernel_matrix(
+    paths: &setup::Paths,
+    ttrace: &std::path::Path,
+    tmp: &TestTmp,
+    series: &[String],
+    case: Option<&str>,
+) -> Result<()> {
+    let chosen: Vec<_> =
+        paths.kernels.iter().filter(|k| series.is_empty() || series.contains(&k.series)).cloned().collect();
+    if chosen.is_empty() {
+        bail!(
+            "no kernel of the matrix is called {}; they are {}",
+            series.join(", "),
+            kernels::KERNELS.map(|k| k.series).join(", ")
+        );
+    }
+    let inputs = kernels::matrix::Inputs {
+        ttrace,
+        paths: &paths.to_json(),
+        venv_python: &paths.venv_python,
+        portable_bin: &paths.llama_portable,
+        work: tmp.path(),
+    };
+    let table = kernels::matrix::run(&chosen, &inputs, case)?;
+    let rendered = table.render();
+    eprintln!("\nkernel matrix:\n{rendered}");
+    let passed = table.all_passed(kernels::matrix::case_count(case));
+    if series.is_empty() && case.is_none() {
+        kernels::readme::write_table(&rendered)?;
+    }
+    if !passed {
+        bail!("the kernel matrix failed (table above; logs in {})", tmp.path().display());
+    }
     Ok(())
 }

@@ -1,0 +1,284 @@
+//! Running the matrix: for each kernel one boot that runs every case (real
+//! tests of the suite, with their oracles: llama.cpp's counters, its eval
+//! callback, the kernel's blk tracer), then one table of kernel × case.
+//! What needs no kernel of its own is built and decided on the host.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{Prepared, qemu};
+use crate::{cache, shell};
+
+/// The guest's side, written into each job directory.
+const GUEST_SH: &str = include_str!("guest.sh");
+/// Where the guest mounts the test disk (the tests' TMPDIR is on it).
+const DISK_MOUNT: &str = "/mnt/disk";
+/// The test disk: the models' copies and every scratch file (sparse).
+const DISK_BYTES: u64 = 3 << 30;
+/// Models copied to the test disk (9p has no FIEMAP, which ttrace maps
+/// block requests to tensors with).
+const DISK_MODELS: &[&str] = &["tiny", "tiny-q8", "moe"];
+/// One boot runs every case; a guest still running after this is killed.
+const BOOT_LIMIT: Duration = Duration::from_secs(40 * 60);
+
+/// How one case runs in the guest.
+enum Run {
+    /// `ttrace ARGS`.
+    Ttrace(&'static str),
+    /// One pytest node of tests/python.
+    Pytest(&'static str),
+    /// One test of a Rust integration-test binary of tracer-user.
+    Rust { binary: &'static str, test: &'static str },
+}
+
+/// The cases, each a test that asserts against an independent oracle.
+const CASES: &[(&str, Run)] = &[
+    ("check", Run::Ttrace("check")),
+    // Graph capture against llama.cpp's eval callback: every node, token id and weight byte.
+    ("run tiny", Run::Pytest("test_graph_capture.py::test_graph_nodes_and_token_ids_match_the_eval_callback[tiny]")),
+    // llama.cpp's own counters and the GGUF table, on the MoE model.
+    ("run moe", Run::Pytest("test_trace_core.py::test_ubatches_match_llama_counters_and_weights_match_gguf[moe]")),
+    ("attach", Run::Rust { binary: "trace_core", test: "attach_records_ops_and_detaches_leaving_target_running" }),
+    (
+        "blk --mem-limit",
+        Run::Rust { binary: "io_trace", test: "a_cold_memory_limited_run_on_its_own_disk_matches_the_blk_tracer" },
+    ),
+    (
+        "--op-timing",
+        Run::Pytest("test_trace_core.py::test_ubatches_match_llama_counters_and_weights_match_gguf[tiny-op-timing]"),
+    ),
+    ("--values", Run::Pytest("test_values.py::test_values_match_the_eval_callback[tiny]")),
+    ("top --json", Run::Pytest("test_top.py::test_moe_expert_grid_equals_the_traces_routing")),
+];
+
+/// What the host gives the guest.
+pub struct Inputs<'a> {
+    pub ttrace: &'a Path,
+    /// The host's paths.json (set-up's), rewritten for the guest.
+    pub paths: &'a serde_json::Value,
+    pub venv_python: &'a Path,
+    /// A llama.cpp build without host-only instructions (GGML_NATIVE off).
+    pub portable_bin: &'a Path,
+    /// Scratch: job directories and disks.
+    pub work: &'a Path,
+}
+
+/// One case's outcome in one kernel.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub passed: bool,
+    pub seconds: f64,
+}
+
+/// Kernel release → case → outcome (a case with no outcome did not run).
+pub struct Table {
+    pub kernels: Vec<(Prepared, String, Duration)>,
+    pub outcomes: BTreeMap<(String, String), Outcome>,
+}
+
+/// Boots each kernel in turn with every case (or those whose name contains `only`).
+pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Result<Table> {
+    let cases: Vec<&(&str, Run)> = CASES.iter().filter(|(name, _)| only.is_none_or(|o| name.contains(o))).collect();
+    let rust = rust_test_binaries()?;
+    let accel = qemu::Accel::detect();
+    let mut table = Table { kernels: Vec::new(), outcomes: BTreeMap::new() };
+    for kernel in kernels {
+        let job = inputs.work.join(format!("job-{}", kernel.series));
+        let _ = std::fs::remove_dir_all(&job);
+        std::fs::create_dir_all(&job)?;
+        write_job(&job, &cases, &rust, inputs)?;
+        let disk = inputs.work.join(format!("disk-{}.img", kernel.series));
+        make_disk(&disk, inputs.paths)?;
+        eprintln!("kernels: booting {} ({}) with {} cases, {accel:?}", kernel.series, kernel.package, cases.len());
+        let boot = qemu::Boot {
+            vmlinuz: &kernel.vmlinuz,
+            initramfs: &kernel.initramfs,
+            job: &job,
+            disk: &disk,
+            accel,
+            limit: BOOT_LIMIT,
+        };
+        let booted = qemu::boot(&boot);
+        let _ = std::fs::remove_file(&disk);
+        let elapsed = booted.with_context(|| format!("kernel {}", kernel.series))?;
+        let release = std::fs::read_to_string(job.join("kernel")).unwrap_or_default().trim().to_string();
+        for (name, outcome) in read_results(&job)? {
+            eprintln!(
+                "kernels: {} {name}: {} ({:.0}s){}",
+                kernel.series,
+                if outcome.passed { "pass" } else { "FAIL" },
+                outcome.seconds,
+                if outcome.passed { String::new() } else { format!(", log {}", log_path(&job, &name).display()) }
+            );
+            table.outcomes.insert((kernel.series.clone(), name), outcome);
+        }
+        table.kernels.push((kernel.clone(), release, elapsed));
+    }
+    Ok(table)
+}
+
+fn log_path(job: &Path, case: &str) -> PathBuf {
+    job.join("logs").join(format!("{}.log", file_name(case)))
+}
+
+/// A case name as a file name.
+fn file_name(case: &str) -> String {
+    case.trim_start_matches('-').replace([' ', '-'], "_")
+}
+
+fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf>, inputs: &Inputs<'_>) -> Result<()> {
+    let repo = cache::repo_root();
+    let mut tsv = String::new();
+    for (name, run) in cases {
+        let command = match run {
+            Run::Ttrace(args) => format!("\"$TTRACE_BIN\" {args}"),
+            Run::Pytest(node) => format!(
+                "\"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider {}",
+                shell_quote(&repo.join("tests/python").join(node).display().to_string())
+            ),
+            Run::Rust { binary, test } => {
+                let exe = rust.get(*binary).with_context(|| format!("no integration-test binary `{binary}`"))?;
+                format!("{} --exact {test} --nocapture", shell_quote(&exe.display().to_string()))
+            }
+        };
+        writeln!(tsv, "{}\t{command}", file_name(name))?;
+    }
+    std::fs::write(job.join("cases.tsv"), tsv)?;
+    let names: String = cases.iter().map(|(name, _)| format!("{}\t{name}\n", file_name(name))).collect();
+    std::fs::write(job.join("names.tsv"), names)?;
+    let portable = inputs.portable_bin;
+    let mut paths = inputs.paths.clone();
+    paths["llama_completion"] = portable.join("llama-completion").display().to_string().into();
+    paths["llama_lib_dir"] = portable.display().to_string().into();
+    for model in DISK_MODELS {
+        let host = paths["models"][model].as_str().with_context(|| format!("set-up has no model `{model}`"))?;
+        let name = Path::new(host).file_name().context("a model file name")?.to_string_lossy().into_owned();
+        paths["models"][model] = format!("{DISK_MOUNT}/models/{name}").into();
+    }
+    std::fs::write(job.join("paths.json"), serde_json::to_string_pretty(&paths)?)?;
+    let env = [
+        ("TTRACE_BIN", inputs.ttrace.display().to_string()),
+        ("TTRACE_PATHS", job.join("paths.json").display().to_string().replace(&job.display().to_string(), "/job")),
+        ("VENV_PYTHON", inputs.venv_python.display().to_string()),
+        // The `llama_cpp` client's oracles load the portable build's libllama.
+        ("LLAMA_CPP_LIB_PATH", portable.display().to_string()),
+        ("TMPDIR", format!("{DISK_MOUNT}/tmp")),
+        ("PYTHONDONTWRITEBYTECODE", "1".into()),
+        ("PATH", std::env::var("PATH").unwrap_or_default()),
+        ("HOME", "/root".into()),
+    ];
+    let env: String = env.iter().map(|(k, v)| format!("export {k}={}\n", shell_quote(v))).collect();
+    std::fs::write(job.join("env"), env)?;
+    std::fs::write(job.join("guest.sh"), GUEST_SH)?;
+    Ok(())
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// An ext4 image holding the models and an empty world-writable `tmp`.
+fn make_disk(image: &Path, paths: &serde_json::Value) -> Result<()> {
+    let staging = image.with_extension("staging");
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(staging.join("models"))?;
+    std::fs::create_dir_all(staging.join("tmp"))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(staging.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
+    for model in DISK_MODELS {
+        let host = PathBuf::from(paths["models"][model].as_str().context("a model path")?);
+        std::fs::copy(&host, staging.join("models").join(host.file_name().context("a model file name")?))?;
+    }
+    let _ = std::fs::remove_file(image);
+    std::fs::File::create(image)?.set_len(DISK_BYTES)?;
+    shell::run(Command::new("mkfs.ext4").args(["-q", "-F", "-d"]).arg(&staging).arg(image))
+        .context("making the guest's test disk (Debian package e2fsprogs)")?;
+    std::fs::remove_dir_all(&staging)?;
+    Ok(())
+}
+
+/// The guest's `results.tsv`, by case name.
+fn read_results(job: &Path) -> Result<Vec<(String, Outcome)>> {
+    let names: BTreeMap<String, String> = std::fs::read_to_string(job.join("names.tsv"))?
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(file, name)| (file.to_string(), name.to_string()))
+        .collect();
+    let text = std::fs::read_to_string(job.join("results.tsv")).unwrap_or_default();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut fields = line.split('\t');
+        let (Some(file), Some(status), Some(seconds)) = (fields.next(), fields.next(), fields.next()) else {
+            bail!("malformed line in {}: {line}", job.join("results.tsv").display());
+        };
+        let name = names.get(file).cloned().unwrap_or_else(|| file.to_string());
+        out.push((name, Outcome { passed: status == "pass", seconds: seconds.parse().unwrap_or(0.0) }));
+    }
+    Ok(out)
+}
+
+/// Integration-test binaries of tracer-user, as `cargo xtask test` built them.
+fn rust_test_binaries() -> Result<BTreeMap<String, PathBuf>> {
+    let out = shell::output(Command::new("cargo").current_dir(cache::repo_root()).args([
+        "test",
+        "--no-run",
+        "--quiet",
+        "-p",
+        "tracer-user",
+        "--message-format=json",
+    ]))?;
+    let mut found = BTreeMap::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(exe), Some(name)) = (msg["executable"].as_str(), msg["target"]["name"].as_str()) else { continue };
+        if msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")) {
+            found.insert(name.to_string(), PathBuf::from(exe));
+        }
+    }
+    Ok(found)
+}
+
+impl Table {
+    /// Every case ran and passed in every kernel.
+    pub fn all_passed(&self, cases: usize) -> bool {
+        self.outcomes.len() == cases * self.kernels.len() && self.outcomes.values().all(|o| o.passed)
+    }
+
+    /// kernel × case, pass/fail and seconds (markdown, also for the README).
+    pub fn render(&self) -> String {
+        let names: Vec<&str> = CASES.iter().map(|(n, _)| *n).collect();
+        let mut s = String::from("| kernel | Debian package |");
+        for n in &names {
+            let _ = write!(s, " `{n}` |");
+        }
+        s.push_str(" boot |\n|---|---|");
+        s.push_str(&"---|".repeat(names.len() + 1));
+        s.push('\n');
+        for (k, release, elapsed) in &self.kernels {
+            let used_by = super::KERNELS.iter().find(|m| m.series == k.series).map_or("", |m| m.used_by);
+            let _ = write!(s, "| {} ({used_by}; `{release}`) | {} {} |", k.series, k.package, k.version);
+            for n in &names {
+                match self.outcomes.get(&(k.series.clone(), (*n).to_string())) {
+                    Some(o) => {
+                        let _ = write!(s, " {} {:.0}s |", if o.passed { "pass" } else { "**FAIL**" }, o.seconds);
+                    }
+                    None => s.push_str(" - |"),
+                }
+            }
+            let _ = writeln!(s, " {:.0}s |", elapsed.as_secs_f64());
+        }
+        s
+    }
+}
+
+/// Number of cases a run with this filter has.
+pub fn case_count(only: Option<&str>) -> usize {
+    CASES.iter().filter(|(name, _)| only.is_none_or(|o| name.contains(o))).count()
+}

@@ -1,0 +1,106 @@
+//! The kernel matrix: ttrace's kernel-dependent tests, run inside Debian's
+//! own kernels booted in qemu, as aya's CI does. Set-up fetches each kernel
+//! once (`fetch`) and makes its initramfs (`initramfs`); `matrix` runs the
+//! tests in one boot per kernel (`qemu`, `guest.sh`) and prints one table.
+
+mod fetch;
+mod initramfs;
+pub mod matrix;
+mod qemu;
+pub mod readme;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// A kernel series of the matrix and where Debian has it.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    pub series: &'static str,
+    /// Who runs it (the README's table).
+    pub used_by: &'static str,
+}
+
+/// Oldest first. Ubuntu 22.04's 5.15, RHEL 9's 5.14 and Ubuntu 24.04's 6.8
+/// are not in Debian's archive: 5.10, 6.1 and 6.12 stand in for them.
+pub const KERNELS: [Kernel; 5] = [
+    Kernel { series: "5.10", used_by: "Debian 11 (bullseye)" },
+    Kernel { series: "6.1", used_by: "Debian 12 (bookworm)" },
+    Kernel { series: "6.12", used_by: "Debian 13 (trixie)" },
+    Kernel { series: "6.18", used_by: "Debian 13 backports" },
+    Kernel { series: "7.2", used_by: "Debian sid" },
+];
+
+/// A kernel ready to boot, as cached.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Prepared {
+    pub series: String,
+    pub package: String,
+    pub version: String,
+    pub vmlinuz: PathBuf,
+    pub initramfs: PathBuf,
+    /// What the initramfs was made with (a change remakes it).
+    recipe: String,
+}
+
+/// Set-up's step: every kernel of the matrix, fetched once and kept.
+pub fn ensure(cache: &Path) -> Result<(Vec<Prepared>, String)> {
+    let root = cache.join("kernels");
+    let mut apt = None;
+    let mut prepared = Vec::new();
+    let mut fetched = Vec::new();
+    for kernel in KERNELS {
+        let dir = root.join(kernel.series);
+        let stamp = dir.join("kernel.json");
+        let cached: Option<Prepared> =
+            std::fs::read_to_string(&stamp).ok().and_then(|text| serde_json::from_str(&text).ok());
+        if let Some(p) = cached.filter(|p| p.recipe == recipe() && p.vmlinuz.exists() && p.initramfs.exists()) {
+            prepared.push(p);
+            continue;
+        }
+        if apt.is_none() {
+            let a = fetch::Apt::new(&root.join("apt"))?;
+            a.update()?;
+            apt = Some(a);
+        }
+        let apt = apt.as_ref().expect("set above");
+        let (package, version) = apt.resolve(&kernel)?;
+        let debs = apt.download(&package, &dir.join("debs"))?;
+        let unpacked = dir.join("unpacked");
+        let _ = std::fs::remove_dir_all(&unpacked);
+        fetch::extract(&debs, &unpacked)?;
+        let vmlinuz = dir.join("vmlinuz");
+        std::fs::copy(find_vmlinuz(&unpacked)?, &vmlinuz)?;
+        let initramfs = dir.join("initramfs.cpio.gz");
+        initramfs::build(&unpacked, &initramfs).with_context(|| format!("the initramfs of {package}"))?;
+        std::fs::remove_dir_all(&unpacked)?;
+        let p = Prepared { series: kernel.series.into(), package, version, vmlinuz, initramfs, recipe: recipe() };
+        std::fs::write(&stamp, serde_json::to_string_pretty(&p)?)?;
+        fetched.push(format!("{} {}", p.package, p.version));
+        prepared.push(p);
+    }
+    let what = if fetched.is_empty() {
+        format!("ok ({} cached)", prepared.iter().map(|p| p.series.as_str()).collect::<Vec<_>>().join(", "))
+    } else {
+        format!("fetched {}", fetched.join(", "))
+    };
+    Ok((prepared, what))
+}
+
+fn recipe() -> String {
+    initramfs::recipe()
+}
+
+/// `boot/vmlinuz-*`, or from 6.19 on `usr/lib/modules/<release>/vmlinuz`.
+fn find_vmlinuz(root: &Path) -> Result<PathBuf> {
+    let boot = std::fs::read_dir(root.join("boot")).into_iter().flatten().flatten().map(|e| e.path());
+    let modules = ["lib/modules", "usr/lib/modules"]
+        .iter()
+        .flat_map(|base| std::fs::read_dir(root.join(base)).into_iter().flatten().flatten())
+        .map(|e| e.path().join("vmlinuz"));
+    boot.filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("vmlinuz-")))
+        .chain(modules.filter(|p| p.exists()))
+        .next()
+        .with_context(|| format!("no vmlinuz in {}", root.display()))
+}
