@@ -3,6 +3,7 @@
 mod bench;
 mod cache;
 mod demo;
+mod dist;
 mod lint;
 mod llama_versions;
 mod scratch;
@@ -55,6 +56,14 @@ enum Task {
     Lint,
     /// Print where the set-up put llama-completion, the venv python and the models (JSON).
     Paths,
+    /// A release for users without Rust: a static (musl) ttrace with the eBPF object and viewer embedded,
+    /// as target/dist/ttrace-<version>-x86_64-linux.tar.gz and ttrace_<version>_amd64.deb.
+    Dist {
+        /// Then install the .deb in a clean Debian root (debootstrap, cached) without Rust and trace the
+        /// tiny model there: `ttrace check`, `run` and `report` (root; runs the whole set-up first).
+        #[arg(long)]
+        verify: bool,
+    },
 }
 
 fn main() {
@@ -71,6 +80,7 @@ fn main() {
         }
         Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| targets::print_paths(&paths)),
+        Task::Dist { verify } => dist::run(verify),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

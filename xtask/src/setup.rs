@@ -121,6 +121,16 @@ fn setup(verbose: bool) -> Result<Paths> {
     })
 }
 
+/// Only what building ttrace itself needs (nightly rust-src, bpf-linker), not
+/// the test targets: `cargo xtask dist` without `--verify`.
+pub fn build_tools() -> Result<()> {
+    let cache = cache::dir()?;
+    for (name, what) in [("rust-src", nightly_rust_src()?), ("bpf-linker", bpf_linker(&cache)?)] {
+        eprintln!("setup: {name:<12} {what}");
+    }
+    Ok(())
+}
+
 fn apt_packages() -> Result<String> {
     let mut missing: Vec<&str> = APT_PACKAGES
         .iter()
