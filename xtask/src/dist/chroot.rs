@@ -22,9 +22,10 @@ use super::Artefacts;
 use crate::{setup::Paths, shell};
 
 const SUITE: &str = "bookworm";
-/// llama.cpp's CPU backend links OpenMP; minbase has libstdc++ and libgcc
-/// (apt needs them) but not libgomp. ttrace itself needs nothing.
-const INCLUDE: &str = "libgomp1";
+/// What the traced llama.cpp build links beyond minbase's libc, libstdc++
+/// and libgcc: OpenMP (the CPU backend's threads) and OpenSSL (llama-common,
+/// for HTTPS model downloads). ttrace itself needs nothing.
+const INCLUDE: &str = "libgomp1,libssl3";
 /// Binds every `in_root` command gets. `$1` is the root, `$2` the cache,
 /// the rest the command.
 const MOUNTS: &str = r#"r=$1; c=$2; shift 2
