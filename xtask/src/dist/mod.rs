@@ -96,7 +96,12 @@ fn build() -> Result<Artefacts> {
     // Only this build's files: an older version's would pass for current.
     let _ = std::fs::remove_dir_all(&dist);
     std::fs::create_dir_all(&dist).with_context(|| format!("creating {}", dist.display()))?;
-    let tarball = tarball(&root, &binary, &dist, &version)?;
+    // Files in both archives carry the commit's time, not the build's, so
+    // two builds of one commit give the same bytes.
+    let epoch = shell::output(Command::new("git").current_dir(&root).args(["log", "-1", "--format=%ct"]))
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|_| "0".into());
+    let tarball = tarball(&root, &binary, &dist, &version, &epoch)?;
     let deb = dist.join(format!("ttrace_{version}_amd64.deb"));
     // --no-strip: the .deb carries the very file the tarball does (cargo's
     // release profile already drops debug info; the symbols name panics).
@@ -105,6 +110,7 @@ fn build() -> Result<Artefacts> {
             .current_dir(&root)
             .args(["deb", "-p", "tracer-user", "--target", TARGET, "--no-build", "--no-strip", "--output"])
             .arg(&deb)
+            .env("SOURCE_DATE_EPOCH", &epoch)
             // It prints the package's path: our stdout is only the final list.
             .stdout(std::io::stderr()),
     )?;
@@ -155,9 +161,8 @@ fn check_static(binary: &Path) -> Result<()> {
 }
 
 /// `ttrace-<version>-x86_64-linux/{ttrace,README.md,LICENSE-*}`, with owner,
-/// order and times fixed (the commit's time), so a rebuild of one commit
-/// gives the same archive.
-fn tarball(root: &Path, binary: &Path, dist: &Path, version: &str) -> Result<PathBuf> {
+/// order and times (`epoch`) fixed.
+fn tarball(root: &Path, binary: &Path, dist: &Path, version: &str, epoch: &str) -> Result<PathBuf> {
     let name = format!("ttrace-{version}-x86_64-linux");
     let staging = dist.join(&name);
     std::fs::create_dir_all(&staging)?;
@@ -165,15 +170,12 @@ fn tarball(root: &Path, binary: &Path, dist: &Path, version: &str) -> Result<Pat
     for doc in DOCS {
         std::fs::copy(root.join(doc), staging.join(doc)).with_context(|| format!("copying {doc}"))?;
     }
-    let mtime = shell::output(Command::new("git").current_dir(root).args(["log", "-1", "--format=%ct"]))
-        .map(|t| t.trim().to_string())
-        .unwrap_or_else(|_| "0".into());
     let tarball = dist.join(format!("{name}.tar.gz"));
     shell::run(
         Command::new("tar")
             .current_dir(dist)
             .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mode=u+rw,go+r,go-w"])
-            .arg(format!("--mtime=@{mtime}"))
+            .arg(format!("--mtime=@{epoch}"))
             // -n: no name or time in the gzip header either.
             .args(["--use-compress-program=gzip -n -9", "-cf"])
             .arg(&tarball)
