@@ -9,6 +9,11 @@ use ttrace::{
     cmd,
 };
 
+/// See mimalloc in Cargo.toml: glibc's allocator needs no replacement.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.verbose);

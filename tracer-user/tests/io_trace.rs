@@ -24,14 +24,7 @@ mod target_support;
 use io_support::blkparse::{BlkLine, check_blkparse_lines, parse_blkparse};
 
 fn ttrace(args: &[&str], trace: &Path, command: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_ttrace"))
-        .args(args)
-        .arg("-o")
-        .arg(trace)
-        .arg("--")
-        .args(command)
-        .output()
-        .expect("run ttrace");
+    let out = common::ttrace().args(args).arg("-o").arg(trace).arg("--").args(command).output().expect("run ttrace");
     assert!(out.status.success(), "ttrace {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     out
 }
@@ -133,12 +126,8 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
     // lines are the blk tracer's D records in the model's extents, its C lines
     // the blk tracer's C records there.
     let text_path = trace.with_extension("blk");
-    let export = Command::new(env!("CARGO_BIN_EXE_ttrace"))
-        .args(["export", "--format", "blkparse", "-o"])
-        .arg(&text_path)
-        .arg(&trace)
-        .output()
-        .unwrap();
+    let export =
+        common::ttrace().args(["export", "--format", "blkparse", "-o"]).arg(&text_path).arg(&trace).output().unwrap();
     assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
     let text = std::fs::read_to_string(&text_path).unwrap();
     let lines: Vec<BlkLine> = text.lines().map(parse_blkparse).collect();

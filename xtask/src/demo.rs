@@ -50,9 +50,7 @@ pub fn run() -> Result<()> {
 pub fn build_ttrace() -> Result<PathBuf> {
     let root = cache::repo_root();
     shell::run(Command::new("cargo").current_dir(&root).args(["build", "--release", "--quiet", "-p", "tracer-user"]))?;
-    // Where cargo put it: CARGO_TARGET_DIR moves the target directory.
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    Ok(target.join("release/ttrace"))
+    Ok(cache::target_dir().join("release/ttrace"))
 }
 
 /// Write `cargo xtask paths` output to `<cache>/paths.json` for test processes.

@@ -3,6 +3,7 @@
 mod bench;
 mod cache;
 mod demo;
+mod dist;
 mod kernels;
 mod lint;
 mod llama_versions;
@@ -66,6 +67,14 @@ enum Task {
     Lint,
     /// Print where the set-up put llama-completion, the venv python and the models (JSON).
     Paths,
+    /// A release for users without Rust: a static (musl) ttrace with the eBPF object and viewer embedded,
+    /// as target/dist/ttrace-<version>-x86_64-linux.tar.gz and ttrace_<version>_amd64.deb.
+    Dist {
+        /// Then install the .deb in a clean Debian root (debootstrap, cached) without Rust and trace the
+        /// tiny model there: `ttrace check`, `run` and `report` (root; runs the whole set-up first).
+        #[arg(long)]
+        verify: bool,
+    },
 }
 
 fn main() {
@@ -83,6 +92,7 @@ fn main() {
         Task::Kernels { kernel, case } => test::run_kernels(&kernel, case.as_deref()),
         Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| paths.print()),
+        Task::Dist { verify } => dist::run(verify),
     };
     if let Err(err) = result {
         eprintln!("xtask: error: {err:#}");

@@ -163,6 +163,14 @@ pub fn demo() -> Result<Demo> {
     Ok(Demo { completion, gemma })
 }
 
+/// Only what building ttrace itself needs (nightly rust-src, bpf-linker), not
+/// the test targets: `cargo xtask dist` without `--verify`.
+pub fn build_tools() -> Result<()> {
+    let steps = Steps::start(true)?;
+    steps.step("rust-src", || Ok(((), nightly_rust_src()?)))?;
+    steps.step("bpf-linker", || Ok(((), bpf_linker(&steps.cache)?)))
+}
+
 fn apt_packages(wanted: &[&'static str]) -> Result<String> {
     let mut missing: Vec<&str> = wanted
         .iter()

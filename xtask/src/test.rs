@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cache, demo, kernels, scratch::TestTmp, setup, shell};
+use crate::{cache, demo, dist, kernels, scratch::TestTmp, setup, shell};
 
 pub fn run(cargo_args: &[String]) -> Result<()> {
     let paths = setup::run()?;
@@ -57,8 +57,10 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
             failures.push(e.to_string());
         }
         eprintln!("xtask: screenshots of the HTML reports in {}", screenshots.display());
-        // Last: the same tests inside each kernel of the matrix.
-        if let Err(e) = kernel_matrix(&paths, &ttrace, &tmp, &[], None) {
+        // Last: the release users install (static, in a clean Debian root),
+        // then the same tests inside each kernel of the matrix, with it.
+        let release = dist::build_and_verify(&paths);
+        if let Err(e) = release.and_then(|r| kernel_matrix(&paths, &r.binary, &tmp, &[], None)) {
             failures.push(format!("{e:#}"));
         }
     }
@@ -71,10 +73,10 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask kernels`: set up, build, and run the kernel matrix alone.
+/// `cargo xtask kernels`: set up, build the release, and run the kernel matrix alone.
 pub fn run_kernels(series: &[String], case: Option<&str>) -> Result<()> {
     let paths = setup::run()?;
-    let ttrace = demo::build_ttrace()?;
+    let ttrace = dist::build_and_verify(&paths)?.binary;
     let tmp = TestTmp::create()?;
     kernel_matrix(&paths, &ttrace, &tmp, series, case)?;
     tmp.remove();

@@ -2,10 +2,24 @@
 
 use clap::{Args, Parser, Subcommand};
 
+/// `-V`: the crate version and the commit it was built from (build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TTRACE_GIT_COMMIT"), ")");
+/// `--version`: also the embedded eBPF object's hash, which tells two builds
+/// of one commit apart (another nightly or bpf-linker makes other programs).
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TTRACE_GIT_COMMIT"),
+    ", eBPF object ",
+    env!("TTRACE_EBPF_OBJECT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "ttrace",
-    version,
+    version = VERSION,
+    long_version = LONG_VERSION,
     about = "Trace which tensors a llama.cpp process touches, and the I/O they cause",
     long_about = "ttrace attaches eBPF probes to ggml's CPU backend and to the kernel's page-fault, \
 page-cache and block-I/O tracepoints, and ties each tensor access to the disk reads it causes.\n\n\

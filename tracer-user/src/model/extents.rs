@@ -11,8 +11,10 @@ use std::{
 use serde::Serialize;
 
 const SECTOR: u64 = 512;
-/// _IOWR('f', 11, struct fiemap): linux/fs.h.
-const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+/// _IOWR('f', 11, struct fiemap): linux/fs.h. ioctl's request is an
+/// unsigned long in glibc and an int in musl (the static release build); the
+/// kernel reads 32 bits either way, so the cast keeps the same bits.
+const FS_IOC_FIEMAP: libc::Ioctl = 0xC020_660B_u32 as libc::Ioctl;
 const FIEMAP_FLAG_SYNC: u32 = 0x1;
 const FIEMAP_EXTENT_LAST: u32 = 0x1;
 const EXTENTS_PER_CALL: usize = 256;

@@ -314,10 +314,12 @@ impl Index {
 }
 
 /// Returns the freed heap of the passes to the system (glibc keeps it
-/// otherwise, in every thread's arena).
+/// otherwise, in every thread's arena). musl (the static release build) has
+/// no malloc_trim: its allocator unmaps large freed chunks by itself.
 fn give_back_memory() {
+    #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe { libc::malloc_trim(0) };
+    let _ = unsafe { libc::malloc_trim(0) };
 }
 
 /// CPU time of this thread, for the load's log lines.
