@@ -21,3 +21,4 @@ pub mod top;
 pub mod tracefs;
 pub mod values;
 pub mod values_fingerprint;
+pub mod verifier;
