@@ -25,10 +25,11 @@ pub struct KernelLayout {
     pub queue_disk: u32,
     pub gendisk_major: u32,
     pub gendisk_first_minor: u32,
-    /// `struct folio`: `flags`, `_flags_1` (the order of a large folio in
-    /// its low byte), `mapping`, `index`.
+    /// `struct folio`: `flags`; the byte holding a large folio's order
+    /// (`_folio_order` where the kernel has it, as 6.1 does, else the low
+    /// byte of `_flags_1`); `mapping`, `index`.
     pub folio_flags: u32,
-    pub folio_flags_1: u32,
+    pub folio_order: u32,
     pub folio_mapping: u32,
     pub folio_index: u32,
     /// `PG_head`: a large folio's bit in `flags`.
@@ -61,6 +62,24 @@ pub struct KernelLayout {
     pub flag_sync: u32,
     pub flag_meta: u32,
     pub flag_atomic: u32,
+    /// For the `filemap_fault()` fentry program, where the kernel lacks the
+    /// `filemap:mm_filemap_fault` tracepoint (before 6.12): `struct
+    /// vm_fault`'s `vma` and `pgoff`, `struct vm_area_struct.vm_file`,
+    /// `struct file.f_mapping`. [`NO_FIELD`] where not resolved.
+    pub vmf_vma: u32,
+    pub vmf_pgoff: u32,
+    pub vma_file: u32,
+    pub file_mapping: u32,
+}
+
+/// A [`KernelLayout`] field this kernel's BTF does not have.
+pub const NO_FIELD: u32 = u32::MAX;
+
+impl KernelLayout {
+    /// Whether the `filemap_fault()` fentry program has every field it reads.
+    pub fn has_fault_fields(&self) -> bool {
+        [self.vmf_vma, self.vmf_pgoff, self.vma_file, self.file_mapping].iter().all(|&f| f != NO_FIELD)
+    }
 }
 
 /// The completion's `error` in the BTF flavour: 0, or `-EIO` for any
@@ -77,4 +96,4 @@ pub fn blk_status_errno(status: u8) -> i32 {
 // SAFETY: plain `u32` fields, no padding.
 unsafe impl aya::Pod for KernelLayout {}
 
-const _: () = assert!(size_of::<KernelLayout>() == 33 * 4);
+const _: () = assert!(size_of::<KernelLayout>() == 37 * 4);

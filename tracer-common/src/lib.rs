@@ -100,6 +100,13 @@ pub mod programs {
     pub const PAGE_FAULT_USER_BTF: &str = "page_fault_user_btf";
     pub const PAGE_CACHE_ADD_BTF: &str = "page_cache_add_btf";
     pub const FILEMAP_FAULT_BTF: &str = "filemap_fault_btf";
+    /// Where the kernel has no `filemap:mm_filemap_fault` (5.10, 6.1): an
+    /// fentry program on `filemap_fault(vmf)`, where that tracepoint fires,
+    /// recording the same page. Loaded against the kernel's BTF, in either
+    /// flavour.
+    pub const FILEMAP_FAULT_FENTRY: &str = "filemap_fault_fentry";
+    /// The kernel function it attaches to.
+    pub const FILEMAP_FAULT_FUNCTION: &str = "filemap_fault";
     pub const BLOCK_RQ_ISSUE_BTF: &str = "block_rq_issue_btf";
     pub const BLOCK_RQ_COMPLETE_BTF: &str = "block_rq_complete_btf";
     /// `ttrace check`'s forced recursion miss: a uprobe that prints through

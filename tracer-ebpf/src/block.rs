@@ -9,40 +9,29 @@ use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
 };
-use tracer_common::{
-    BlockEvent, BlockKind, EventKind,
-    kernel::blk_status_errno,
-    split_pid_tgid,
-    tracepoints::{block_rq_complete as complete, block_rq_issue as issue},
-};
+use tracer_common::{BlockEvent, BlockKind, EventKind, kernel::blk_status_errno, split_pid_tgid};
 
 use crate::{
-    kernel::{layout, layout_valid, read},
+    kernel::{field, layout, layout_valid, perf, read, rwbs},
     maps::{BLOCK_DEVICES, emit, header},
 };
 
+// Both read their fields at the running kernel's offsets (`PERF_LAYOUT`).
 #[tracepoint]
 pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
-    // SAFETY: offsets come from the tracepoint's format file (tracer-common).
-    let Ok(dev) = (unsafe { ctx.read_at::<u32>(issue::DEV) }) else { return 0 };
+    let Ok(dev) = field::<u32>(&ctx, perf!(issue_dev)) else { return 0 };
     if BLOCK_DEVICES.get_ptr(dev).is_none() {
         return 0;
     }
-    // SAFETY: as above.
     let (Ok(sector), Ok(nr_sector)) =
-        (unsafe { (ctx.read_at::<u64>(issue::SECTOR), ctx.read_at::<u32>(issue::NR_SECTOR)) })
+        (field::<u64>(&ctx, perf!(issue_sector)), field::<u32>(&ctx, perf!(issue_nr_sector)))
     else {
         return 0;
     };
     let mut event = block_event(BlockKind::Issue, dev, sector, nr_sector);
-    // SAFETY: as above; rwbs is char[10], comm char[16].
-    unsafe {
-        if let Ok(rwbs) = ctx.read_at::<[u8; issue::RWBS_LEN]>(issue::RWBS) {
-            event.rwbs[..issue::RWBS_LEN].copy_from_slice(&rwbs);
-        }
-        if let Ok(comm) = ctx.read_at::<[u8; 16]>(issue::COMM) {
-            event.comm = comm;
-        }
+    event.rwbs = rwbs(&ctx, perf!(issue_rwbs));
+    if let Ok(comm) = field::<[u8; 16]>(&ctx, perf!(issue_comm)) {
+        event.comm = comm;
     }
     emit(EventKind::Block, event);
     0
@@ -50,26 +39,19 @@ pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
-    // SAFETY: offsets come from the tracepoint's format file (tracer-common).
-    let Ok(dev) = (unsafe { ctx.read_at::<u32>(complete::DEV) }) else { return 0 };
+    let Ok(dev) = field::<u32>(&ctx, perf!(complete_dev)) else { return 0 };
     if BLOCK_DEVICES.get_ptr(dev).is_none() {
         return 0;
     }
-    // SAFETY: as above.
-    let fields = unsafe {
-        (
-            ctx.read_at::<u64>(complete::SECTOR),
-            ctx.read_at::<u32>(complete::NR_SECTOR),
-            ctx.read_at::<i32>(complete::ERROR),
-        )
-    };
+    let fields = (
+        field::<u64>(&ctx, perf!(complete_sector)),
+        field::<u32>(&ctx, perf!(complete_nr_sector)),
+        field::<i32>(&ctx, perf!(complete_error)),
+    );
     let (Ok(sector), Ok(nr_sector), Ok(error)) = fields else { return 0 };
     let mut event = block_event(BlockKind::Complete, dev, sector, nr_sector);
     event.error = error;
-    // SAFETY: as above.
-    if let Ok(rwbs) = unsafe { ctx.read_at::<[u8; issue::RWBS_LEN]>(complete::RWBS) } {
-        event.rwbs[..issue::RWBS_LEN].copy_from_slice(&rwbs);
-    }
+    event.rwbs = rwbs(&ctx, perf!(complete_rwbs));
     emit(EventKind::Block, event);
     0
 }

@@ -6,19 +6,22 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::warn;
-use tracer_common::{EventKind, PageFaultEvent, tracepoints::page_fault_user as tp};
+use tracer_common::{EventKind, PageFaultEvent};
 
 use crate::{
-    kernel::{layout, layout_valid, read},
+    kernel::{field, layout, layout_valid, perf, read},
     maps::{emit, header, traced_task},
 };
 
 #[tracepoint]
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     let Some(task) = traced_task() else { return 0 };
-    // SAFETY: offsets come from the tracepoint's format file (tracer-common).
-    let fields =
-        unsafe { (ctx.read_at::<u64>(tp::ADDRESS), ctx.read_at::<u64>(tp::IP), ctx.read_at::<u64>(tp::ERROR_CODE)) };
+    // Offsets from the running kernel's format file (`PERF_LAYOUT`).
+    let fields = (
+        field::<u64>(&ctx, perf!(fault_address)),
+        field::<u64>(&ctx, perf!(fault_ip)),
+        field::<u64>(&ctx, perf!(fault_error_code)),
+    );
     let (Ok(address), Ok(ip), Ok(error_code)) = fields else {
         warn!(&ctx, "page_fault_user: tracepoint record read failed");
         return 0;

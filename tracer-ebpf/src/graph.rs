@@ -7,6 +7,15 @@
 //! Builds whose `ggml_cgraph` has no `uid` (ggml before 0.10) rebuild their
 //! graphs for every ubatch anyway: each run is read whole, under a number
 //! the probe makes up.
+//!
+//! The walk is a `bpf_loop` over the nodes; each present source of a node
+//! goes to `walk_source`, a function of its own (a BPF-to-BPF call, not a
+//! callback per source slot: that cost a fifth more per graph walked). No
+//! step holds a large local: before 6.13 the program, the node step and the
+//! source step share 512 bytes of stack (6.12 refused 336 + 304). Nothing
+//! in a step branches per word: 7.2's verifier gave up (a million
+//! instructions walked) on the sources inlined into the node step with
+//! their bytes compared word by word, an early exit each.
 
 use core::{
     ffi::c_void,
@@ -44,6 +53,17 @@ struct Walk {
     cgraph: u64,
 }
 
+/// What each source step of a node needs: the walk's fields, the node's
+/// index, and the `cache` bits found so far.
+#[repr(C)]
+struct Sources {
+    task: (u32, u32),
+    uid: u64,
+    cgraph: u64,
+    index: u32,
+    cached: u32,
+}
+
 /// Integer inputs found in a graph, read again at each of its runs.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -57,6 +77,16 @@ struct Inputs {
 
 #[map]
 static GRAPH_INPUT: PerCpuArray<InputEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// An all-zero `Inputs`, never written: what a graph read anew starts from
+/// (88 bytes the program's stack has no room for).
+#[map]
+static NO_INPUTS: PerCpuArray<Inputs> = PerCpuArray::with_max_entries(1, 0);
+
+/// The source being read, while the node that reads it stays in
+/// `TENSOR_SCRATCH` for the next source step.
+#[map]
+static SOURCE_SCRATCH: PerCpuArray<RawTensor> = PerCpuArray::with_max_entries(1, 0);
 
 /// A tensor address as one thread of the target sees it.
 #[repr(C)]
@@ -162,8 +192,11 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
         |flags| GraphEvent { header: header(EventKind::Graph, task), cgraph, uid, n_nodes, flags, raw_n_nodes, size };
     emit(EventKind::Graph, event(if reused { graph::REUSED } else { 0 }));
     if !reused {
-        let empty = Inputs { n: 0, _pad: 0, tensor: [0; MAX_GRAPH_INPUTS], data: [0; MAX_GRAPH_INPUTS], len: [0; 4] };
-        let _ = INPUTS.insert(cgraph, empty, 0);
+        if let Some(empty) = NO_INPUTS.get_ptr(0) {
+            // SAFETY: a map value of the right type, never written.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let _ = INPUTS.insert(cgraph, unsafe { &*empty }, 0);
+        }
         let mut walk = Walk { task, nodes, uid, cgraph };
         // SAFETY: the callback gets `walk` back as its context.
         unsafe {
@@ -209,19 +242,29 @@ fn send_node(walk: &Walk, index: u32) -> Result<(), ()> {
     };
     let e = entry.as_mut_ptr();
     // SAFETY: the reservation is NodeEvent-sized; all of it is written here or below.
-    unsafe { fill(e, walk, index, node_role::NODE, node, t) };
-    let sources = t.src();
-    mark(walk, node);
-    let mut cached = 0u16;
-    for (slot, src) in sources.into_iter().enumerate() {
-        if src != 0 && send_source(walk, index, src) == Source::Cached {
-            cached |= 1 << slot;
+    unsafe { fill(e, walk.task, walk.uid, index, node_role::NODE, node, t) };
+    mark(walk.uid, node);
+    let mut sources = Sources { task: walk.task, uid: walk.uid, cgraph: walk.cgraph, index, cached: 0 };
+    for slot in 0..ggml::MAX_SRC as u32 {
+        let address = t.u64(ggml!(tensor.src) + slot * 8);
+        if address != 0 {
+            walk_source(&mut sources, slot, address);
         }
     }
     // SAFETY: as above.
-    unsafe { (*e).cache = cached };
+    unsafe { (*e).cache = sources.cached as u16 };
     entry.submit(submit_flags());
     Ok(())
+}
+
+/// Source `slot` of the node, at `address`: a function of its own, so that
+/// the verifier checks it at each call without the states of the calls
+/// before it (inlined, they multiplied).
+#[inline(never)]
+fn walk_source(sources: &mut Sources, slot: u32, address: u64) {
+    if send_source(sources, address) == Source::Cached {
+        sources.cached |= 1 << (slot & 15);
+    }
 }
 
 #[derive(PartialEq, Eq)]
@@ -232,75 +275,66 @@ enum Source {
     Cached,
 }
 
-/// Record that `address` was sent (as a node) in this graph.
+/// Record that `address` was sent (as a node) in graph `uid`.
 #[inline(always)]
-fn mark(walk: &Walk, address: u64) {
+fn mark(uid: u64, address: u64) {
     if let Some(slot) = GRAPH_NODES.get_ptr_mut(node_slot(address)) {
         // SAFETY: per-CPU slot; a uprobe program is not migrated while it runs.
-        unsafe { *slot = NodeSlot { address, uid: walk.uid } };
+        unsafe { *slot = NodeSlot { address, uid } };
     }
 }
 
 /// Whether `address` is a node of the graph being read, as far as its slot
 /// still says.
 #[inline(always)]
-fn is_marked(walk: &Walk, address: u64) -> bool {
+fn is_marked(uid: u64, address: u64) -> bool {
     // SAFETY: per-CPU slot, read only.
     GRAPH_NODES
         .get_ptr(node_slot(address))
-        .is_some_and(|slot| unsafe { (*slot).address == address && (*slot).uid == walk.uid })
+        .is_some_and(|slot| unsafe { (*slot).address == address && (*slot).uid == uid })
 }
 
 /// A node's source: skipped when already sent in this graph, marked cached
 /// when its bytes equal the last record sent for it, else sent whole.
 #[inline(always)]
-fn send_source(walk: &Walk, index: u32, address: u64) -> Source {
-    if is_marked(walk, address) {
+fn send_source(s: &Sources, address: u64) -> Source {
+    if is_marked(s.uid, address) {
         return Source::Done;
     }
-    let key = SeenKey { tid: walk.task.1, _pad: 0, address };
+    let key = SeenKey { tid: s.task.1, _pad: 0, address };
     let seen = SEEN.get_ptr_mut(&key);
     if let Some(seen) = seen {
         // SAFETY: an entry only this thread writes (keyed by tid).
         let seen = unsafe { &mut *seen };
-        if seen.uid == walk.uid {
+        if seen.uid == s.uid {
             return Source::Done;
         }
-        seen.uid = walk.uid;
+        seen.uid = s.uid;
     }
     // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
-    let Some(t) = TENSOR_SCRATCH.get_ptr_mut(0).map(|t| unsafe { &mut *t }) else { return Source::Done };
+    let Some(t) = SOURCE_SCRATCH.get_ptr_mut(0).map(|t| unsafe { &mut *t }) else { return Source::Done };
     if read_user_bytes(addr_of_mut!(t.0).cast(), layout::tensor_size(), address).is_err() {
         if seen.is_none() {
-            let _ = insert_seen(&key, walk.uid, None);
+            let _ = insert_seen(&key, s.uid, None);
         }
         return Source::Done;
     }
-    let words = t.0.as_ptr().cast::<u64>();
-    if let Some(seen) = seen {
-        // SAFETY: as above.
-        let seen = unsafe { &mut *seen };
-        // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
-        if seen.sent == 1 && (0..MAX_TENSOR_BYTES / 8).all(|i| seen.bytes[i] == unsafe { words.add(i).read() }) {
-            remember_input(walk, address, t);
-            return Source::Cached;
-        }
-    }
-    // Remembered before the record goes, so that the record can say so.
     let remembered = match seen {
         Some(seen) => {
             // SAFETY: as above.
             let seen = unsafe { &mut *seen };
-            seen.sent = 1;
-            for i in 0..MAX_TENSOR_BYTES / 8 {
-                // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
-                seen.bytes[i] = unsafe { words.add(i).read() };
+            if seen.sent == 1 && same_bytes(&seen.bytes, t) {
+                remember_input(s.cgraph, address, t);
+                return Source::Cached;
             }
+            // Remembered before the record goes, so that the record can say so.
+            seen.sent = 1;
+            copy_bytes(&mut seen.bytes, t);
             true
         }
-        None => insert_seen(&key, walk.uid, Some(t)).is_ok(),
+        None => insert_seen(&key, s.uid, Some(t)).is_ok(),
     };
-    if !send_tensor(walk, index, address, t, remembered)
+    if !send_tensor(s, address, t, remembered)
         && let Some(seen) = SEEN.get_ptr_mut(&key)
     {
         // Lost to a full ring: user space never got these bytes.
@@ -308,6 +342,28 @@ fn send_source(walk: &Walk, index: u32, address: u64) -> Source {
         unsafe { (*seen).sent = 0 };
     }
     Source::Done
+}
+
+/// Whether `t` holds `bytes`. Every word is compared, without a branch: an
+/// early exit per word made the verifier walk each way out separately.
+#[inline(always)]
+fn same_bytes(bytes: &[u64; MAX_TENSOR_BYTES / 8], t: &RawTensor) -> bool {
+    let words = t.0.as_ptr().cast::<u64>();
+    let mut diff = 0u64;
+    for (i, &word) in bytes.iter().enumerate() {
+        // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+        diff |= word ^ unsafe { words.add(i).read() };
+    }
+    diff == 0
+}
+
+#[inline(always)]
+fn copy_bytes(bytes: &mut [u64; MAX_TENSOR_BYTES / 8], t: &RawTensor) {
+    let words = t.0.as_ptr().cast::<u64>();
+    for (i, word) in bytes.iter_mut().enumerate() {
+        // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
+        *word = unsafe { words.add(i).read() };
+    }
 }
 
 /// A new entry: sent as a SOURCE with `bytes`, or only seen in this graph.
@@ -318,11 +374,7 @@ fn insert_seen(key: &SeenKey, uid: u64, bytes: Option<&RawTensor>) -> Result<(),
     new.uid = uid;
     new.sent = u64::from(bytes.is_some());
     if let Some(t) = bytes {
-        let words = t.0.as_ptr().cast::<u64>();
-        for i in 0..MAX_TENSOR_BYTES / 8 {
-            // SAFETY: the scratch holds at least MAX_TENSOR_BYTES.
-            new.bytes[i] = unsafe { words.add(i).read() };
-        }
+        copy_bytes(&mut new.bytes, t);
     }
     SEEN.insert(key, new, 0).map_err(|_| ())
 }
@@ -330,7 +382,7 @@ fn insert_seen(key: &SeenKey, uid: u64, bytes: Option<&RawTensor>) -> Result<(),
 /// Copy the source read into `t` into a ring record as the target holds it.
 /// An integer input is remembered. False when the ring is full.
 #[inline(always)]
-fn send_tensor(walk: &Walk, index: u32, address: u64, t: &RawTensor, remembered: bool) -> bool {
+fn send_tensor(s: &Sources, address: u64, t: &RawTensor, remembered: bool) -> bool {
     let Some(mut entry) = EVENTS.reserve::<NodeEvent>(0) else {
         count_lost(EventKind::Node);
         return false;
@@ -338,30 +390,30 @@ fn send_tensor(walk: &Walk, index: u32, address: u64, t: &RawTensor, remembered:
     let e = entry.as_mut_ptr();
     // SAFETY: the reservation is NodeEvent-sized; `fill` writes all of it.
     unsafe {
-        fill(e, walk, index, node_role::SOURCE, address, t);
+        fill(e, s.task, s.uid, s.index, node_role::SOURCE, address, t);
         (*e).cache = u16::from(remembered);
     }
-    remember_input(walk, address, t);
+    remember_input(s.cgraph, address, t);
     entry.submit(submit_flags());
     true
 }
 
 /// An integer input among a graph's sources, sent or cached, is read again at each run.
 #[inline(always)]
-fn remember_input(walk: &Walk, address: u64, t: &RawTensor) {
+fn remember_input(cgraph: u64, address: u64, t: &RawTensor) {
     if t.flags() & ggml::FLAG_INPUT != 0 && t.type_() == ggml::TYPE_I32 {
-        add_input(walk.cgraph, address, t);
+        add_input(cgraph, address, t);
     }
 }
 
 /// Write a whole record, the tensor's bytes word by word: a copy of fixed
 /// size the verifier checks once.
 #[inline(always)]
-unsafe fn fill(e: *mut NodeEvent, walk: &Walk, index: u32, role: u16, address: u64, t: &RawTensor) {
+unsafe fn fill(e: *mut NodeEvent, task: (u32, u32), uid: u64, index: u32, role: u16, address: u64, t: &RawTensor) {
     // SAFETY: the caller's `e` is a NodeEvent-sized reservation.
     unsafe {
-        (*e).header = header(EventKind::Node, walk.task);
-        (*e).uid = walk.uid;
+        (*e).header = header(EventKind::Node, task);
+        (*e).uid = uid;
         (*e).index = index;
         (*e).role = role;
         (*e).cache = 0;
@@ -391,35 +443,43 @@ fn add_input(cgraph: u64, tensor_address: u64, t: &RawTensor) {
     inputs.n = i as u32 + 1;
 }
 
+/// One INPUT record per integer input the graph's walks found. Fields are
+/// read through the map value (a copy of `Inputs` took 88 bytes of stack),
+/// and each length is bounded right before the read that uses it: 6.1's
+/// verifier forgets a bound checked on a value spilled to the stack.
 #[inline(always)]
 fn send_inputs(cgraph: u64, uid: u64, task: (u32, u32)) {
     let Some(inputs) = INPUTS.get_ptr(cgraph) else { return };
-    // SAFETY: a map value, read only.
-    let inputs = unsafe { *inputs };
     let Some(event) = GRAPH_INPUT.get_ptr_mut(0) else { return };
     // SAFETY: per-CPU scratch.
     let event = unsafe { &mut *event };
     for i in 0..MAX_GRAPH_INPUTS {
-        if i as u32 >= inputs.n {
+        // SAFETY: a map value, read only (only this thread writes it, in the walk).
+        let (n, tensor, data, len) = unsafe {
+            (read_volatile(&(*inputs).n), (*inputs).tensor[i], (*inputs).data[i], read_volatile(&(*inputs).len[i]))
+        };
+        if i as u32 >= n {
             break;
         }
-        let len = inputs.len[i] as usize;
-        if len == 0 || len > MAX_INPUT_BYTES {
+        if len == 0 {
             continue;
         }
         event.header = header(EventKind::Input, task);
         event.uid = uid;
-        event.tensor = inputs.tensor[i];
-        event.len = len as u32;
+        event.tensor = tensor;
         event._pad = 0;
+        // SAFETY: as above; a second read, checked where it is used.
+        let len = unsafe { read_volatile(&(*inputs).len[i]) };
+        if len as usize > MAX_INPUT_BYTES {
+            continue;
+        }
+        event.len = len;
         // SAFETY: len is at most the size of `data`.
-        let ret = unsafe {
-            bpf_probe_read_user(event.data.as_mut_ptr().cast::<c_void>(), len as u32, inputs.data[i] as *const c_void)
-        };
+        let ret = unsafe { bpf_probe_read_user(event.data.as_mut_ptr().cast::<c_void>(), len, data as *const c_void) };
         if ret != 0 {
             continue;
         }
-        let total = INPUT_EVENT_FIXED + len;
+        let total = INPUT_EVENT_FIXED + len as usize;
         if total > size_of::<InputEvent>() {
             continue;
         }

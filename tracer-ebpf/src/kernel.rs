@@ -4,8 +4,12 @@
 
 use core::{ffi::c_void, mem::MaybeUninit};
 
-use aya_ebpf::helpers::generated::bpf_probe_read_kernel;
-use tracer_common::{FileKey, kernel::KernelLayout};
+use aya_ebpf::{EbpfContext, helpers::generated::bpf_probe_read_kernel, programs::TracePointContext};
+use tracer_common::{
+    FileKey,
+    kernel::KernelLayout,
+    tracepoints::{MAX_RWBS, NO_FIELD, PerfLayout},
+};
 
 /// Filled in by user space before load (`EbpfLoader::set_global`); all
 /// zero, hence `valid == 0`, in the object file.
@@ -21,6 +25,51 @@ macro_rules! layout {
     };
 }
 pub(crate) use layout;
+
+/// One field of [`PERF_LAYOUT`], volatile for the same reason.
+macro_rules! perf {
+    ($field:ident) => {
+        // SAFETY: a plain read of a global the loader may patch.
+        unsafe { core::ptr::read_volatile(&$crate::kernel::PERF_LAYOUT.$field) }
+    };
+}
+pub(crate) use perf;
+
+/// Where the perf-event programs find their fields: kernel 6.18's records
+/// in the object file, the running kernel's once user space writes them
+/// (`EbpfLoader::override_global`, from tracefs's format files).
+#[unsafe(no_mangle)]
+pub(crate) static PERF_LAYOUT: PerfLayout = PerfLayout::DEFAULT;
+
+/// The `T` at field `offset` (a [`PERF_LAYOUT`] value) of a perf-event
+/// tracepoint's record; `T::default()` for a field the record lacks.
+#[inline(always)]
+pub fn field<T: Default>(ctx: &TracePointContext, offset: u32) -> Result<T, i32> {
+    if offset == NO_FIELD {
+        return Ok(T::default());
+    }
+    // SAFETY: a helper read of the record, which checks the address.
+    unsafe { ctx.read_at::<T>(offset as usize) }
+}
+
+/// The `rwbs` array of a block tracepoint's record at `offset`: its
+/// length differs between kernels (`PerfLayout::rwbs_len`).
+#[inline(always)]
+pub fn rwbs(ctx: &TracePointContext, offset: u32) -> [u8; MAX_RWBS as usize] {
+    let mut out = [0u8; MAX_RWBS as usize];
+    let len = perf!(rwbs_len);
+    if len <= MAX_RWBS {
+        // SAFETY: `len` bytes fit `out`; the helper checks the source.
+        unsafe {
+            bpf_probe_read_kernel(
+                out.as_mut_ptr().cast::<c_void>(),
+                len,
+                ctx.as_ptr().cast::<u8>().add(offset as usize).cast(),
+            )
+        };
+    }
+    out
+}
 
 /// Whether user space resolved the layout (it always does before attaching).
 #[inline(always)]

@@ -155,7 +155,10 @@ fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
     // and neither would read the node.
     arrive(&mut pool.arrived[ith]);
     for j in 0..MAX_TEAM {
-        if j >= nth {
+        // `nth` read at every step: with a bound it could hoist, LLVM
+        // counts the loop down from `nth`, and 6.1's verifier cannot follow
+        // that counter to its end (it reads past `arrived`).
+        if j as u32 >= unsafe { read_volatile(&state.nth) } {
             break;
         }
         // A thread behind is still computing its share of the node.

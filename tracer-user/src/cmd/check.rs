@@ -1,13 +1,31 @@
-//! `ttrace check`: the kernel round trip of `selftest`, summarised.
+//! `ttrace check`: every program `run` can load, loaded into this kernel
+//! (`live::features`), then the kernel round trip of `selftest`, summarised.
 
 use anyhow::{Result, bail};
 
 use crate::{
     cli::CheckArgs,
-    live::selftest::{self, RoundTrip, TAG},
+    live::{
+        features::{self, Status},
+        load::{LoadOptions, Tracer},
+        selftest::{self, RoundTrip, TAG},
+    },
 };
 
 pub async fn run(args: CheckArgs) -> Result<()> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("kernel   Linux {}", release.trim());
+    // Loaded, never attached, then dropped before the round trip loads its own.
+    let checked = {
+        let mut tracer = Tracer::load(&LoadOptions { tracepoints: Some(args.tracepoints), ..Default::default() })?;
+        features::check(&mut tracer)
+    };
+    let width = checked.iter().map(|c| c.what.len()).max().unwrap_or(0);
+    for c in &checked {
+        println!("feature  {:<width$}  {}", c.what, c.status);
+    }
+    let missing = checked.iter().filter(|c| matches!(c.status, Status::Missing(_))).count();
+
     let observed = selftest::run(RoundTrip {
         symbol: "ttrace_selftest_probe",
         function: selftest::ttrace_selftest_probe,
@@ -56,6 +74,11 @@ pub async fn run(args: CheckArgs) -> Result<()> {
             true
         }
     };
+    if missing > 0 {
+        bail!(
+            "{missing} feature(s) cannot load on this kernel (see `missing` above): `ttrace run` would refuse or lack them"
+        );
+    }
     if !recursion_ok
         || good_calls as u64 != args.calls
         || observed.calls.len() as u64 != args.calls

@@ -7,7 +7,7 @@
 //! Format: the kernel's `Documentation/bpf/btf.rst` (header, type section,
 //! string section; each type a 12-byte `btf_type` plus kind-specific data).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum FormatError {
@@ -105,7 +105,13 @@ pub struct BtfIndex<'a> {
     /// Type id - 1 → entry (id 0 is `void`).
     types: Vec<TypeEntry>,
     named: HashMap<&'a [u8], u32>,
+    /// Names of the `btf_trace_<event>` typedefs: the tracepoints a
+    /// `tp_btf` program can attach to.
+    tracepoints: HashSet<&'a [u8]>,
 }
+
+/// The prefix of the typedef the kernel declares for each tracepoint.
+const BTF_TRACE: &[u8] = b"btf_trace_";
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, FormatError> {
     let bytes = data.get(at..at + 4).ok_or(FormatError::Truncated(at))?;
@@ -125,7 +131,13 @@ impl<'a> BtfIndex<'a> {
             blob.get(start..start + len).ok_or(FormatError::Truncated(start + len))
         };
         let (data, strings) = (section(type_off, type_len)?, section(str_off, str_len)?);
-        let mut index = Self { data, strings, types: Vec::with_capacity(type_len / 24), named: HashMap::new() };
+        let mut index = Self {
+            data,
+            strings,
+            types: Vec::with_capacity(type_len / 24),
+            named: HashMap::new(),
+            tracepoints: HashSet::new(),
+        };
         let mut at = 0;
         while at < data.len() {
             let (name, info) = (u32_at(data, at)?, u32_at(data, at + 4)?);
@@ -133,6 +145,10 @@ impl<'a> BtfIndex<'a> {
             let kind = Kind::from_info(info).ok_or(FormatError::Kind { kind: (info >> 24) & 0x1f, id })?;
             if matches!(kind, Kind::Struct | Kind::Union | Kind::Enum | Kind::Enum64) && name != 0 {
                 index.named.entry(index.string(name)).or_insert(id);
+            } else if kind == Kind::Typedef
+                && let Some(event) = index.string(name).strip_prefix(BTF_TRACE)
+            {
+                index.tracepoints.insert(event);
             }
             index.types.push(TypeEntry { at, kind });
             at += 12 + kind.trailer((info & 0xffff) as usize);
@@ -209,6 +225,17 @@ impl<'a> BtfIndex<'a> {
         })
     }
 
+    /// Whether the kernel declares tracepoint `event` (`btf_trace_<event>`),
+    /// which a `tp_btf` program needs.
+    pub fn has_tracepoint(&self, event: &str) -> bool {
+        self.tracepoints.contains(event.as_bytes())
+    }
+
+    /// Every tracepoint [`has_tracepoint`](Self::has_tracepoint) knows.
+    pub fn tracepoints(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        self.tracepoints.iter().copied()
+    }
+
     /// Value of enumerator `name` of `enum ty` (low 32 bits for ENUM64).
     pub fn enum_value(&self, ty: &str, name: &str) -> Option<u32> {
         let entry = self.entry(*self.named.get(ty.as_bytes())?)?;
@@ -228,11 +255,11 @@ impl<'a> BtfIndex<'a> {
 mod tests {
     use super::*;
 
-    /// A hand-assembled blob: `struct s { int a; union { int b; struct { int c; }; }; }`
-    /// and `enum e { X = 7 }`.
+    /// A hand-assembled blob: `struct s { int a; union { int b; struct { int c; }; }; }`,
+    /// `enum e { X = 7 }` and `typedef int btf_trace_ev`.
     fn blob() -> Vec<u8> {
-        let strings = b"\0s\0a\0b\0c\0e\0X\0int\0";
-        let (s, a, b, c, e, x, int) = (1u32, 3, 5, 7, 9, 11, 13);
+        let strings = b"\0s\0a\0b\0c\0e\0X\0int\0btf_trace_ev\0";
+        let (s, a, b, c, e, x, int, tp) = (1u32, 3, 5, 7, 9, 11, 13, 17);
         let mut types = Vec::new();
         let mut put = |words: &[u32]| words.iter().for_each(|w| types.extend_from_slice(&w.to_le_bytes()));
         put(&[int, 1 << 24, 4, 32]); // 1: int
@@ -240,6 +267,7 @@ mod tests {
         put(&[0, (5 << 24) | 2, 4, b, 1, 0, 0, 2, 0]); // 3: union { int b; struct {..}; }
         put(&[s, (4 << 24) | 2, 8, a, 1, 0, 0, 3, 32]); // 4: struct s
         put(&[e, (6 << 24) | 1, 4, x, 7]); // 5: enum e
+        put(&[tp, 8 << 24, 1]); // 6: typedef int btf_trace_ev
         let mut out = Vec::new();
         let header = [0xeb9f_u32 | (1 << 16), 24, 0, types.len() as u32, types.len() as u32, strings.len() as u32];
         header.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
@@ -259,6 +287,8 @@ mod tests {
         assert_eq!(btf.member_offset("t", "a"), None);
         assert_eq!(btf.enum_value("e", "X"), Some(7));
         assert_eq!(btf.enum_value("s", "X"), None);
+        assert!(btf.has_tracepoint("ev"));
+        assert!(!btf.has_tracepoint("int"));
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! `folio.index` is) and enum values, so a kernel whose structs moved still
 //! gets the right fields, and one that lacks a field is refused by name.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
 
-use tracer_common::kernel::KernelLayout;
+use tracer_common::kernel::{KernelLayout, NO_FIELD};
 
 use crate::live::btf_index::BtfIndex;
 
@@ -37,11 +40,26 @@ impl Types<'_> {
     }
 }
 
+/// What the BTF programs need to know of the running kernel.
+#[derive(Debug)]
+pub struct KernelTypes {
+    pub layout: KernelLayout,
+    /// The tracepoints a `tp_btf` program can attach to (`btf_trace_<event>`).
+    tracepoints: HashSet<String>,
+}
+
+impl KernelTypes {
+    pub fn has_tracepoint(&self, event: &str) -> bool {
+        self.tracepoints.contains(event)
+    }
+}
+
 /// Resolve the layout from the BTF file at `path` (normally [`VMLINUX_BTF`]).
-pub fn resolve(path: &Path) -> Result<KernelLayout, BtfError> {
+pub fn resolve(path: &Path) -> Result<KernelTypes, BtfError> {
     let bytes = std::fs::read(path).map_err(|source| BtfError::Read { path: path.into(), source })?;
     let index = BtfIndex::new(&bytes).map_err(|source| BtfError::Parse { path: path.into(), source })?;
-    layout(&Types(index))
+    let tracepoints = index.tracepoints().map(|t| String::from_utf8_lossy(t).into_owned()).collect();
+    Ok(KernelTypes { layout: layout(&Types(index))?, tracepoints })
 }
 
 fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
@@ -57,7 +75,9 @@ fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
         gendisk_major: t.offset("gendisk", "major")?,
         gendisk_first_minor: t.offset("gendisk", "first_minor")?,
         folio_flags: t.offset("folio", "flags")?,
-        folio_flags_1: t.offset("folio", "_flags_1")?,
+        // 6.1 keeps the order in a byte of its own; later kernels in
+        // `_flags_1`'s low byte (little-endian: at `_flags_1` itself).
+        folio_order: t.offset("folio", "_folio_order").or_else(|_| t.offset("folio", "_flags_1"))?,
         folio_mapping: t.offset("folio", "mapping")?,
         folio_index: t.offset("folio", "index")?,
         pg_head: t.enum_value("pageflags", "PG_head")?,
@@ -83,6 +103,12 @@ fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
         flag_sync: flag("__REQ_SYNC")?,
         flag_meta: flag("__REQ_META")?,
         flag_atomic: flag("__REQ_ATOMIC").unwrap_or(u32::MAX),
+        // Only the fentry stand-in reads these: one missing costs that
+        // program (`has_fault_fields`), not the whole flavour.
+        vmf_vma: t.offset("vm_fault", "vma").unwrap_or(NO_FIELD),
+        vmf_pgoff: t.offset("vm_fault", "pgoff").unwrap_or(NO_FIELD),
+        vma_file: t.offset("vm_area_struct", "vm_file").unwrap_or(NO_FIELD),
+        file_mapping: t.offset("file", "f_mapping").unwrap_or(NO_FIELD),
     })
 }
 
@@ -121,7 +147,9 @@ mod tests {
     /// This machine's kernel against bpftool's reading of the same BTF.
     #[test]
     fn resolves_this_kernels_layout_as_bpftool_reads_it() {
-        let layout = resolve(Path::new(VMLINUX_BTF)).expect("the test machine's kernel has BTF");
+        let types = resolve(Path::new(VMLINUX_BTF)).expect("the test machine's kernel has BTF");
+        let layout = types.layout;
+        assert!(types.has_tracepoint("mm_filemap_fault") && types.has_tracepoint("block_rq_issue"));
         let raw = bpftool_raw();
         let want = |ty: &str, name: &str| raw.get(&(ty.to_string(), name.to_string())).copied();
         for (got, ty, name) in [
@@ -138,6 +166,8 @@ mod tests {
             (layout.inode_rdev, "inode", "i_rdev"),
             (layout.sb_dev, "super_block", "s_dev"),
             (layout.regs_ip, "pt_regs", "ip"),
+            (layout.vma_file, "vm_area_struct", "vm_file"),
+            (layout.file_mapping, "file", "f_mapping"),
             (layout.pg_head, "pageflags", "PG_head"),
             (layout.req_op_bits, "req_flag_bits", "__REQ_FAILFAST_DEV"),
             (layout.flag_fua, "req_flag_bits", "__REQ_FUA"),
@@ -150,7 +180,8 @@ mod tests {
         assert_eq!(layout.valid, 1);
         // Members inside anonymous unions resolve (folio.index sits in one).
         assert!(layout.folio_index > layout.folio_flags);
-        assert!(layout.folio_flags_1 >= 64, "_flags_1 is in the folio's second page struct");
+        assert!(layout.folio_order >= 64, "the order is in the folio's second page struct");
+        assert!(layout.has_fault_fields());
     }
 
     #[test]

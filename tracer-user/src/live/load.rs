@@ -9,9 +9,9 @@ use std::{
 };
 
 use aya::{
-    Btf, Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint, UProbe, uprobe::UProbeScope},
+    programs::{TracePoint, UProbe, uprobe::UProbeScope},
 };
 use aya::{
     maps::Array,
@@ -24,15 +24,22 @@ use tracer_common::{
     kernel::KERNEL_LAYOUT,
     layout::{GGML_LAYOUT_SECTION, GgmlLayout},
     markers, programs,
+    tracepoints::PERF_LAYOUT,
 };
 
 use crate::{
     cli::TracepointChoice,
     format::{Lost, Tracepoints},
-    live::kernel_btf::{self, BtfError},
+    live::kernel_btf::BtfError,
     live::privileges::{PrivilegeError, require_tracing_privileges},
     live::tracefs::{self, TracefsError},
+    live::verifier,
 };
+
+mod io;
+
+use io::{Io, kind_of, plan_io};
+pub use io::{IoSource, IoStatus};
 
 /// The object built by tracer-user's build.rs from tracer-ebpf.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -51,11 +58,13 @@ pub enum LoadError {
     Load(Box<aya::EbpfError>),
     #[error("the eBPF object has no {what} `{name}`: tracer-common and tracer-ebpf are out of sync")]
     Missing { what: &'static str, name: &'static str },
-    #[error("eBPF program `{program}`: {error}")]
+    /// One line (`verifier::summary`); the whole verifier log is logged at
+    /// debug level where the error is made (`program_error`).
+    #[error("eBPF program `{program}`: {}", verifier::summary(.error))]
     Program { program: &'static str, error: Box<aya::programs::ProgramError> },
     #[error("eBPF map `{map}`: {error}")]
     Map { map: &'static str, error: Box<aya::maps::MapError> },
-    #[error("attaching a uprobe to `{symbol}` in {binary}: {error}")]
+    #[error("attaching a uprobe to `{symbol}` in {binary}: {}", verifier::summary(.error))]
     Attach { symbol: String, binary: String, error: Box<aya::programs::ProgramError> },
     #[error(transparent)]
     Btf(#[from] BtfError),
@@ -83,14 +92,8 @@ pub struct Tracer {
     ebpf: Ebpf,
     logger: Option<Logger>,
     loaded: HashSet<&'static str>,
-    /// The I/O programs' flavour, and for BTF the kernel's types aya loads
-    /// them against.
-    io: Option<IoPrograms>,
-}
-
-enum IoPrograms {
-    Btf(Box<Btf>),
-    Perf,
+    /// How the I/O programs load (`None`: not loaded).
+    io: Option<Io>,
 }
 
 /// What the kernel skipped running ttrace's programs for.
@@ -98,56 +101,6 @@ enum IoPrograms {
 pub struct RecursionMisses {
     pub per_program: BTreeMap<String, u64>,
     pub per_kind: Lost,
-}
-
-/// One I/O tracepoint: its program in each flavour, the perf-event
-/// (group, event), the BTF tracepoint's name, and the kind of event it records.
-#[derive(Clone, Copy)]
-struct IoTracepoint {
-    perf: &'static str,
-    btf: &'static str,
-    group: &'static str,
-    event: &'static str,
-    btf_name: &'static str,
-    kind: EventKind,
-}
-
-const IO_TRACEPOINTS: [IoTracepoint; 5] = {
-    use tracer_common::tracepoints::{
-        block_rq_complete as complete, block_rq_issue as issue, filemap_add_to_page_cache as add,
-        filemap_fault as fault, page_fault_user as pf,
-    };
-    const fn tp(
-        perf: &'static str,
-        btf: &'static str,
-        (group, event): (&'static str, &'static str),
-        kind: EventKind,
-    ) -> IoTracepoint {
-        // The BTF tracepoint is the perf-event one without its group.
-        IoTracepoint { perf, btf, group, event, btf_name: event, kind }
-    }
-    [
-        tp(programs::PAGE_FAULT_USER, programs::PAGE_FAULT_USER_BTF, (pf::GROUP, pf::NAME), EventKind::PageFault),
-        tp(programs::PAGE_CACHE_ADD, programs::PAGE_CACHE_ADD_BTF, (add::GROUP, add::NAME), EventKind::PageCache),
-        tp(programs::FILEMAP_FAULT, programs::FILEMAP_FAULT_BTF, (fault::GROUP, fault::NAME), EventKind::PageCache),
-        tp(programs::BLOCK_RQ_ISSUE, programs::BLOCK_RQ_ISSUE_BTF, (issue::GROUP, issue::NAME), EventKind::Block),
-        tp(
-            programs::BLOCK_RQ_COMPLETE,
-            programs::BLOCK_RQ_COMPLETE_BTF,
-            (complete::GROUP, complete::NAME),
-            EventKind::Block,
-        ),
-    ]
-};
-
-/// The kind of event a program records, for its recursion misses.
-fn kind_of(program: &str) -> EventKind {
-    match IO_TRACEPOINTS.iter().find(|t| t.perf == program || t.btf == program) {
-        Some(t) => t.kind,
-        None if program == programs::CALL_ARGS || program == programs::CALL_RETURN => EventKind::Call,
-        None if program == programs::UBATCH => EventKind::Batch,
-        None => EventKind::Op,
-    }
 }
 
 impl Tracer {
@@ -158,42 +111,25 @@ impl Tracer {
         if !ring.is_power_of_two() || ring < 4096 {
             return Err(LoadError::RingSize(ring));
         }
-        let layout = match options.tracepoints {
-            None | Some(TracepointChoice::Perf) => None,
-            Some(TracepointChoice::Btf) => Some(Self::kernel_types()?),
-            Some(TracepointChoice::Auto) => Self::kernel_types()
-                .inspect_err(|e| log::warn!("BTF tracepoints unavailable, using perf-event ones: {e}"))
-                .ok(),
-        };
+        let plan = options.tracepoints.map(plan_io).transpose()?;
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(MAP_EVENTS, ring);
-        if let Some((layout, _)) = &layout {
+        if let Some(layout) = plan.as_ref().and_then(|p| p.kernel.as_ref()) {
             loader.override_global(KERNEL_LAYOUT, layout, true);
         }
+        if let Some(layout) = plan.as_ref().and_then(|p| p.perf.as_ref()) {
+            loader.override_global(PERF_LAYOUT, layout, true);
+        }
         let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| LoadError::Load(Box::new(e)))?;
+        let io = plan.map(|p| p.io);
         // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
         let logger = EbpfLogger::init(&mut ebpf).inspect_err(|e| log::debug!("aya-log not wired: {e}")).ok();
-        let io = options.tracepoints.map(|_| match layout {
-            Some((_, btf)) => IoPrograms::Btf(Box::new(btf)),
-            None => IoPrograms::Perf,
-        });
         Ok(Self { ebpf, logger, loaded: HashSet::new(), io })
-    }
-
-    /// The struct layout the tp_btf programs read, and aya's view of the
-    /// same BTF (it loads those programs against their tracepoint's type).
-    fn kernel_types() -> Result<(tracer_common::kernel::KernelLayout, Btf), LoadError> {
-        let layout = kernel_btf::resolve(Path::new(kernel_btf::VMLINUX_BTF))?;
-        let btf = Btf::from_sys_fs().map_err(|e| LoadError::AyaBtf(Box::new(e)))?;
-        Ok((layout, btf))
     }
 
     /// Which flavour the I/O programs are (`None`: not loaded).
     pub fn tracepoints(&self) -> Option<Tracepoints> {
-        self.io.as_ref().map(|io| match io {
-            IoPrograms::Btf(_) => Tracepoints::Btf,
-            IoPrograms::Perf => Tracepoints::Perf,
-        })
+        self.io.as_ref().map(|io| io.flavour)
     }
 
     /// Record events of process `tgid` (and all its threads).
@@ -325,53 +261,16 @@ impl Tracer {
         set.insert(key, 1, 0).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })
     }
 
-    /// Page-cache and block-request tracepoints (filtered by the watched
-    /// files and devices).
-    pub fn attach_io(&mut self) -> Result<(), LoadError> {
-        for tp in IO_TRACEPOINTS.iter().filter(|t| t.kind != EventKind::PageFault) {
-            self.attach_tracepoint(tp)?;
-        }
-        Ok(())
-    }
-
-    pub fn attach_page_faults(&mut self) -> Result<(), LoadError> {
-        self.attach_tracepoint(&IO_TRACEPOINTS[0])
-    }
-
-    /// Attach one I/O tracepoint in the flavour chosen at load.
-    fn attach_tracepoint(&mut self, tp: &IoTracepoint) -> Result<(), LoadError> {
-        let IoTracepoint { perf, btf, group, event, btf_name, .. } = *tp;
-        match &self.io {
-            Some(IoPrograms::Btf(_)) => self.attach_btf(btf, btf_name),
-            _ => {
-                let tp: &mut TracePoint = self.program(perf)?;
-                tp.attach(group, event)
-                    .map(drop)
-                    .map_err(|source| LoadError::Program { program: perf, error: Box::new(source) })
-            }
-        }
-    }
-
-    /// Load (once) and attach BTF tracepoint program `program` to `tracepoint`.
-    fn attach_btf(&mut self, program: &'static str, tracepoint: &str) -> Result<(), LoadError> {
-        let err = |source| LoadError::Program { program, error: Box::new(source) };
-        let Some(IoPrograms::Btf(types)) = &self.io else {
-            return Err(LoadError::Btf(BtfError::Missing("the kernel's BTF (loaded with --tracepoints perf)".into())));
-        };
-        let first_use = self.loaded.insert(program);
-        let found = self.ebpf.program_mut(program).ok_or(LoadError::Missing { what: "program", name: program })?;
-        let found: &mut BtfTracePoint = found.try_into().map_err(err)?;
-        if first_use {
-            found.load(tracepoint, types).map_err(err)?;
-        }
-        found.attach().map(drop).map_err(err)
+    /// Load a uprobe program without attaching it (`ttrace check`).
+    pub fn verify_uprobe(&mut self, program: &'static str) -> Result<(), LoadError> {
+        self.program::<UProbe>(program).map(drop)
     }
 
     /// `ttrace check`'s forced recursion miss (see tracer-ebpf's `selftest`):
     /// each call of `symbol` in `binary` by process `pid` is then one miss of
     /// [`programs::RECURSION_SELFTEST`]. `false` without BTF tracepoints.
     pub fn attach_recursion_selftest(&mut self, binary: &Path, symbol: &str, pid: u32) -> Result<bool, LoadError> {
-        if !matches!(self.io, Some(IoPrograms::Btf(_))) {
+        if self.tracepoints() != Some(Tracepoints::Btf) {
             return Ok(false);
         }
         self.attach_btf(programs::RECURSION_SELFTEST, "bpf_trace_printk")?;
@@ -386,7 +285,7 @@ impl Tracer {
         let mut misses = RecursionMisses::default();
         for &name in &self.loaded {
             let Some(program) = self.ebpf.program(name) else { continue };
-            let fd = program.fd().map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
+            let fd = program.fd().map_err(|source| program_error(name, source))?;
             let n = recursion_misses_of(fd.as_fd()).map_err(|error| LoadError::ProgramInfo { program: name, error })?;
             misses.per_program.insert(name.to_string(), n);
             misses.per_kind[kind_of(name)] += n;
@@ -402,13 +301,10 @@ impl Tracer {
     {
         let first_use = self.loaded.insert(name);
         let program = self.ebpf.program_mut(name).ok_or(LoadError::Missing { what: "program", name })?;
-        let program: &mut P =
-            program.try_into().map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
+        let program: &mut P = program.try_into().map_err(|source| program_error(name, source))?;
         if first_use {
             let started = std::time::Instant::now();
-            program
-                .load_into_kernel()
-                .map_err(|source| LoadError::Program { program: name, error: Box::new(source) })?;
+            program.load_into_kernel().map_err(|source| program_error(name, source))?;
             log::debug!("program {name} verified and loaded in {:?}", started.elapsed());
         }
         Ok(program)
@@ -439,6 +335,15 @@ impl Tracer {
     pub fn take_logger(&mut self) -> Option<Logger> {
         self.logger.take()
     }
+}
+
+/// A program error, its whole verifier log (if any) logged at debug level:
+/// the error itself says one line (`RUST_LOG=debug` or `-vv` shows the rest).
+fn program_error(program: &'static str, error: aya::programs::ProgramError) -> LoadError {
+    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = &error {
+        log::debug!("verifier log of eBPF program `{program}`:\n{verifier_log}");
+    }
+    LoadError::Program { program, error: Box::new(error) }
 }
 
 /// The program types ttrace loads, behind one `load` call.

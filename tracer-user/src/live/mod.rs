@@ -8,6 +8,7 @@
 pub mod btf_index;
 pub mod check;
 pub mod collect;
+pub mod features;
 pub mod graphs;
 pub mod kernel_btf;
 pub mod layouts;
@@ -21,3 +22,4 @@ pub mod top;
 pub mod tracefs;
 pub mod values;
 pub mod values_fingerprint;
+pub mod verifier;

@@ -37,15 +37,30 @@ pub fn ensure_mounted() -> Result<&'static Path, TracefsError> {
     Ok(root)
 }
 
-/// Offset of `field` in a tracepoint's record, from its `format` file.
-pub fn field_offset(group: &str, event: &str, field: &str) -> Result<Option<usize>, TracefsError> {
-    let path = Path::new(TRACEFS).join("events").join(group).join(event).join("format");
-    let text = fs::read_to_string(&path).map_err(|error| TracefsError::Format { path, error })?;
-    Ok(parse_field_offset(&text, field))
+/// Where a field sits in a tracepoint's record: byte offset and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field {
+    pub offset: usize,
+    pub size: usize,
 }
 
-/// Parse `field:unsigned long address;\toffset:8;...` lines of a format file.
-pub fn parse_field_offset(format: &str, field: &str) -> Option<usize> {
+/// Offset of `field` in a tracepoint's record, from its `format` file.
+pub fn field_offset(group: &str, event: &str, field: &str) -> Result<Option<usize>, TracefsError> {
+    Ok(format(group, event)?.and_then(|text| parse_field(&text, field)).map(|f| f.offset))
+}
+
+/// A tracepoint's `format` file; `None` when the kernel has no such tracepoint.
+pub fn format(group: &str, event: &str) -> Result<Option<String>, TracefsError> {
+    let path = Path::new(TRACEFS).join("events").join(group).join(event).join("format");
+    match fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(TracefsError::Format { path, error }),
+    }
+}
+
+/// Parse `field:unsigned long address;\toffset:8;\tsize:8;...` lines of a format file.
+pub fn parse_field(format: &str, field: &str) -> Option<Field> {
     format.lines().find_map(|line| {
         let decl = line.trim().strip_prefix("field:")?;
         let (decl, rest) = decl.split_once(';')?;
@@ -53,7 +68,8 @@ pub fn parse_field_offset(format: &str, field: &str) -> Option<usize> {
         if name != field {
             return None;
         }
-        rest.trim().strip_prefix("offset:")?.split(';').next()?.parse().ok()
+        let value = |key: &str| rest.split(';').find_map(|part| part.trim().strip_prefix(key)?.parse().ok());
+        Some(Field { offset: value("offset:")?, size: value("size:")? })
     })
 }
 
@@ -66,8 +82,8 @@ mod tests {
         let text = "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
                     \tfield:unsigned long address;\toffset:8;\tsize:8;\tsigned:0;\n\
                     \tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;\n";
-        assert_eq!(parse_field_offset(text, "address"), Some(8));
-        assert_eq!(parse_field_offset(text, "rwbs"), Some(34));
-        assert_eq!(parse_field_offset(text, "missing"), None);
+        assert_eq!(parse_field(text, "address"), Some(Field { offset: 8, size: 8 }));
+        assert_eq!(parse_field(text, "rwbs"), Some(Field { offset: 34, size: 10 }));
+        assert_eq!(parse_field(text, "missing"), None);
     }
 }

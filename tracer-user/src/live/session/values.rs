@@ -22,7 +22,7 @@ const MAX_VALUE_BYTES: u64 = 256 << 20;
 
 /// Probes in attach order: a run's state exists before nodes set theirs,
 /// and both before a barrier reads them.
-const PROBES: [(&str, &str, u32); 4] = [
+pub(super) const PROBES: [(&str, &str, u32); 4] = [
     ("ggml_graph_compute", programs::VALUE_GRAPH, 0),
     ("ggml_cpu_extra_compute_forward", programs::VALUE_NODE, hooks::EXTRA),
     ("ggml_compute_forward_rms_norm_mul_fused", programs::VALUE_NODE, hooks::FUSED_MUL),
