@@ -63,7 +63,10 @@ const CASES: &[(&str, Run)] = &[
 /// On a kernel where tracing is refused: how it is refused.
 const REFUSED_CASES: &[(&str, Run)] = &[
     // Non-zero, and each missing feature with the version that has it.
-    ("check", Run::Shell(r#"! "$TTRACE_BIN" check > out 2>&1; cat out; grep -q 'missing (needs .*Linux [0-9.]*+' out"#)),
+    (
+        "check",
+        Run::Shell(r#"! "$TTRACE_BIN" check > out 2>&1; cat out; grep -q 'missing (needs .*Linux [0-9.]*+' out"#),
+    ),
     // One line, ttrace's, naming the kernel feature and version; no trace left.
     (
         "run tiny",
@@ -137,6 +140,9 @@ pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Res
         let _ = std::fs::remove_file(&disk);
         let elapsed = booted.with_context(|| format!("kernel {}", kernel.series))?;
         let release = std::fs::read_to_string(job.join("kernel")).unwrap_or_default().trim().to_string();
+        if let Ok(why) = std::fs::read_to_string(job.join("logs/setup.log")) {
+            eprintln!("kernels: {}: the guest could not start its cases: {}", kernel.series, why.trim());
+        }
         for (name, outcome) in read_results(&job)? {
             eprintln!(
                 "kernels: {} {name}: {} ({:.0}s){}",
@@ -175,7 +181,8 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
                 let exe = rust.get(*binary).with_context(|| format!("no integration-test binary `{binary}`"))?;
                 format!("{} --exact {test} --nocapture", shell_quote(&exe.display().to_string()))
             }
-            Run::Shell(command) => command.to_string(),
+            // One line of cases.tsv each.
+            Run::Shell(command) => command.replace('\n', " "),
         };
         writeln!(tsv, "{}\t{command}", file_name(name))?;
     }
@@ -316,4 +323,3 @@ impl Table {
         s
     }
 }
-

@@ -73,18 +73,31 @@ pub fn ensure(cache: &Path) -> Result<(Vec<Prepared>, String)> {
         let stamp = dir.join("kernel.json");
         let cached: Option<Prepared> =
             std::fs::read_to_string(&stamp).ok().and_then(|text| serde_json::from_str(&text).ok());
-        if let Some(p) = cached.filter(|p| p.recipe == recipe() && p.vmlinuz.exists() && p.initramfs.exists()) {
-            prepared.push(p);
+        if let Some(p) = cached.as_ref().filter(|p| p.recipe == recipe() && p.vmlinuz.exists() && p.initramfs.exists())
+        {
+            prepared.push(p.clone());
             continue;
         }
-        if apt.is_none() {
-            let a = fetch::Apt::new(&root.join("apt"))?;
-            a.update()?;
-            apt = Some(a);
-        }
-        let apt = apt.as_ref().expect("set above");
-        let (package, version) = apt.resolve(&kernel)?;
-        let debs = apt.download(&package, &dir.join("debs"))?;
+        // A kernel fetched before keeps its package; only a new recipe remakes its initramfs.
+        let debs_dir = dir.join("debs");
+        let (package, version, debs) = match cached.filter(|p| debs_of(&debs_dir, &p.package).is_some()) {
+            Some(p) => {
+                let debs = debs_of(&debs_dir, &p.package).expect("checked above");
+                (p.package, p.version, debs)
+            }
+            None => {
+                if apt.is_none() {
+                    let a = fetch::Apt::new(&root.join("apt"))?;
+                    a.update()?;
+                    apt = Some(a);
+                }
+                let apt = apt.as_ref().expect("set above");
+                let (package, version) = apt.resolve(&kernel)?;
+                let _ = std::fs::remove_dir_all(&debs_dir);
+                let debs = apt.download(&package, &debs_dir)?;
+                (package, version, debs)
+            }
+        };
         let unpacked = dir.join("unpacked");
         let _ = std::fs::remove_dir_all(&unpacked);
         fetch::extract(&debs, &unpacked)?;
@@ -104,6 +117,20 @@ pub fn ensure(cache: &Path) -> Result<(Vec<Prepared>, String)> {
         format!("fetched {}", fetched.join(", "))
     };
     Ok((prepared, what))
+}
+
+/// The .debs downloaded for `package` (the image and its split parts).
+fn debs_of(dir: &Path, package: &str) -> Option<Vec<PathBuf>> {
+    let debs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
+        .collect();
+    let has_image = debs
+        .iter()
+        .any(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))));
+    has_image.then_some(debs)
 }
 
 fn recipe() -> String {
