@@ -320,7 +320,12 @@ fn perf_layout(format: impl Fn(&str, &str) -> Option<String>) -> PerfLayout {
             **slot = match tracefs::parse_field(&text, name) {
                 Some(field) => field.offset as u32,
                 None => {
-                    log::warn!("{group}:{event} has no field `{name}`: recorded as 0");
+                    // Older kernels' page-cache record has no `order`: single pages then.
+                    if *name == "order" {
+                        log::debug!("{group}:{event} has no field `order`: recorded as 0");
+                    } else {
+                        log::warn!("{group}:{event} has no field `{name}`: recorded as 0");
+                    }
                     NO_FIELD
                 }
             };
