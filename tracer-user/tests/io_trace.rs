@@ -8,7 +8,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Output,
 };
 
 use ttrace::{
