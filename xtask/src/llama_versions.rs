@@ -265,40 +265,34 @@ fn build(release: &Release, dir: &Path, sdists: &Path, python: &Path) -> Result<
 /// matrix's guests; its libllama also serves the `llama_cpp` client there
 /// (LLAMA_CPP_LIB_PATH). Returns the directory of programs and libraries.
 pub fn ensure_portable(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
-    let dir = cache.join("llama-portable");
-    let bin = dir.join("build/bin");
-    let t = Instant::now();
-    let completion = bin.join("llama-completion");
-    let outputs = [completion.as_path()];
-    let sdists = cache.join("llama-versions/sdists");
-    let built = cmake_build(
-        &CURRENT,
-        &dir,
-        &sdists,
-        python,
-        &["llama-completion", "llama"],
-        &["-DGGML_NATIVE=OFF".to_string()],
-        &outputs,
-        |_| Ok(()),
-    )?;
-    let what = if built { format!("built in {:.0}s", t.elapsed().as_secs_f64()) } else { "ok (cached)".to_string() };
-    Ok((bin, what))
+    pinned_build(cache, python, "llama-portable", &["llama-completion", "llama"], &["-DGGML_NATIVE=OFF"])
 }
 
 /// The pinned release's llama-completion alone, with the full build's flags
 /// (the demo's, before `cargo xtask test` has made the full build).
 pub fn ensure_completion_only(cache: &Path, python: &Path) -> Result<(PathBuf, String)> {
-    let dir = cache.join("llama-completion");
-    let completion = dir.join("build/bin/llama-completion");
+    let (bin, what) = pinned_build(cache, python, "llama-completion", &["llama-completion"], &[])?;
+    Ok((bin.join("llama-completion"), what))
+}
+
+/// `targets` of the pinned release (llama-completion first) in
+/// `<cache>/<name>`; returns its directory of programs and libraries.
+fn pinned_build(
+    cache: &Path,
+    python: &Path,
+    name: &str,
+    targets: &[&str],
+    extra_args: &[&str],
+) -> Result<(PathBuf, String)> {
+    let dir = cache.join(name);
+    let bin = dir.join("build/bin");
     let t = Instant::now();
+    let completion = bin.join("llama-completion");
     let sdists = cache.join("llama-versions/sdists");
-    let built = cmake_build(&CURRENT, &dir, &sdists, python, &["llama-completion"], &[], &[&completion], |_| Ok(()))?;
-    let what = if built {
-        format!("built llama-completion in {:.0}s", t.elapsed().as_secs_f64())
-    } else {
-        "ok (cached)".into()
-    };
-    Ok((completion, what))
+    let extra: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+    let built = cmake_build(&CURRENT, &dir, &sdists, python, targets, &extra, &[&completion], |_| Ok(()))?;
+    let what = if built { format!("built in {:.0}s", t.elapsed().as_secs_f64()) } else { "ok (cached)".to_string() };
+    Ok((bin, what))
 }
 
 /// Configure and build `targets` of `release`'s vendored tree into

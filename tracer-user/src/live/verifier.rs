@@ -25,9 +25,12 @@ const HELPERS: &[(u32, Needs)] = &[
     (132, Needs { feature: "the BPF ring buffer (bpf_ringbuf_submit)", since: "5.8" }),
     (133, Needs { feature: "the BPF ring buffer (bpf_ringbuf_discard)", since: "5.8" }),
     (134, Needs { feature: "the BPF ring buffer (bpf_ringbuf_query)", since: "5.8" }),
-    (174, Needs { feature: "bpf_get_attach_cookie", since: "5.15" }),
+    (174, COOKIE),
     (181, Needs { feature: "bpf_loop", since: "5.17" }),
 ];
+
+/// Attach cookies tell one program's attachments apart (which hook fired).
+const COOKIE: Needs = Needs { feature: "bpf_get_attach_cookie", since: "5.15" };
 
 /// One line for a program error: for a verifier rejection its reason (the
 /// log's last meaningful line) or the missing feature, else aya's message.
@@ -43,6 +46,10 @@ pub fn summary(error: &ProgramError) -> String {
                 None => format!("the kernel refused it: {io_error}"),
             }
         }
+        // aya's own probe: the kernel cannot take an attach cookie.
+        ProgramError::AttachCookieNotSupported => {
+            format!("the kernel lacks {} (Linux {}+)", COOKIE.feature, COOKIE.since)
+        }
         other => other.to_string(),
     }
 }
@@ -52,6 +59,7 @@ pub fn summary(error: &ProgramError) -> String {
 pub fn missing_feature(error: &ProgramError) -> Option<Needs> {
     match error {
         ProgramError::LoadError { verifier_log, .. } => needs(&verifier_log.to_string()),
+        ProgramError::AttachCookieNotSupported => Some(COOKIE),
         _ => None,
     }
 }
