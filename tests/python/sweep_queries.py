@@ -33,11 +33,30 @@ def duckdb_results(directory: Path) -> dict[str, list[dict]]:
     return out
 
 
+def glibc_snappy(into: Path) -> Path:
+    """snappy-java's glibc build of its native library, from Spark's own jar.
+    snappy-java takes any machine with `/lib/ld-musl-x86_64.so.1` for a musl
+    one (Debian's `musl` package puts it there; `cargo xtask dist` installs
+    musl-tools) and then loads its musl build, which cannot link here."""
+    import pyspark
+    import zipfile
+
+    (jar,) = (Path(pyspark.__file__).parent / "jars").glob("snappy-java-*.jar")
+    with zipfile.ZipFile(jar) as z:
+        (into / "libsnappyjava.so").write_bytes(z.read("org/xerial/snappy/native/Linux/x86_64/libsnappyjava.so"))
+    return into
+
+
 def spark_results(directory: Path) -> dict[str, list[dict]]:
+    import tempfile
+
     from pyspark.sql import SparkSession
 
+    lib = glibc_snappy(Path(tempfile.mkdtemp(prefix="ttrace-snappy-")))
+    snappy = f"-Dorg.xerial.snappy.lib.path={lib} -Dorg.xerial.snappy.lib.name=libsnappyjava.so"
     spark = (SparkSession.builder.master("local[1]").appName("ttrace-sweep-test")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.extraJavaOptions", snappy).getOrCreate())
     try:
         for table in TABLES:
             spark.read.parquet(f"{directory}/dataset/table={table}").createOrReplaceTempView(table)
