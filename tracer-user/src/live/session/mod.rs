@@ -11,12 +11,8 @@ mod signals;
 pub mod trace_file;
 mod values;
 
-/// Every uprobe program a session can attach, in any mode (`ttrace check`
-/// loads them all: a test holds it to this list).
 #[cfg(test)]
-pub(crate) fn uprobe_programs() -> Vec<&'static str> {
-    plan::HOOKS.iter().map(|h| h.1).chain(values::PROBES.iter().map(|p| p.1)).collect()
-}
+pub(crate) use plan::uprobe_programs;
 
 use std::{
     fs::File,

@@ -49,6 +49,13 @@ pub(super) const HOOKS: [(&str, &str, u64); 19] = [
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
 ];
 
+/// Every uprobe program a session can attach, in any mode (`ttrace check`
+/// loads them all: a test holds it to this list).
+#[cfg(test)]
+pub(crate) fn uprobe_programs() -> Vec<&'static str> {
+    HOOKS.iter().map(|h| h.1).chain(super::values::PROBES.iter().map(|p| p.1)).collect()
+}
+
 const ARGSORT: &str = "ggml_compute_forward_argsort";
 const MUL_MAT_ID: &str = "ggml_compute_forward_mul_mat_id";
 
