@@ -95,8 +95,13 @@ pub fn model(name: &str) -> PathBuf {
 /// `--drop-caches` cannot evict pages another process has mapped, so a run
 /// of the shared file is not cold while anything else runs that model.
 pub fn private_model(name: &str) -> PathBuf {
+    // One directory per call: tests of one binary run in parallel in one
+    // process, and two copies of one model in one directory would replace
+    // each other's file (and extents) under a running test.
+    static COPIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let shared = model(name);
-    let copy = scratch(&format!("model-{name}")).join(shared.file_name().expect("a model file name"));
+    let copy = scratch(&format!("model-{name}-{n}")).join(shared.file_name().expect("a model file name"));
     std::fs::copy(&shared, &copy).unwrap_or_else(|e| panic!("copying {} to {}: {e}", shared.display(), copy.display()));
     std::fs::File::open(&copy).and_then(|f| f.sync_all()).unwrap();
     copy
