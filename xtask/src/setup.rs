@@ -299,7 +299,11 @@ fn python_venv(cache: &Path, kind: Requirements) -> Result<(PathBuf, String)> {
     let requirements = root.join(kind.file());
     // Both files: the full one includes the demo's with `-r`.
     let mut wanted = String::new();
-    for file in [Requirements::Demo.file(), kind.file()] {
+    let files = match kind {
+        Requirements::Demo => vec![Requirements::Demo.file()],
+        Requirements::Full => vec![Requirements::Demo.file(), Requirements::Full.file()],
+    };
+    for file in files {
         let path = root.join(file);
         wanted += &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     }

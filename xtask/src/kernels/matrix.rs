@@ -201,7 +201,8 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
     std::fs::write(job.join("paths.json"), serde_json::to_string_pretty(&paths)?)?;
     let env = [
         ("TTRACE_BIN", inputs.ttrace.display().to_string()),
-        ("TTRACE_PATHS", job.join("paths.json").display().to_string().replace(&job.display().to_string(), "/job")),
+        // The job directory is /job in the guest.
+        ("TTRACE_PATHS", "/job/paths.json".to_string()),
         ("VENV_PYTHON", inputs.venv_python.display().to_string()),
         // The `llama_cpp` client's oracles load the portable build's libllama.
         ("LLAMA_CPP_LIB_PATH", portable.display().to_string()),

@@ -73,7 +73,8 @@ pub fn ensure(cache: &Path) -> Result<(Vec<Prepared>, String)> {
         let stamp = dir.join("kernel.json");
         let cached: Option<Prepared> =
             std::fs::read_to_string(&stamp).ok().and_then(|text| serde_json::from_str(&text).ok());
-        if let Some(p) = cached.as_ref().filter(|p| p.recipe == recipe() && p.vmlinuz.exists() && p.initramfs.exists())
+        if let Some(p) =
+            cached.as_ref().filter(|p| p.recipe == initramfs::recipe() && p.vmlinuz.exists() && p.initramfs.exists())
         {
             prepared.push(p.clone());
             continue;
@@ -106,7 +107,14 @@ pub fn ensure(cache: &Path) -> Result<(Vec<Prepared>, String)> {
         let initramfs = dir.join("initramfs.cpio.gz");
         initramfs::build(&unpacked, &initramfs).with_context(|| format!("the initramfs of {package}"))?;
         std::fs::remove_dir_all(&unpacked)?;
-        let p = Prepared { series: kernel.series.into(), package, version, vmlinuz, initramfs, recipe: recipe() };
+        let p = Prepared {
+            series: kernel.series.into(),
+            package,
+            version,
+            vmlinuz,
+            initramfs,
+            recipe: initramfs::recipe(),
+        };
         std::fs::write(&stamp, serde_json::to_string_pretty(&p)?)?;
         fetched.push(format!("{} {}", p.package, p.version));
         prepared.push(p);
@@ -131,10 +139,6 @@ fn debs_of(dir: &Path, package: &str) -> Option<Vec<PathBuf>> {
         .iter()
         .any(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))));
     has_image.then_some(debs)
-}
-
-fn recipe() -> String {
-    initramfs::recipe()
 }
 
 /// `boot/vmlinuz-*`, or from 6.19 on `usr/lib/modules/<release>/vmlinuz`.
