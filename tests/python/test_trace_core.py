@@ -143,10 +143,15 @@ def run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, model:
     return report(ttrace, out), int(prompt[0]), int(runs[0]), proc
 
 
-# Graph capture (the default), and the per-node probes of --op-timing on tiny.
-@pytest.mark.parametrize("name, opts", [("tiny", ()), ("tiny-q8", ()), ("moe", ()), ("tiny", ("--op-timing",))],
-                         ids=["tiny", "tiny-q8", "moe", "tiny-op-timing"])
-def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths, name, opts):
+# Graph capture (the default), the per-node probes of --op-timing on tiny,
+# and on moe the stand-ins of kernels before 5.15 (TTRACE_STAND_INS: as if
+# this one lacked bpf_get_attach_cookie and bpf_loop).
+@pytest.mark.parametrize("name, opts, stand_ins", [("tiny", (), ""), ("tiny-q8", (), ""), ("moe", (), ""),
+                                                   ("tiny", ("--op-timing",), ""), ("moe", (), "cookie,loop")],
+                         ids=["tiny", "tiny-q8", "moe", "tiny-op-timing", "moe-stand-ins"])
+def test_ubatches_match_llama_counters_and_weights_match_gguf(ttrace, tmp_path, llama_completion, flush_log_preload, models, paths,
+                                                              monkeypatch, name, opts, stand_ins):
+    monkeypatch.setenv("TTRACE_STAND_INS", stand_ins)
     a, prompt_tokens, eval_runs, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models[name], 8,
                                                        ttrace_opts=opts)
     assert a["header"]["options"]["op_timing"] == ("--op-timing" in opts)

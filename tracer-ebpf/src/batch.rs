@@ -9,7 +9,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::generated::{bpf_loop, bpf_probe_read_user},
+    helpers::generated::bpf_probe_read_user,
     macros::{map, uprobe},
     maps::PerCpuArray,
     programs::ProbeContext,
@@ -21,6 +21,7 @@ use tracer_common::{
 
 use crate::{
     layout::{self, ggml},
+    looping::{global_step, repeat},
     maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
 };
 
@@ -69,6 +70,17 @@ fn read_head(address: u64) -> Option<Ubatch> {
 
 #[uprobe]
 pub fn ubatch(ctx: ProbeContext) -> u32 {
+    ubatch_with::<false>(&ctx)
+}
+
+/// Kernels before 5.17 (`looping`).
+#[uprobe]
+pub fn ubatch_bounded(ctx: ProbeContext) -> u32 {
+    ubatch_with::<true>(&ctx)
+}
+
+#[inline(always)]
+fn ubatch_with<const BOUNDED: bool>(ctx: &ProbeContext) -> u32 {
     let Some(task) = traced_task() else { return 0 };
     let Some(address) = ctx.arg::<u64>(1) else { return 0 };
     let Some(b) = read_head(address) else { return 0 };
@@ -87,21 +99,28 @@ pub fn ubatch(ctx: ProbeContext) -> u32 {
         }
     }
     if b.seq_id != 0 {
-        let mut walk = SeqWalk { seq_id: b.seq_id, event: event as *mut InputEvent, ok: 1 };
-        // SAFETY: the callback gets `walk` back and writes within `event.data`.
-        unsafe { bpf_loop(n, read_seq as *mut c_void, (&raw mut walk).cast::<c_void>(), 0) };
+        let mut walk = SeqWalk { seq_id: b.seq_id, ok: 1 };
+        // Each step writes within the scratch event's `data`.
+        repeat::<BOUNDED, _>(n, batch::MAX_BATCH_TOKENS, read_seq, ttrace_read_seq, &mut walk);
         if walk.ok == 1 {
             send(event, batch::SEQ, n * 4);
         }
     }
-    if b.output != 0 && read_outputs(event, b.output, n).is_ok() {
+    if b.output != 0 && read_outputs::<BOUNDED>(b.output, n).is_ok() {
         send(event, batch::OUTPUT, n * 4);
     }
     0
 }
 
 fn read_array(event: &mut InputEvent, address: u64, len: u32) -> Result<(), ()> {
-    let len = len.min(MAX_INPUT_BYTES as u32);
+    // Bounded here, where the read is: LLVM knows the callers' `len` is
+    // within bounds and drops a `min`, and the verifier before 5.12 cannot
+    // follow a bound checked before a spill to the stack.
+    // SAFETY: a plain local.
+    let len = unsafe { core::ptr::read_volatile(&len) };
+    if len > MAX_INPUT_BYTES as u32 {
+        return Err(());
+    }
     // SAFETY: len is at most the size of `data`.
     let ret = unsafe { bpf_probe_read_user(event.data.as_mut_ptr().cast::<c_void>(), len, address as *const c_void) };
     if ret == 0 { Ok(()) } else { Err(()) }
@@ -111,23 +130,29 @@ fn read_array(event: &mut InputEvent, address: u64, len: u32) -> Result<(), ()> 
 /// `bpf_loop` over the chunks, not an unrolled loop: the verifier then checks
 /// one chunk instead of all 16, which cut this program's load from ~150 ms
 /// to a few, most of what stood between `attach` and its first record.
-fn read_outputs(event: &mut InputEvent, address: u64, n: u32) -> Result<(), ()> {
+fn read_outputs<const BOUNDED: bool>(address: u64, n: u32) -> Result<(), ()> {
     let n = n.min(batch::MAX_BATCH_TOKENS);
-    let mut walk = OutputWalk { output: address, event: event as *mut InputEvent, ok: 1 };
-    // SAFETY: the callback gets `walk` back and writes within `event.data`.
-    unsafe { bpf_loop(n.div_ceil(64), read_output_chunk as *mut c_void, (&raw mut walk).cast::<c_void>(), 0) };
+    let mut walk = OutputWalk { output: address, ok: 1 };
+    // Each step writes within the scratch event's `data`.
+    let chunks = batch::MAX_BATCH_TOKENS.div_ceil(64);
+    repeat::<BOUNDED, _>(n.div_ceil(64), chunks, read_output_chunk, ttrace_read_output_chunk, &mut walk);
     if walk.ok == 1 { Ok(()) } else { Err(()) }
 }
 
+/// The loops' context: scalars only (a bounded loop's global step gets it
+/// from a map); the steps find the scratch event themselves.
+#[repr(C)]
+#[derive(Clone, Copy)]
 struct OutputWalk {
     output: u64,
-    event: *mut InputEvent,
     ok: u64,
 }
 
+global_step!(ttrace_read_output_chunk, read_output_chunk, OutputWalk);
+
 #[inline(never)]
 extern "C" fn read_output_chunk(chunk: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the `OutputWalk` given to it.
+    // SAFETY: the loop passes back the `OutputWalk` given to it.
     let walk = unsafe { &mut *(ctx as *mut OutputWalk) };
     let mut flags = [0u8; 64];
     let first = chunk * 64;
@@ -135,8 +160,9 @@ extern "C" fn read_output_chunk(chunk: u64, ctx: *mut c_void) -> i64 {
         walk.ok = 0;
         return 1;
     }
-    // SAFETY: the scratch event outlives the loop.
-    let event = unsafe { &mut *walk.event };
+    let Some(event) = BATCH_SCRATCH.get_ptr_mut(0) else { return 1 };
+    // SAFETY: per-CPU scratch.
+    let event = unsafe { &mut *event };
     for (j, &f) in flags.iter().enumerate() {
         let at = ((first as usize + j) & (batch::MAX_BATCH_TOKENS as usize - 1)) * 4;
         if let Some(slot) = event.data.get_mut(at..at + 4) {
@@ -146,15 +172,18 @@ extern "C" fn read_output_chunk(chunk: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+#[repr(C)]
+#[derive(Clone, Copy)]
 struct SeqWalk {
     seq_id: u64,
-    event: *mut InputEvent,
     ok: u64,
 }
 
+global_step!(ttrace_read_seq, read_seq, SeqWalk);
+
 #[inline(never)]
 extern "C" fn read_seq(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the `SeqWalk` given to it.
+    // SAFETY: the loop passes back the `SeqWalk` given to it.
     let walk = unsafe { &mut *(ctx as *mut SeqWalk) };
     let mut ids = 0u64;
     let mut seq = 0i32;
@@ -163,8 +192,9 @@ extern "C" fn read_seq(index: u64, ctx: *mut c_void) -> i64 {
         return 1;
     }
     let at = (index as usize & (batch::MAX_BATCH_TOKENS as usize - 1)) * 4;
-    // SAFETY: the scratch event outlives the loop.
-    let event = unsafe { &mut *walk.event };
+    let Some(event) = BATCH_SCRATCH.get_ptr_mut(0) else { return 1 };
+    // SAFETY: per-CPU scratch.
+    let event = unsafe { &mut *event };
     if let Some(slot) = event.data.get_mut(at..at + 4) {
         slot.copy_from_slice(&seq.to_le_bytes());
     }
@@ -172,7 +202,12 @@ extern "C" fn read_seq(index: u64, ctx: *mut c_void) -> i64 {
 }
 
 fn send(event: &mut InputEvent, array: u64, len: u32) {
-    let len = (len as usize).min(MAX_INPUT_BYTES);
+    // As in `read_array`: bounded where it is used.
+    // SAFETY: a plain local.
+    let len = unsafe { core::ptr::read_volatile(&len) } as usize;
+    if len > MAX_INPUT_BYTES {
+        return;
+    }
     event.tensor = array;
     event.len = len as u32;
     event._pad = 0;

@@ -17,6 +17,7 @@ use tracer_common::{BufferEvent, EventKind, MAX_BUFFER_TYPE_NAME, buffer_action}
 
 use crate::{
     layout::{self, ggml},
+    looping::cookie_copies,
     maps::{emit, header, read_user, traced_task},
 };
 
@@ -32,9 +33,19 @@ pub fn buffer_created(ctx: RetProbeContext) -> u32 {
 
 #[uprobe]
 pub fn buffer_changed(ctx: ProbeContext) -> u32 {
-    let Some(task) = traced_task() else { return 0 };
     // SAFETY: ctx is the program's own context.
-    let action = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+    changed_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+cookie_copies!(uprobe, ProbeContext, changed_with;
+    buffer_changed_1 = buffer_action::SET_USAGE as u64,
+    buffer_changed_2 = buffer_action::FREED as u64,
+);
+
+#[inline(always)]
+fn changed_with(ctx: &ProbeContext, cookie: u64) -> u32 {
+    let Some(task) = traced_task() else { return 0 };
+    let action = cookie as u32;
     let Some(buffer) = ctx.arg::<u64>(0).filter(|&b| b != 0) else { return 0 };
     // set_usage writes its argument after this probe ran.
     let usage = (action == buffer_action::SET_USAGE).then(|| ctx.arg::<u64>(1).unwrap_or(0) as u32);

@@ -12,14 +12,30 @@ use aya_ebpf::{
 };
 use tracer_common::{CallEvent, EventKind, config, markers};
 
-use crate::maps::{CONFIG, emit, emit_with, header, submit_flags, traced_task};
+use crate::{
+    looping::cookie_copies,
+    maps::{CONFIG, emit, emit_with, header, submit_flags, traced_task},
+};
 
 #[uprobe]
 pub fn call_args(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context.
+    args_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+cookie_copies!(uprobe, ProbeContext, args_with;
+    call_args_0 = markers::SELFTEST,
+    call_args_1 = markers::SCHED_GRAPH_COMPUTE,
+    call_args_3 = markers::LLAMA_DECODE,
+    call_args_4 = markers::LLAMA_PROCESS,
+    call_args_5 = markers::LLAMA_PERF_RESET,
+    call_args_19 = markers::OUTPUT_RESERVE,
+);
+
+#[inline(always)]
+fn args_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     let Some(task) = traced_task() else { return 0 };
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
-    // SAFETY: ctx is the program's own context.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     // The first ubatch graph of a `run` stops the target and wakes the
     // reader at once: it reads the target's maps while the model is surely
     // mapped (a short run may exit before the next timed drain). Later
@@ -60,9 +76,19 @@ const SIGSTOP: u32 = 19;
 
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
-    let Some(task) = traced_task() else { return 0 };
     // SAFETY: ctx is the program's own context.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    return_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+cookie_copies!(uretprobe, RetProbeContext, return_with;
+    call_return_2 = markers::SCHED_GRAPH_COMPUTE_RETURN,
+    call_return_6 = markers::GRAPH_COMPUTE_RETURN,
+    call_return_20 = markers::OUTPUT_RESERVE_RETURN,
+);
+
+#[inline(always)]
+fn return_with(ctx: &RetProbeContext, cookie: u64) -> u32 {
+    let Some(task) = traced_task() else { return 0 };
     emit(
         EventKind::Call,
         CallEvent { header: header(EventKind::Call, task), cookie, args: [ctx.ret::<u64>(), 0, 0, 0, 0, 0] },

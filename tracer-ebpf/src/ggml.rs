@@ -22,6 +22,7 @@ use tracer_common::{
 
 use crate::{
     layout::{self, RawTensor, ggml},
+    looping::cookie_copies,
     maps::{CONFIG, EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
 };
 
@@ -35,24 +36,42 @@ pub(crate) static TENSOR_SCRATCH: PerCpuArray<RawTensor> = PerCpuArray::with_max
 /// `hooks` value), so the verifier checks the node recorder once:
 /// - `EXTRA`: `ggml_cpu_extra_compute_forward(params, tensor)`, called for
 ///   every executed node by every worker thread, before the op dispatch;
-/// - `FUSED_RMS_NORM` / `FUSED_MUL`: `ggml_compute_forward_rms_norm_mul_fused(
-///   params, rms, mul)`, attached twice: fused nodes bypass the dispatcher.
+/// - `FUSED_RMS_NORM`: `ggml_compute_forward_rms_norm_mul_fused(params,
+///   rms, mul)`: fused nodes bypass the dispatcher; both are recorded, the
+///   second as `FUSED_MUL`.
 #[uprobe]
 pub fn ggml_op(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context.
+    op_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+cookie_copies!(uprobe, ProbeContext, op_with;
+    ggml_op_0 = hooks::EXTRA as u64,
+    ggml_op_1 = hooks::FUSED_RMS_NORM as u64,
+);
+
+#[inline(always)]
+fn op_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let (hook, params, second, third) = unsafe {
         let regs = ctx.as_ptr() as *const pt_regs;
         // Volatile: LLVM would otherwise fold the choice into one load at a
         // computed context offset, which the verifier rejects.
         (
-            bpf_get_attach_cookie(ctx.as_ptr()) as u32,
+            read_volatile(&cookie) as u32,
             read_volatile(&(*regs).rdi),
             read_volatile(&(*regs).rsi),
             read_volatile(&(*regs).rdx),
         )
     };
-    let node = if hook == hooks::FUSED_MUL { third } else { second };
-    let _ = record_node(params, node, hook);
+    if hook == hooks::FUSED_RMS_NORM {
+        // Both fused nodes from one probe, in ggml's order: two probes on
+        // one address run in the reverse of their attach order.
+        let _ = record_node(params, second, hooks::FUSED_RMS_NORM);
+        let _ = record_node(params, third, hooks::FUSED_MUL);
+        return 0;
+    }
+    let _ = record_node(params, second, hook);
     0
 }
 

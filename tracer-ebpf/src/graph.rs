@@ -26,7 +26,7 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_PREALLOC, pt_regs},
-    helpers::generated::{bpf_loop, bpf_probe_read_user},
+    helpers::generated::bpf_probe_read_user,
     macros::{map, uprobe},
     maps::{HashMap, PerCpuArray},
     programs::ProbeContext,
@@ -41,11 +41,13 @@ use tracer_common::{
 use crate::{
     ggml::TENSOR_SCRATCH,
     layout::{self, RawTensor, ggml},
-    maps::{EVENTS, count_lost, emit, header, read_user, read_user_bytes, submit_flags, traced_task},
+    looping::{global_step, repeat},
+    maps::{EVENTS, count_lost, count_lost_n, emit, header, read_user, read_user_bytes, submit_flags, traced_task},
 };
 
-/// What a graph's walk needs in every `bpf_loop` step.
+/// What a graph's walk needs in every loop step.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Walk {
     task: (u32, u32),
     nodes: u64,
@@ -156,16 +158,30 @@ static INPUTS: HashMap<u64, Inputs> = HashMap::with_max_entries(1024, 0);
 pub fn graph_compute(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let cgraph = unsafe { read_volatile(&(*(ctx.as_ptr() as *const pt_regs)).rdi) };
-    let _ = read_graph(cgraph);
+    let _ = read_graph::<false>(cgraph);
     0
 }
+
+/// Kernels before 5.17 (`looping`): at most [`BOUNDED_NODES`] nodes a graph.
+#[uprobe]
+pub fn graph_compute_bounded(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context, a pt_regs.
+    let cgraph = unsafe { read_volatile(&(*(ctx.as_ptr() as *const pt_regs)).rdi) };
+    let _ = read_graph::<true>(cgraph);
+    0
+}
+
+/// Nodes the bounded copy reads of a graph (the verifier keeps a pending
+/// state per step of a bounded loop, at most 8192 in all); the rest are
+/// counted as lost. A 94-layer MoE's graph has fewer.
+const BOUNDED_NODES: u32 = 4000;
 
 /// Numbers for runs of graphs without a `uid` of their own: the top bit
 /// set, so they never equal a real one (ggml counts those up from 1).
 #[map]
 static MADE_UP_UID: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-fn read_graph(cgraph: u64) -> Result<(), ()> {
+fn read_graph<const BOUNDED: bool>(cgraph: u64) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
     if !layout::valid() {
         return Err(());
@@ -185,7 +201,12 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
     // Outside 0..=size the cgraph layout is wrong: walk nothing (user space
     // refuses the trace on this event). A view (a scheduler split) has size 0.
     let fits = raw_n_nodes >= 0 && (size == 0 || raw_n_nodes <= size);
-    let n_nodes = if fits { (raw_n_nodes as u32).min(MAX_GRAPH_NODES) } else { 0 };
+    let max = if BOUNDED { BOUNDED_NODES } else { MAX_GRAPH_NODES };
+    let n_nodes = if fits { raw_n_nodes as u32 } else { 0 };
+    if n_nodes > max {
+        count_lost_n(EventKind::Node, u64::from(n_nodes - max));
+    }
+    let n_nodes = n_nodes.min(max);
     // A made-up uid is never the last one: such a graph is read every run.
     let reused = LAST_UID.get_ptr(cgraph).is_some_and(|last| unsafe { *last } == uid);
     let event =
@@ -198,10 +219,7 @@ fn read_graph(cgraph: u64) -> Result<(), ()> {
             let _ = INPUTS.insert(cgraph, unsafe { &*empty }, 0);
         }
         let mut walk = Walk { task, nodes, uid, cgraph };
-        // SAFETY: the callback gets `walk` back as its context.
-        unsafe {
-            bpf_loop(n_nodes, walk_node as *mut c_void, addr_of_mut!(walk).cast::<c_void>(), 0);
-        }
+        repeat::<BOUNDED, _>(n_nodes, max, walk_node, ttrace_walk_node, &mut walk);
         let _ = LAST_UID.insert(cgraph, uid, 0);
     }
     send_inputs(cgraph, uid, task);
@@ -220,9 +238,11 @@ fn made_up_uid() -> u64 {
     }
 }
 
+global_step!(ttrace_walk_node, walk_node, Walk);
+
 #[inline(never)]
 extern "C" fn walk_node(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the `Walk` given to it.
+    // SAFETY: the loop passes back the `Walk` given to it.
     let walk = unsafe { &*(ctx as *const Walk) };
     let _ = send_node(walk, index as u32);
     0

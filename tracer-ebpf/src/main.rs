@@ -16,6 +16,7 @@ mod ggml;
 mod graph;
 mod kernel;
 mod layout;
+mod looping;
 mod maps;
 mod pagecache;
 mod routing;

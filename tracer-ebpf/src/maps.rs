@@ -56,9 +56,14 @@ pub fn header(kind: EventKind, (tgid, tid): (u32, u32)) -> EventHeader {
 /// Count one event of `kind` dropped because the ring buffer was full.
 #[inline(always)]
 pub fn count_lost(kind: EventKind) {
+    count_lost_n(kind, 1);
+}
+
+#[inline(always)]
+pub fn count_lost_n(kind: EventKind, n: u64) {
     if let Some(slot) = LOST.get_ptr_mut(kind as u32) {
         // SAFETY: per-CPU slot, so no other writer races with this one.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
     }
 }
 

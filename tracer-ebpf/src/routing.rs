@@ -13,7 +13,7 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::generated::{bpf_get_current_pid_tgid, bpf_loop, bpf_probe_read_user},
+    helpers::generated::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
     maps::HashMap,
     programs::{ProbeContext, RetProbeContext},
@@ -22,7 +22,8 @@ use tracer_common::{EventKind, MAX_EXPERTS, MAX_ROUTING_ROWS, MOE_ARGSORT_PREFIX
 
 use crate::{
     layout::{self, ggml},
-    maps::{EVENTS, count_lost, header, read_user, submit_flags, traced_task},
+    looping::{global_step, repeat},
+    maps::{EVENTS, count_lost, count_lost_n, header, read_user, submit_flags, traced_task},
 };
 
 /// An argsort call in flight on a thread (pid_tgid key).
@@ -37,8 +38,14 @@ struct Call {
 #[map]
 static ARGSORT_CALLS: HashMap<u64, Call> = HashMap::with_max_entries(1024, 0);
 
-/// What each `bpf_loop` step of a return needs.
+/// Rows one thread sends per argsort in the bounded copies: the verifier
+/// keeps a pending state per step of a bounded loop, at most 8192 in all
+/// (half of MAX_ROUTING_ROWS's 8192 rows is every thread's share at `-t 2`).
+const BOUNDED_ROWS: u32 = 4000;
+
+/// What each loop step of a return needs.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct Rows {
     task: (u32, u32),
     dst: u64,
@@ -83,14 +90,25 @@ fn entry(params: u64, dst: u64) -> Result<(), ()> {
 /// argsort node its `ids` source views. One trap per MUL_MAT_ID and thread.
 #[uprobe]
 pub fn mul_mat_id_entry(ctx: ProbeContext) -> u32 {
+    mul_mat_id_with::<false>(&ctx)
+}
+
+/// Kernels before 5.17 (`looping`).
+#[uprobe]
+pub fn mul_mat_id_bounded(ctx: ProbeContext) -> u32 {
+    mul_mat_id_with::<true>(&ctx)
+}
+
+#[inline(always)]
+fn mul_mat_id_with<const BOUNDED: bool>(ctx: &ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let regs = ctx.as_ptr() as *const pt_regs;
     let (params, dst) = unsafe { (read_volatile(&(*regs).rdi), read_volatile(&(*regs).rsi)) };
-    let _ = at_mul_mat_id(params, dst);
+    let _ = at_mul_mat_id::<BOUNDED>(params, dst);
     0
 }
 
-fn at_mul_mat_id(params: u64, dst: u64) -> Result<(), ()> {
+fn at_mul_mat_id<const BOUNDED: bool>(params: u64, dst: u64) -> Result<(), ()> {
     traced_task().ok_or(())?;
     if !layout::valid() {
         return Err(());
@@ -111,21 +129,32 @@ fn at_mul_mat_id(params: u64, dst: u64) -> Result<(), ()> {
     if &name != MOE_ARGSORT_PREFIX {
         return Ok(());
     }
-    send_rows(Call { dst: argsort, ith: 0, nth: 1 })
+    send_rows::<BOUNDED>(Call { dst: argsort, ith: 0, nth: 1 })
 }
 
 #[uretprobe]
 pub fn argsort_return(_ctx: RetProbeContext) -> u32 {
+    argsort_return_with::<false>()
+}
+
+/// Kernels before 5.17 (`looping`).
+#[uretprobe]
+pub fn argsort_return_bounded(_ctx: RetProbeContext) -> u32 {
+    argsort_return_with::<true>()
+}
+
+#[inline(always)]
+fn argsort_return_with<const BOUNDED: bool>() -> u32 {
     // SAFETY: plain helper call.
     let key = unsafe { bpf_get_current_pid_tgid() };
     // SAFETY: a map value, copied out before it is removed.
     let Some(call) = (unsafe { ARGSORT_CALLS.get(key) }).copied() else { return 0 };
     let _ = ARGSORT_CALLS.remove(key);
-    let _ = send_rows(call);
+    let _ = send_rows::<BOUNDED>(call);
     0
 }
 
-fn send_rows(call: Call) -> Result<(), ()> {
+fn send_rows<const BOUNDED: bool>(call: Call) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
     let base = call.dst;
     let (mut ne, mut nb1, mut data) = ([0i64; 4], 0u64, 0u64);
@@ -138,16 +167,20 @@ fn send_rows(call: Call) -> Result<(), ()> {
     let mine = if rows > ith { (rows - ith).div_ceil(nth) } else { 0 };
     let n_experts = ne[0].clamp(0, MAX_EXPERTS as i64) as u32;
     let mut walk = Rows { task, dst: base, data, row_bytes: nb1, first: call.ith, step: call.nth, n_experts };
-    // SAFETY: the callback gets `walk` back as its context.
-    unsafe {
-        bpf_loop(mine.min(u64::from(MAX_ROUTING_ROWS)) as u32, send_row as *mut c_void, addr_of_mut!(walk).cast(), 0);
+    let max = if BOUNDED { BOUNDED_ROWS } else { MAX_ROUTING_ROWS };
+    if mine > u64::from(max) {
+        // Rows past the bound are counted, never dropped silently.
+        count_lost_n(EventKind::Routing, mine - u64::from(max));
     }
+    repeat::<BOUNDED, _>(mine as u32, max, send_row, ttrace_send_row, &mut walk);
     Ok(())
 }
 
+global_step!(ttrace_send_row, send_row, Rows);
+
 #[inline(never)]
 extern "C" fn send_row(k: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the `Rows` given to it.
+    // SAFETY: the loop passes back the `Rows` given to it.
     let walk = unsafe { &*(ctx as *const Rows) };
     let row = walk.first + k as u32 * walk.step;
     let Some(mut entry) = EVENTS.reserve::<RoutingEvent>(0) else {

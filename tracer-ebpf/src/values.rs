@@ -17,7 +17,7 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     bindings::pt_regs,
-    helpers::generated::{bpf_get_attach_cookie, bpf_loop},
+    helpers::generated::bpf_get_attach_cookie,
     macros::{map, uprobe},
     maps::{Array, HashMap, PerCpuArray},
     programs::ProbeContext,
@@ -30,6 +30,7 @@ use tracer_common::{
 use crate::{
     ggml::TENSOR_SCRATCH,
     layout::{self, ggml},
+    looping::{cookie_copies, global_step, repeat},
     maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
 };
 
@@ -88,15 +89,21 @@ pub fn value_graph(_ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn value_node(ctx: ProbeContext) -> u32 {
+    // SAFETY: ctx is the program's own context.
+    node_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+}
+
+cookie_copies!(uprobe, ProbeContext, node_with;
+    value_node_0 = hooks::EXTRA as u64,
+    value_node_2 = hooks::FUSED_MUL as u64,
+);
+
+#[inline(always)]
+fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let (hook, params, second, third) = unsafe {
-        let r = regs(&ctx);
-        (
-            bpf_get_attach_cookie(ctx.as_ptr()) as u32,
-            read_volatile(&(*r).rdi),
-            read_volatile(&(*r).rsi),
-            read_volatile(&(*r).rdx),
-        )
+        let r = regs(ctx);
+        (read_volatile(&cookie) as u32, read_volatile(&(*r).rdi), read_volatile(&(*r).rsi), read_volatile(&(*r).rdx))
     };
     let Some((_, tid)) = traced_task() else { return 0 };
     if !layout::valid() {
@@ -120,16 +127,32 @@ pub fn value_node(ctx: ProbeContext) -> u32 {
 
 #[uprobe]
 pub fn value_barrier(ctx: ProbeContext) -> u32 {
+    barrier_with::<false>(&ctx)
+}
+
+/// Kernels before 5.17: at most [`BOUNDED_CHUNKS`] chunks per node.
+#[uprobe]
+pub fn value_barrier_bounded(ctx: ProbeContext) -> u32 {
+    barrier_with::<true>(&ctx)
+}
+
+/// Chunks the bounded copy reads at most (124 MiB: the verifier keeps a
+/// pending state per step of a bounded loop, at most 8192 in all); a larger
+/// node is sent as `TOO_BIG`, as one over the `MAX_BYTES` setting is.
+const BOUNDED_CHUNKS: u32 = 4000;
+
+#[inline(always)]
+fn barrier_with<const BOUNDED: bool>(ctx: &ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let (rsp, rip) = unsafe {
-        let r = regs(&ctx);
+        let r = regs(ctx);
         (read_volatile(&(*r).rsp), read_volatile(&(*r).rip))
     };
-    let _ = on_barrier(rsp, rip);
+    let _ = on_barrier::<BOUNDED>(rsp, rip);
     0
 }
 
-fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
+fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
     let state = VALUE_TASKS.get_ptr_mut(task.1).ok_or(())?;
     let pool = VALUE_POOLS.get_ptr_mut(task.0).ok_or(())?;
@@ -178,7 +201,7 @@ fn on_barrier(rsp: u64, rip: u64) -> Result<(), ()> {
     if site < setting(config::LOOP_START) || site >= setting(config::LOOP_END) {
         return Ok(());
     }
-    send(task, run, *state, site)
+    send::<BOUNDED>(task, run, *state, site)
 }
 
 #[cfg(target_arch = "bpf")]
@@ -205,8 +228,9 @@ fn element_bytes(type_: i32) -> u64 {
     }
 }
 
-/// What a chunk loop needs in every `bpf_loop` step.
+/// What a chunk loop needs in every step.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct ChunkLoop {
     task: (u32, u32),
     run: u64,
@@ -215,7 +239,7 @@ struct ChunkLoop {
     total: u64,
 }
 
-fn send(task: (u32, u32), run: u64, state: ValueTask, site: u64) -> Result<(), ()> {
+fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site: u64) -> Result<(), ()> {
     // SAFETY: per-CPU scratch; a uprobe cannot be preempted by another on this CPU.
     let t = unsafe { &mut *TENSOR_SCRATCH.get_ptr_mut(0).ok_or(())? };
     let e = unsafe { &mut *VALUE_SCRATCH.get_ptr_mut(0).ok_or(())? };
@@ -256,7 +280,9 @@ fn send(task: (u32, u32), run: u64, state: ValueTask, site: u64) -> Result<(), (
             bits |= flags::UNSUPPORTED_TYPE;
         } else if t.op() as u64 == setting(config::SET_ROWS_OP) {
             bits |= flags::SET_ROWS;
-        } else if span > setting(config::MAX_BYTES) {
+        } else if span > setting(config::MAX_BYTES)
+            || (BOUNDED && span > u64::from(BOUNDED_CHUNKS) * VALUE_CHUNK_BYTES as u64)
+        {
             bits |= flags::TOO_BIG;
         }
         if bits & (flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
@@ -295,16 +321,16 @@ fn send(task: (u32, u32), run: u64, state: ValueTask, site: u64) -> Result<(), (
     }
     let chunks = span.div_ceil(VALUE_CHUNK_BYTES as u64) as u32;
     let mut copy = ChunkLoop { task, run, node: state.node, data, total: span };
-    // SAFETY: the callback gets `copy` back as its context.
-    unsafe {
-        bpf_loop(chunks, send_chunk as *mut c_void, addr_of_mut!(copy).cast::<c_void>(), 0);
-    }
+    let max = if BOUNDED { BOUNDED_CHUNKS } else { u32::MAX };
+    repeat::<BOUNDED, _>(chunks, max, send_chunk, ttrace_send_chunk, &mut copy);
     Ok(())
 }
 
+global_step!(ttrace_send_chunk, send_chunk, ChunkLoop);
+
 #[inline(never)]
 extern "C" fn send_chunk(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop passes back the `ChunkLoop` given to it.
+    // SAFETY: the loop passes back the `ChunkLoop` given to it.
     let copy = unsafe { &*(ctx as *const ChunkLoop) };
     if chunk(copy, index).is_err() { 1 } else { 0 }
 }

@@ -135,6 +135,13 @@ fn object_defines_every_shared_map_and_program() {
     for name in [tracer_common::programs::CALL_ARGS, tracer_common::programs::PAGE_FAULT_USER] {
         assert!(obj.contains(&name.to_string()), "program {name} missing from the eBPF object");
     }
+    // The stand-ins of older kernels, named in tracer-common and built by a
+    // macro in tracer-ebpf: the two lists must agree.
+    use tracer_common::programs::compat;
+    let stand_ins = compat::COOKIE_COPIES.iter().map(|c| c.2).chain(compat::BOUNDED.iter().map(|b| b.1));
+    for name in stand_ins {
+        assert!(obj.contains(&name.to_string()), "stand-in program {name} missing from the eBPF object");
+    }
 }
 
 /// Symbol names in the embedded object (maps and programs are global symbols).

@@ -78,7 +78,16 @@ pub fn check(tracer: &mut Tracer) -> Vec<Checked> {
         let failed = feature.programs.iter().find_map(|&program| tracer.verify_uprobe(program).err());
         let when = if feature.when == "default" { String::new() } else { format!(", {}", feature.when) };
         let what = format!("{} ({}{when})", feature.what, feature.programs.join(", "));
-        out.push(Checked { what, status: failed.map_or(Status::Available(None), |e| Status::Missing(why(&e))) });
+        let support = tracer.support();
+        let mut reasons: Vec<String> = feature.programs.iter().filter_map(|p| support.fallback_reason(p)).collect();
+        reasons.dedup();
+        let fallback = (!reasons.is_empty()).then(|| reasons.join("; "));
+        let status = match (failed, fallback) {
+            (Some(e), _) => Status::Missing(why(&e)),
+            (None, Some(how)) => Status::Fallback(how),
+            (None, None) => Status::Available(None),
+        };
+        out.push(Checked { what, status });
     }
     for io in tracer.verify_io() {
         let status = match (&io.source, io.loaded) {

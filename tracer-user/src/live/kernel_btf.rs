@@ -54,12 +54,54 @@ impl KernelTypes {
     }
 }
 
+/// What of the layout a program flavour needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything the BTF tracepoints read.
+    Tracepoints,
+    /// Only what the fentry stand-ins read (the perf flavour's): a kernel
+    /// whose block or folio structs ttrace cannot read (5.10 has neither
+    /// `request_queue.disk` nor folios) still gets them.
+    StandIns,
+}
+
 /// Resolve the layout from the BTF file at `path` (normally [`VMLINUX_BTF`]).
-pub fn resolve(path: &Path) -> Result<KernelTypes, BtfError> {
+pub fn resolve(path: &Path, scope: Scope) -> Result<KernelTypes, BtfError> {
     let bytes = std::fs::read(path).map_err(|source| BtfError::Read { path: path.into(), source })?;
     let index = BtfIndex::new(&bytes).map_err(|source| BtfError::Parse { path: path.into(), source })?;
     let tracepoints = index.tracepoints().map(|t| String::from_utf8_lossy(t).into_owned()).collect();
-    Ok(KernelTypes { layout: layout(&Types(index))?, tracepoints })
+    let t = Types(index);
+    let layout = match scope {
+        Scope::Tracepoints => layout(&t)?,
+        Scope::StandIns => stand_in_layout(&t)?,
+    };
+    Ok(KernelTypes { layout, tracepoints })
+}
+
+/// The fault stand-in's fields and the file behind a mapping (`file_of`);
+/// the rest 0.
+fn stand_in_layout(t: &Types) -> Result<KernelLayout, BtfError> {
+    Ok(KernelLayout {
+        vmf_vma: t.offset("vm_fault", "vma")?,
+        vmf_pgoff: t.offset("vm_fault", "pgoff")?,
+        vma_file: t.offset("vm_area_struct", "vm_file")?,
+        file_mapping: t.offset("file", "f_mapping")?,
+        ..file_of(t)?
+    })
+}
+
+/// What every program reads to name a page's file: `mapping->host`'s inode
+/// number and device.
+fn file_of(t: &Types) -> Result<KernelLayout, BtfError> {
+    Ok(KernelLayout {
+        valid: 1,
+        mapping_host: t.offset("address_space", "host")?,
+        inode_ino: t.offset("inode", "i_ino")?,
+        inode_sb: t.offset("inode", "i_sb")?,
+        inode_rdev: t.offset("inode", "i_rdev")?,
+        sb_dev: t.offset("super_block", "s_dev")?,
+        ..KernelLayout::default()
+    })
 }
 
 fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
@@ -81,11 +123,6 @@ fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
         folio_mapping: t.offset("folio", "mapping")?,
         folio_index: t.offset("folio", "index")?,
         pg_head: t.enum_value("pageflags", "PG_head")?,
-        mapping_host: t.offset("address_space", "host")?,
-        inode_ino: t.offset("inode", "i_ino")?,
-        inode_sb: t.offset("inode", "i_sb")?,
-        inode_rdev: t.offset("inode", "i_rdev")?,
-        sb_dev: t.offset("super_block", "s_dev")?,
         regs_ip: t.offset("pt_regs", "ip")?,
         // The first flag bit follows the op bits (`__REQ_FAILFAST_DEV =
         // REQ_OP_BITS`); REQ_OP_BITS itself is a #define, not in BTF.
@@ -109,6 +146,7 @@ fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
         vmf_pgoff: t.offset("vm_fault", "pgoff").unwrap_or(NO_FIELD),
         vma_file: t.offset("vm_area_struct", "vm_file").unwrap_or(NO_FIELD),
         file_mapping: t.offset("file", "f_mapping").unwrap_or(NO_FIELD),
+        ..file_of(t)?
     })
 }
 
@@ -147,7 +185,7 @@ mod tests {
     /// This machine's kernel against bpftool's reading of the same BTF.
     #[test]
     fn resolves_this_kernels_layout_as_bpftool_reads_it() {
-        let types = resolve(Path::new(VMLINUX_BTF)).expect("the test machine's kernel has BTF");
+        let types = resolve(Path::new(VMLINUX_BTF), Scope::Tracepoints).expect("the test machine's kernel has BTF");
         let layout = types.layout;
         assert!(types.has_tracepoint("mm_filemap_fault") && types.has_tracepoint("block_rq_issue"));
         let raw = bpftool_raw();
@@ -182,11 +220,15 @@ mod tests {
         assert!(layout.folio_index > layout.folio_flags);
         assert!(layout.folio_order >= 64, "the order is in the folio's second page struct");
         assert!(layout.has_fault_fields());
+        // The stand-ins' own scope reads the same fields.
+        let stand_ins = resolve(Path::new(VMLINUX_BTF), Scope::StandIns).unwrap().layout;
+        assert!(stand_ins.has_fault_fields() && stand_ins.valid == 1);
+        assert_eq!((stand_ins.vmf_pgoff, stand_ins.sb_dev), (layout.vmf_pgoff, layout.sb_dev));
     }
 
     #[test]
     fn a_missing_file_names_the_fix() {
-        let err = resolve(Path::new("/nonexistent/vmlinux")).unwrap_err().to_string();
+        let err = resolve(Path::new("/nonexistent/vmlinux"), Scope::Tracepoints).unwrap_err().to_string();
         assert!(err.contains("--tracepoints perf"), "{err}");
     }
 }

@@ -37,9 +37,11 @@ use crate::{
 };
 
 mod io;
+mod support;
 
 use io::{Io, kind_of, plan_io};
 pub use io::{IoSource, IoStatus};
+pub use support::KernelSupport;
 
 /// The object built by tracer-user's build.rs from tracer-ebpf.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
@@ -94,6 +96,8 @@ pub struct Tracer {
     loaded: HashSet<&'static str>,
     /// How the I/O programs load (`None`: not loaded).
     io: Option<Io>,
+    /// Which uprobe programs load as themselves, which as stand-ins.
+    support: KernelSupport,
 }
 
 /// What the kernel skipped running ttrace's programs for.
@@ -124,7 +128,12 @@ impl Tracer {
         let io = plan.map(|p| p.io);
         // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
         let logger = EbpfLogger::init(&mut ebpf).inspect_err(|e| log::debug!("aya-log not wired: {e}")).ok();
-        Ok(Self { ebpf, logger, loaded: HashSet::new(), io })
+        Ok(Self { ebpf, logger, loaded: HashSet::new(), io, support: KernelSupport::detect() })
+    }
+
+    /// What this kernel lets the uprobe programs call.
+    pub fn support(&self) -> KernelSupport {
+        self.support
     }
 
     /// Which flavour the I/O programs are (`None`: not loaded).
@@ -227,6 +236,7 @@ impl Tracer {
         pid: Option<u32>,
         cookie: u64,
     ) -> Result<(), LoadError> {
+        let (program, cookie) = self.support.stand_in(program, cookie);
         let probe: &mut UProbe = self.program(program)?;
         let scope = match pid.and_then(NonZeroU32::new) {
             Some(pid) => UProbeScope::OneProcess(pid),
@@ -236,7 +246,7 @@ impl Tracer {
             Some(offset) => UProbeAttachLocation::AbsoluteOffset(offset),
             None => UProbeAttachLocation::Symbol(symbol),
         };
-        let point = UProbeAttachPoint { location, cookie: Some(cookie) };
+        let point = UProbeAttachPoint { location, cookie };
         probe.attach(point, binary, scope).map(drop).map_err(|source| LoadError::Attach {
             symbol: symbol.to_string(),
             binary: binary.display().to_string(),
@@ -261,9 +271,13 @@ impl Tracer {
         set.insert(key, 1, 0).map_err(|source| LoadError::Map { map: name, error: Box::new(source) })
     }
 
-    /// Load a uprobe program without attaching it (`ttrace check`).
+    /// Load a uprobe program without attaching it (`ttrace check`): each of
+    /// its stand-ins where this kernel needs them.
     pub fn verify_uprobe(&mut self, program: &'static str) -> Result<(), LoadError> {
-        self.program::<UProbe>(program).map(drop)
+        for program in self.support.programs_for(program) {
+            self.program::<UProbe>(program)?;
+        }
+        Ok(())
     }
 
     /// `ttrace check`'s forced recursion miss (see tracer-ebpf's `selftest`):
@@ -288,7 +302,7 @@ impl Tracer {
             let fd = program.fd().map_err(|source| program_error(name, source))?;
             let n = recursion_misses_of(fd.as_fd()).map_err(|error| LoadError::ProgramInfo { program: name, error })?;
             misses.per_program.insert(name.to_string(), n);
-            misses.per_kind[kind_of(name)] += n;
+            misses.per_kind[kind_of(programs::compat::original(name))] += n;
         }
         Ok(misses)
     }

@@ -22,7 +22,7 @@ use super::{LoadError, Tracer, program_error};
 use crate::{
     cli::TracepointChoice,
     format::Tracepoints,
-    live::kernel_btf::{self, BtfError, KernelTypes},
+    live::kernel_btf::{self, BtfError, KernelTypes, Scope},
     live::tracefs,
 };
 
@@ -258,10 +258,10 @@ impl Tracer {
 pub(super) fn plan_io(choice: TracepointChoice) -> Result<IoPlan, LoadError> {
     let mut types = match choice {
         TracepointChoice::Perf => None,
-        TracepointChoice::Btf => Some(kernel_types()?),
-        TracepointChoice::Auto => {
-            kernel_types().inspect_err(|e| log::warn!("BTF tracepoints unavailable, using perf-event ones: {e}")).ok()
-        }
+        TracepointChoice::Btf => Some(kernel_types(Scope::Tracepoints)?),
+        TracepointChoice::Auto => kernel_types(Scope::Tracepoints)
+            .inspect_err(|e| log::warn!("BTF tracepoints unavailable, using perf-event ones: {e}"))
+            .ok(),
     };
     let flavour = if types.is_some() { Tracepoints::Btf } else { Tracepoints::Perf };
     let in_kernel = |tp: &IoTracepoint, types: Option<&(KernelTypes, Btf)>| match flavour {
@@ -270,7 +270,7 @@ pub(super) fn plan_io(choice: TracepointChoice) -> Result<IoPlan, LoadError> {
     };
     // The perf flavour reads the kernel's types only for a stand-in.
     if types.is_none() && IO_TRACEPOINTS.iter().any(|tp| tp.fentry.is_some() && !in_kernel(tp, None)) {
-        types = kernel_types().inspect_err(|e| log::debug!("no fentry stand-ins: {e}")).ok();
+        types = kernel_types(Scope::StandIns).inspect_err(|e| log::debug!("no fentry stand-ins: {e}")).ok();
     }
     let sources = IO_TRACEPOINTS
         .iter()
@@ -382,8 +382,8 @@ fn perf_layout(format: impl Fn(&str, &str) -> Option<String>) -> PerfLayout {
 /// The struct layout the tp_btf and fentry programs read, the tracepoints
 /// the kernel declares, and aya's view of the same BTF (it loads those
 /// programs against their target's type).
-fn kernel_types() -> Result<(KernelTypes, Btf), LoadError> {
-    let types = kernel_btf::resolve(Path::new(kernel_btf::VMLINUX_BTF))?;
+fn kernel_types(scope: Scope) -> Result<(KernelTypes, Btf), LoadError> {
+    let types = kernel_btf::resolve(Path::new(kernel_btf::VMLINUX_BTF), scope)?;
     let btf = Btf::from_sys_fs().map_err(|e| LoadError::AyaBtf(Box::new(e)))?;
     Ok((types, btf))
 }

@@ -12,7 +12,7 @@ pub mod trace_file;
 mod values;
 
 #[cfg(test)]
-pub(crate) use plan::uprobe_programs;
+pub(crate) use plan::{hooks_with_cookies, uprobe_programs};
 
 use std::{
     fs::File,

@@ -23,7 +23,7 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 19] = [
+pub(super) const HOOKS: [(&str, &str, u64); 18] = [
     // Backend buffers (a handful per run): before anything allocates one.
     (target::BUFFER_INIT, programs::BUFFER_CREATED, 0),
     (target::SET_USAGE, programs::BUFFER_CHANGED, buffer_action::SET_USAGE as u64),
@@ -45,8 +45,9 @@ pub(super) const HOOKS: [(&str, &str, u64); 19] = [
     ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
     ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),
+    // Records both fused nodes, in order (two probes on one address would
+    // run in reverse attach order: MUL before RMS_NORM).
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_MUL as u64),
 ];
 
 /// Every uprobe program a session can attach, in any mode (`ttrace check`
@@ -54,6 +55,13 @@ pub(super) const HOOKS: [(&str, &str, u64); 19] = [
 #[cfg(test)]
 pub(crate) fn uprobe_programs() -> Vec<&'static str> {
     HOOKS.iter().map(|h| h.1).chain(super::values::PROBES.iter().map(|p| p.1)).collect()
+}
+
+/// Every (program, cookie) a session attaches, the self-test's too.
+#[cfg(test)]
+pub(crate) fn hooks_with_cookies() -> Vec<(&'static str, u64)> {
+    let values = super::values::PROBES.iter().map(|p| (p.1, u64::from(p.2)));
+    HOOKS.iter().map(|h| (h.1, h.2)).chain(values).chain([(programs::CALL_ARGS, markers::SELFTEST)]).collect()
 }
 
 const ARGSORT: &str = "ggml_compute_forward_argsort";
