@@ -3,7 +3,9 @@
 # 9p under a tmpfs overlay). /job is the host's job directory: `env` (exports
 # for the tests), `cases.tsv` (name TAB shell command, one test a line); this
 # writes `kernel`, `results.tsv` (name TAB pass|fail TAB seconds) and
-# `logs/NAME.log`, then powers the machine off.
+# `logs/NAME.log`, then powers the machine off. /tmp is the host's, under the
+# overlay: a checkout there (a CI clone) stays visible; scratch goes to the
+# test disk (TMPDIR).
 set -u
 mount -t proc proc /proc 2>/dev/null
 mount -t sysfs sys /sys 2>/dev/null
@@ -12,7 +14,6 @@ mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mount -t tmpfs -o size=1g tmpfs /tmp
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 # 5.10 charges BPF maps to RLIMIT_MEMLOCK.
 ulimit -l unlimited
