@@ -108,7 +108,6 @@ fn layout(t: &Types) -> Result<KernelLayout, BtfError> {
     let op = |name| t.enum_value("req_op", name);
     let flag = |name| t.enum_value("req_flag_bits", name);
     Ok(KernelLayout {
-        valid: 1,
         request_q: t.offset("request", "q")?,
         request_cmd_flags: t.offset("request", "cmd_flags")?,
         request_data_len: t.offset("request", "__data_len")?,

@@ -29,14 +29,13 @@ impl KernelSupport {
                 .inspect_err(|e| log::debug!("probing helper {helper:?}: {e}"))
                 .unwrap_or(true)
         };
-        let support =
-            Self { attach_cookie: has(BpfHelper::BPF_FUNC_get_attach_cookie), bpf_loop: has(BpfHelper::BPF_FUNC_loop) }
-                .without(std::env::var(STAND_INS_ENV).unwrap_or_default().split(','));
-        if let Ok(asked) = std::env::var(STAND_INS_ENV)
-            && !asked.trim().is_empty()
-        {
+        let asked = std::env::var(STAND_INS_ENV).unwrap_or_default();
+        if !asked.trim().is_empty() {
             log::warn!("{STAND_INS_ENV}={asked}: loading the stand-ins of older kernels on this one");
         }
+        let found =
+            Self { attach_cookie: has(BpfHelper::BPF_FUNC_get_attach_cookie), bpf_loop: has(BpfHelper::BPF_FUNC_loop) };
+        let support = found.without(asked.split(','));
         log::debug!("kernel support: {support:?}");
         support
     }
