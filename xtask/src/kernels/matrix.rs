@@ -8,6 +8,10 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::Command,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -102,50 +106,93 @@ pub struct Table {
     expected: usize,
 }
 
-/// Boots each kernel in turn with every case (or those whose name contains `only`).
+/// Boots each kernel with every case (or those whose name contains `only`),
+/// as many guests at once as the host has cores and memory for.
 pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Result<Table> {
     let rust = rust_test_binaries()?;
     let accel = qemu::Accel::detect();
-    let mut table = Table { kernels: Vec::new(), outcomes: BTreeMap::new(), expected: 0 };
+    let mut jobs = Vec::new();
     for kernel in kernels {
         let cases: Vec<&(&str, Run)> =
             cases_for(&kernel.series).into_iter().filter(|(name, _)| only.is_none_or(|o| name.contains(o))).collect();
-        table.expected += cases.len();
-        let job = inputs.work.join(format!("job-{}", kernel.series));
-        let _ = std::fs::remove_dir_all(&job);
-        std::fs::create_dir_all(&job)?;
-        write_job(&job, &cases, &rust, inputs)?;
-        let disk = inputs.work.join(format!("disk-{}.img", kernel.series));
-        make_disk(&disk, inputs.paths)?;
-        eprintln!("kernels: booting {} ({}) with {} cases, {accel:?}", kernel.series, kernel.package, cases.len());
-        let boot = qemu::Boot {
-            vmlinuz: &kernel.vmlinuz,
-            initramfs: &kernel.initramfs,
-            job: &job,
-            disk: &disk,
-            accel,
-            limit: BOOT_LIMIT,
-        };
-        let booted = qemu::boot(&boot);
-        let _ = std::fs::remove_file(&disk);
-        let elapsed = booted.with_context(|| format!("kernel {}", kernel.series))?;
-        let release = std::fs::read_to_string(job.join("kernel")).unwrap_or_default().trim().to_string();
-        if let Ok(why) = std::fs::read_to_string(job.join("logs/setup.log")) {
-            eprintln!("kernels: {}: the guest could not start its cases: {}", kernel.series, why.trim());
+        let dir = inputs.work.join(format!("job-{}", kernel.series));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        write_job(&dir, &cases, &rust, inputs)?;
+        jobs.push((kernel, dir, cases.len()));
+    }
+    let at_once = accel.guests_at_once().min(jobs.len().max(1));
+    eprintln!("kernels: {} boots, {at_once} at a time, {accel:?}", jobs.len());
+    let next = AtomicUsize::new(0);
+    let booted: Vec<Mutex<Option<Result<Duration>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..at_once {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((kernel, dir, cases)) = jobs.get(index) else { break };
+                    let outcome = boot_one(kernel, dir, *cases, accel, inputs);
+                    *booted[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+                }
+            });
         }
-        for (name, outcome) in read_results(&job)? {
-            eprintln!(
-                "kernels: {} {name}: {} ({:.0}s){}",
-                kernel.series,
-                if outcome.passed { "pass" } else { "FAIL" },
-                outcome.seconds,
-                if outcome.passed { String::new() } else { format!(", log {}", log_path(&job, &name).display()) }
-            );
+    });
+    let mut table = Table { kernels: Vec::new(), outcomes: BTreeMap::new(), expected: 0 };
+    for ((kernel, dir, cases), booted) in jobs.iter().zip(booted) {
+        table.expected += cases;
+        let elapsed = match booted.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(Ok(elapsed)) => elapsed,
+            Some(Err(e)) => {
+                eprintln!("kernels: {}: {e:#}", kernel.series);
+                Duration::ZERO
+            }
+            None => Duration::ZERO,
+        };
+        let release = std::fs::read_to_string(dir.join("kernel")).unwrap_or_default().trim().to_string();
+        for (name, outcome) in read_results(dir)? {
             table.outcomes.insert((kernel.series.clone(), name), outcome);
         }
-        table.kernels.push((kernel.clone(), release, elapsed));
+        table.kernels.push(((*kernel).clone(), release, elapsed));
     }
     Ok(table)
+}
+
+/// One guest: its disk, its boot, and what it reports as it ends.
+fn boot_one(kernel: &Prepared, job: &Path, cases: usize, accel: qemu::Accel, inputs: &Inputs<'_>) -> Result<Duration> {
+    let disk = inputs.work.join(format!("disk-{}.img", kernel.series));
+    make_disk(&disk, inputs.paths)?;
+    eprintln!("kernels: booting {} ({}) with {cases} cases", kernel.series, kernel.package);
+    let boot = qemu::Boot {
+        vmlinuz: &kernel.vmlinuz,
+        initramfs: &kernel.initramfs,
+        job,
+        disk: &disk,
+        accel,
+        limit: BOOT_LIMIT,
+    };
+    let booted = qemu::boot(&boot);
+    let _ = std::fs::remove_file(&disk);
+    if let Some(crash) = qemu::crash(job) {
+        eprintln!(
+            "kernels: {}: the guest kernel crashed: {crash} (see {})",
+            kernel.series,
+            job.join("console.log").display()
+        );
+    }
+    let elapsed = booted.with_context(|| format!("kernel {}", kernel.series))?;
+    if let Ok(why) = std::fs::read_to_string(job.join("logs/setup.log")) {
+        eprintln!("kernels: {}: the guest could not start its cases: {}", kernel.series, why.trim());
+    }
+    for (name, outcome) in read_results(job)? {
+        eprintln!(
+            "kernels: {} {name}: {} ({:.0}s){}",
+            kernel.series,
+            if outcome.passed { "pass" } else { "FAIL" },
+            outcome.seconds,
+            if outcome.passed { String::new() } else { format!(", log {}", log_path(job, &name).display()) }
+        );
+    }
+    Ok(elapsed)
 }
 
 fn log_path(job: &Path, case: &str) -> PathBuf {

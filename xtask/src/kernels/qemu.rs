@@ -13,6 +13,9 @@ use anyhow::{Context, Result, bail};
 
 /// Guest memory: llama.cpp, Python and ttrace together, on a 24 GiB host.
 const MEMORY: &str = "6G";
+const MEMORY_BYTES: u64 = 6 << 30;
+/// Guest CPUs: ttrace's per-CPU maps and perf buffers see more than one.
+const VCPUS: usize = 2;
 
 /// How the guest's CPU is run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,9 +39,40 @@ impl Accel {
     fn args(self) -> [&'static str; 4] {
         match self {
             Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
-            Accel::Tcg => ["-accel", "tcg", "-cpu", "max"],
+            // One host thread for all vCPUs. With a thread per vCPU
+            // (qemu's default), a kernel that patches its own text (static
+            // keys: perf_event_open turns on perf_sched_events) sometimes
+            // runs a stale translation still holding the int3 of the patch:
+            // "Oops: int3" in __schedule. Toggling sched_schedstats in a
+            // loop under 7.2 crashes that way within 15 s; single-threaded,
+            // 1228 toggles in 240 s did not.
+            Accel::Tcg => ["-accel", "tcg,thread=single", "-cpu", "max"],
         }
     }
+
+    /// Host threads one guest keeps busy.
+    fn host_threads(self) -> usize {
+        match self {
+            Accel::Kvm => VCPUS,
+            Accel::Tcg => 1,
+        }
+    }
+
+    /// Guests that can run at once on this host: one per free core's worth
+    /// of threads, and no more than its available memory holds.
+    pub fn guests_at_once(self) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let by_memory = available_memory().map_or(1, |bytes| (bytes / (MEMORY_BYTES + (1 << 30))) as usize);
+        (cores / self.host_threads()).min(by_memory).max(1)
+    }
+}
+
+/// The host's `MemAvailable`, in bytes.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
 }
 
 pub struct Boot<'a> {
@@ -57,7 +91,7 @@ pub fn boot(b: &Boot<'_>) -> Result<Duration> {
     let started = Instant::now();
     let mut child = Command::new("qemu-system-x86_64")
         .args(b.accel.args())
-        .args(["-smp", "2", "-m", MEMORY, "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio"])
+        .args(["-smp", &VCPUS.to_string(), "-m", MEMORY, "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio"])
         .arg("-kernel")
         .arg(b.vmlinuz)
         .arg("-initrd")
@@ -88,4 +122,12 @@ pub fn boot(b: &Boot<'_>) -> Result<Duration> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The first line of a kernel crash in the guest's console, if it crashed.
+pub fn crash(job: &Path) -> Option<String> {
+    let console = std::fs::read(job.join("console.log")).ok()?;
+    let console = String::from_utf8_lossy(&console);
+    let line = console.lines().find(|l| ["Oops:", "Kernel panic", "BUG:"].iter().any(|m| l.contains(m)))?;
+    Some(line.trim().to_string())
 }
