@@ -115,17 +115,28 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
         disk.issues, disk.issue_bytes, disk.requests, disk.bytes
     );
     assert!(oracle_bytes > 0, "a cold run reads the model from disk");
-    assert_eq!((disk.issues, disk.issue_bytes), (oracle_requests, oracle_bytes), "requests and bytes");
     assert_eq!(a.lost.total(), 0);
     let trailer = a.trailer.as_ref().expect("a complete trace");
+    // Issues the kernel skipped ttrace's program for (only where tracepoint
+    // programs are preemptible): the blk tracer has them, ttrace counts them.
+    let issue_misses: u64 =
+        trailer.recursion_misses.iter().filter(|(p, _)| p.starts_with("block_rq_issue")).map(|(_, n)| n).sum();
+    if issue_misses == 0 {
+        assert_eq!((disk.issues, disk.issue_bytes), (oracle_requests, oracle_bytes), "requests and bytes");
+    } else {
+        assert!(disk.issues < oracle_requests && oracle_requests - disk.issues <= issue_misses);
+    }
     // BTF tracepoints by default, where the kernel's BTF has the structs they
     // read (5.10's has no folios): perf-event ones otherwise.
     let btf = ttrace::live::kernel_btf::resolve(Path::new(VMLINUX_BTF), Scope::Tracepoints).is_ok();
     let flavour = if btf { ttrace::format::Tracepoints::Btf } else { ttrace::format::Tracepoints::Perf };
     assert_eq!(trailer.tracepoints, Some(flavour), "the default tracepoints");
-    assert_eq!(trailer.skipped.total(), 0, "recursion misses: {:?}", trailer.recursion_misses);
+    if !preemptible_tracepoint_programs() {
+        assert_eq!(trailer.skipped.total(), 0, "recursion misses: {:?}", trailer.recursion_misses);
+    }
     let summary = String::from_utf8_lossy(&out.stderr);
-    assert!(!btf || summary.contains("BTF (tp_btf)") && summary.contains("recursion misses"), "{summary}");
+    let misses_row = if trailer.skipped.total() == 0 { "recursion misses" } else { "SKIPPED EVENTS" };
+    assert!(!btf || summary.contains("BTF (tp_btf)") && summary.contains(misses_row), "{summary}");
 
     // The blkparse export: blkparse's columns, then what ttrace adds; its D
     // lines are the blk tracer's D records in the model's extents, its C lines
@@ -160,7 +171,10 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
     theirs.sort_unstable();
     if ours != theirs {
         let (only_ours, only_theirs) = multiset_difference(&ours, &theirs);
-        panic!("D lines vs the blk tracer's: only ttrace's {only_ours:?}; only the blk tracer's {only_theirs:?}");
+        assert!(
+            only_ours.is_empty() && only_theirs.len() as u64 <= issue_misses,
+            "D lines vs the blk tracer's: only ttrace's {only_ours:?}; only the blk tracer's {only_theirs:?}"
+        );
     }
     // Every completion ttrace recorded is one of the blk tracer's; those it
     // lacks are exactly the reads the report counts as uncompleted.
@@ -173,6 +187,17 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
     assert!(only_ours.is_empty(), "C lines the blk tracer lacks: {only_ours:?}");
     println!("{name}: C lines {} of the blk tracer's {}; missing {missing:?}", ours.len(), theirs.len());
     (a, missing.len())
+}
+
+/// Linux 7.0 runs tracepoint callbacks, BPF programs included, under
+/// SRCU-fast instead of with preemption off (commit a46023d5616e,
+/// "tracing: Guard __DECLARE_TRACE() use of __DO_TRACE_CALL() with
+/// SRCU-fast"): a task preempted inside a program makes the same program
+/// miss on that CPU until it resumes. The kernel counts each miss, and ttrace
+/// reports the count; before 7.0 a miss here is a bug.
+fn preemptible_tracepoint_programs() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    release.split('.').next().and_then(|major| major.parse::<u32>().ok()).is_some_and(|major| major >= 7)
 }
 
 /// What each sorted list has that the other lacks, counting repeats.

@@ -284,7 +284,8 @@ impl Summary {
                     "SKIPPED EVENTS",
                     format!(
                         "{}: the kernel skipped these programs while one was already running on the CPU \
-                         (op {}, call {}, page_fault {}, page_cache {}, block {})",
+                         (nested in it or, from Linux 7.0, whose tracepoint programs are preemptible, in a task that \
+                         preempted it) (op {}, call {}, page_fault {}, page_cache {}, block {})",
                         missed.join(", "),
                         skipped.op,
                         skipped.call,
