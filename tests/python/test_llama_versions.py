@@ -57,9 +57,13 @@ def pytest_generate_tests(metafunc):
     if isinstance(versions, str):
         versions = {}  # each test then fails with matrix()'s message (spec_of)
     if "model_name" in metafunc.fixturenames:
-        cases = [pytest.param(v, m, id=f"{v}-{m}") for v, spec in versions.items() if spec["expect"] == "trace"
-                 for m in ["tiny", "moe"] + (["gemma"] if spec["gemma3"] else [])]
-        metafunc.parametrize(["version", "model_name"], cases or [pytest.param("none", "none", id="no-matrix")])
+        # Layouts from the tables, and (tiny and moe) from the build's own code with the tables hidden.
+        cases = [pytest.param(v, m, how, id=f"{v}-{m}" + ("-code" if how == "code" else ""))
+                 for v, spec in versions.items() if spec["expect"] == "trace"
+                 for m in ["tiny", "moe"] + (["gemma"] if spec["gemma3"] else [])
+                 for how in ["tables"] + (["code"] if m != "gemma" else [])]
+        none = pytest.param("none", "none", "tables", id="no-matrix")
+        metafunc.parametrize(["version", "model_name", "layouts"], cases or [none])
     elif "version" in metafunc.fixturenames:
         cases = [v for v, spec in versions.items() if spec["expect"] == "refuse"]
         metafunc.parametrize("version", cases or [pytest.param("none", id="no-matrix")])
@@ -98,8 +102,14 @@ def command(spec: dict, model: Path, n: int = N_PREDICT) -> list:
             "-t", "2", "--seed", "1", "-c", "512"]
 
 
-def run_traced(ttrace, trace: Path, argv: list, preload: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LD_PRELOAD=str(preload))
+#: ttrace's switch that hides its layout tables: every layout is read from the target's code.
+HIDE_TABLES = {"TTRACE_LAYOUT_TABLES": "off"}
+#: The structs ttrace reads from a build's code, and so the offsets that must equal the tables'.
+DERIVED = ("ggml_tensor", "ggml_cgraph", "ggml_backend_buffer")
+
+
+def run_traced(ttrace, trace: Path, argv: list, preload: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LD_PRELOAD=str(preload), **(env or {}))
     return subprocess.run([ttrace, "run", "-o", trace, "--", *argv], capture_output=True, text=True, errors="replace",
                           env=env, timeout=600)
 
@@ -115,15 +125,26 @@ def gguf_meta(path: Path) -> tuple[int, int]:
     return field("expert_count"), field("expert_used_count")
 
 
-def test_version_traced_against_its_own_oracles(ttrace, tmp_path, models, flush_log_preload, version, model_name):
+def test_version_traced_against_its_own_oracles(ttrace, tmp_path, models, flush_log_preload, version, model_name,
+                                                layouts):
     spec = spec_of(version)
     model = models[model_name]
     trace = tmp_path / "t.data"
-    proc = run_traced(ttrace, trace, command(spec, model), flush_log_preload)
+    hidden = HIDE_TABLES if layouts == "code" else None
+    proc = run_traced(ttrace, trace, command(spec, model), flush_log_preload, hidden)
     assert proc.returncode == 0, f"ttrace run on llama.cpp {version} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     prompt, runs = PERF_PROMPT.findall(proc.stderr), PERF_EVAL.findall(proc.stderr)
     assert len(prompt) == 1 and len(runs) == 1, f"llama.cpp {version} printed no perf lines:\n{proc.stderr[-3000:]}"
     a = report(ttrace, trace)
+    if hidden:
+        # Read from the code: what the tables say, offset for offset, and said so in the header.
+        tabled = tmp_path / "tables.data"
+        assert run_traced(ttrace, tabled, command(spec, model, 2), flush_log_preload).returncode == 0
+        want, got = report(ttrace, tabled)["header"]["build"], a["header"]["build"]
+        for struct in DERIVED:
+            assert got["layouts"][struct].startswith(f"{struct}/derived"), got["layouts"]
+            fields = {k: v for k, v in want["offsets"].items() if k.startswith(struct + ".")}
+            assert fields and {k: got["offsets"].get(k) for k in fields} == fields, (struct, got["offsets"])
 
     # Ubatches as llama.cpp counts them.
     phases = [u["phase"] for u in a["ubatches"]]
@@ -208,6 +229,11 @@ def test_too_old_version_is_refused(ttrace, tmp_path, models, version):
     own = [line for line in proc.stderr.splitlines() if re.match(r"(ttrace\b|\[\w+\s+ttrace)", line)]
     assert len(own) == 1, f"one line from ttrace, got:\n{proc.stderr[-3000:]}"
     line = own[0]
+    # Its code does not give a layout either (`grad` sits where the derivation expects `src`).
+    hidden = subprocess.run([ttrace, "run", "-o", trace, "--", *command(spec, models["tiny"], 4)], capture_output=True,
+                            text=True, errors="replace", timeout=300, env=dict(os.environ, **HIDE_TABLES))
+    assert hidden.returncode != 0 and not trace.exists(), hidden.stderr[-3000:]
+    assert "could not be read from its code (ggml_tensor.src" in hidden.stderr, hidden.stderr[-3000:]
     # It names the struct, the version found and the versions supported.
     assert "ggml_tensor" in line, line
     assert spec["commit"] in line, line

@@ -74,8 +74,9 @@ fn record(task: (u32, u32), buffer: u64, action: u32, usage: Option<u32>) {
 }
 
 /// `buft->iface.get_name` (its first member) is, in every CPU buffer type,
-/// `lea disp32(%rip), %rax; ret`: decode it and read the string it returns,
-/// since a probe cannot call it.
+/// `lea disp32(%rip), %rax; ret`, after an `endbr64` in CET builds (which
+/// distributions make): decode it and read the string it returns, since a
+/// probe cannot call it.
 #[inline(always)]
 fn read_type_name(buft: u64, out: &mut [u8; MAX_BUFFER_TYPE_NAME]) {
     let mut get_name = 0u64;
@@ -83,7 +84,16 @@ fn read_type_name(buft: u64, out: &mut [u8; MAX_BUFFER_TYPE_NAME]) {
         return;
     }
     let mut code = [0u8; 8];
-    if read_user(&mut code, get_name).is_err() || code[..3] != LEA_RIP_RAX || code[7] != RET {
+    if read_user(&mut code, get_name).is_err() {
+        return;
+    }
+    if code[..4] == ENDBR64 {
+        get_name += ENDBR64.len() as u64;
+        if read_user(&mut code, get_name).is_err() {
+            return;
+        }
+    }
+    if code[..3] != LEA_RIP_RAX || code[7] != RET {
         return;
     }
     let disp = i32::from_le_bytes([code[3], code[4], code[5], code[6]]);
@@ -94,6 +104,8 @@ fn read_type_name(buft: u64, out: &mut [u8; MAX_BUFFER_TYPE_NAME]) {
     };
 }
 
+/// `endbr64` (F3 0F 1E FA).
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// `lea disp32(%rip), %rax` (REX.W 8D /r, ModRM 00 000 101) and `ret`.
 const LEA_RIP_RAX: [u8; 3] = [0x48, 0x8d, 0x05];
 const RET: u8 = 0xc3;

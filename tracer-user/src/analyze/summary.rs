@@ -89,7 +89,8 @@ fn build_row(b: &TargetBuild, commit: Option<&str>) -> String {
         (Some(c), None) => parts.push(format!("commit {c}")),
         _ => {}
     }
-    format!("{}; known as {}", parts.join(", "), b.release_text)
+    let known = if b.release == TargetBuild::DERIVED { "" } else { "known as " };
+    format!("{}; {known}{}", parts.join(", "), b.release_text)
 }
 
 /// The tables used and what the live check passed.

@@ -114,6 +114,11 @@ pub struct TargetBuild {
     pub patched: Option<String>,
 }
 
+impl TargetBuild {
+    /// `release` of a build whose layouts were read from its code.
+    pub const DERIVED: &'static str = "derived";
+}
+
 /// What the live check of the layouts saw pass: every graph, tensor and
 /// ubatch counted here met the invariants (a failure ends the trace
 /// before anything is kept).

@@ -17,11 +17,37 @@ use crate::{
     live::target::BuildFacts,
 };
 
+mod code;
+pub mod derive;
+
+use derive::Derived;
+
 /// Changes offsets of the chosen layout by hand: `struct.field=N` (or
 /// `=absent` for `ggml_cgraph.uid`), comma-separated. For tests that make a
 /// layout wrong on purpose, and for trying a new version's offsets before
 /// adding its table; the header records it, and the live check still runs.
 pub const PATCH_ENV: &str = "TTRACE_LAYOUT_PATCH";
+
+/// Set to `off`, ttrace ignores its tables and reads every layout from the
+/// target's code (`derive`), as for a build newer than the tables: a test
+/// switch, which the header records.
+pub const TABLES_ENV: &str = "TTRACE_LAYOUT_TABLES";
+
+/// Whether the tables are consulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tables {
+    Used,
+    Hidden,
+}
+
+impl Tables {
+    pub fn from_env() -> Self {
+        match std::env::var(TABLES_ENV) {
+            Ok(v) if v.trim() == "off" => Tables::Hidden,
+            _ => Tables::Used,
+        }
+    }
+}
 
 /// The layout the probes get, and what the trace header says about it.
 #[derive(Debug, Clone)]
@@ -125,9 +151,37 @@ fn hi(v: GgmlVersions) -> Option<GgmlVersion> {
     }
 }
 
-/// The layout for a build with these facts. `ubatch_hook`: whether the
-/// build has the function the ubatch probe attaches to.
+/// Whether a build's layouts come from its code: it is newer than every
+/// table, or the tables are hidden.
+pub fn needs_code(facts: &BuildFacts, tables: Tables) -> bool {
+    tables == Tables::Hidden || newer_than_known(facts)
+}
+
+/// The layout for a build with these facts, from the tables alone.
+/// `ubatch_hook`: whether the build has the function the ubatch probe attaches to.
 pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Result<Choice, Refusal> {
+    choose_from(facts, ubatch_hook, patch, Tables::Used, None)
+}
+
+/// The layout for a build with these facts: its release's tables or, for a
+/// build newer than all of them (or with the tables hidden), what `derived`
+/// read from its code.
+pub fn choose_from(
+    facts: &BuildFacts,
+    ubatch_hook: bool,
+    patch: Option<&str>,
+    tables: Tables,
+    derived: Option<&Derived>,
+) -> Result<Choice, Refusal> {
+    if needs_code(facts, tables)
+        && let Some(derived) = derived
+    {
+        let why = match tables {
+            Tables::Hidden => format!("{TABLES_ENV}=off: layouts read from its code"),
+            Tables::Used => "newer than ttrace's tables: layouts read from its code".to_string(),
+        };
+        return from_code(facts, derived, patch, why);
+    }
     let version = facts.ggml_version.as_deref().map(|text| (text, GgmlVersion::parse(text)));
     let release = match version {
         Some((text, None)) => {
@@ -183,35 +237,98 @@ pub fn choose(facts: &BuildFacts, ubatch_hook: bool, patch: Option<&str>) -> Res
             why,
         })?;
     }
+    let mut layouts = BTreeMap::new();
+    layouts.insert("ggml_tensor".to_string(), release.tensor.name.to_string());
+    layouts.insert("ggml_cgraph".to_string(), release.cgraph.name.to_string());
+    layouts.insert("ggml_compute_params".to_string(), release.params.name.to_string());
+    if let Some(u) = ubatch.filter(|_| layout.ubatch.known()) {
+        layouts.insert("llama_ubatch".to_string(), u.name.to_string());
+    }
+    if layout.buffer.known() {
+        layouts.insert("ggml_backend_buffer".to_string(), release.buffer.name.to_string());
+    }
+    let release_text = format!("{} ({}; llama-cpp-python {})", release.dates, release.commits, release.pypi);
+    let build = target_build(facts, &mut layout, layouts, release.name, release_text, patch);
+    Ok(Choice { release, layout, build, disabled })
+}
+
+/// What the header records of a build and the layouts chosen for it.
+fn target_build(
+    facts: &BuildFacts,
+    layout: &mut GgmlLayout,
+    layouts: BTreeMap<String, String>,
+    release: &str,
+    release_text: String,
+    patch: Option<&str>,
+) -> TargetBuild {
     let ubatch_known = layout.ubatch.known();
     let buffer_known = layout.buffer.known();
-    let offsets = fields(&mut layout)
+    let offsets = fields(layout)
         .into_iter()
         .filter(|(name, v)| **v != ABSENT && (ubatch_known || !name.starts_with("llama_ubatch")))
         .filter(|(name, _)| buffer_known || !name.starts_with("ggml_backend_buffer"))
         .map(|(name, v)| (name.to_string(), *v))
         .collect();
-    let mut layouts = BTreeMap::new();
-    layouts.insert("ggml_tensor".to_string(), release.tensor.name.to_string());
-    layouts.insert("ggml_cgraph".to_string(), release.cgraph.name.to_string());
-    layouts.insert("ggml_compute_params".to_string(), release.params.name.to_string());
-    if let Some(u) = ubatch.filter(|_| ubatch_known) {
-        layouts.insert("llama_ubatch".to_string(), u.name.to_string());
-    }
-    if buffer_known {
-        layouts.insert("ggml_backend_buffer".to_string(), release.buffer.name.to_string());
-    }
-    let build = TargetBuild {
+    TargetBuild {
         ggml_version: facts.ggml_version.clone(),
         ggml_commit: facts.ggml_commit.clone(),
         llama_commit: facts.llama_commit.clone(),
         llama_build_number: facts.llama_build_number,
-        release: release.name.to_string(),
-        release_text: format!("{} ({}; llama-cpp-python {})", release.dates, release.commits, release.pypi),
+        release: release.to_string(),
+        release_text,
         layouts,
         offsets,
         patched: patch.map(str::to_string),
+    }
+}
+
+/// A build's layouts read from its own code. `ggml_tensor` and
+/// `ggml_cgraph` or nothing (a gap refuses); a gap in `ggml_backend_buffer`
+/// turns buffers off. `llama_ubatch` is not read from code yet: sequences
+/// are off. `ggml_compute_params` comes from the table: its `int ith, nth`
+/// have led the struct since 2023, and the code that reads them is no accessor.
+fn from_code(facts: &BuildFacts, derived: &Derived, patch: Option<&str>, why: String) -> Result<Choice, Refusal> {
+    let refuse = |structure: &'static str, gap: &derive::Gap| Refusal {
+        structure,
+        found: facts.describe(),
+        why: format!("its layout is not in ttrace's tables and could not be read from its code ({gap})"),
     };
+    let tensor = derived.tensor.as_ref().map_err(|g| refuse("ggml_tensor", g))?;
+    let cgraph = derived.cgraph.as_ref().map_err(|g| refuse("ggml_cgraph", g))?;
+    // Hooks and features as in the newest release.
+    let release = newest().ok_or_else(|| refuse("ggml_tensor", &derive::Gap { field: "", why: "no tables".into() }))?;
+    let mut layout = GgmlLayout { tensor: *tensor, cgraph: *cgraph, ..release.layout() };
+    layout.ubatch = GgmlLayout::UNSET.ubatch;
+    layout.buffer = GgmlLayout::UNSET.buffer;
+    let mut disabled = vec![sequences_off(
+        "its llama_ubatch is in none of ttrace's tables, and ttrace does not read that layout from code yet",
+    )];
+    let derived_name = |structure: &str, from: usize| format!("{structure}/derived from {from} functions of its code");
+    let mut layouts = BTreeMap::new();
+    layouts.insert("ggml_tensor".to_string(), derived_name("ggml_tensor", derive::TENSOR_FROM.len()));
+    layouts.insert("ggml_cgraph".to_string(), derived_name("ggml_cgraph", derive::CGRAPH_FROM.len()));
+    layouts.insert("ggml_compute_params".to_string(), release.params.name.to_string());
+    let buffers_off =
+        |reason: String| Disabled { feature: "buffers".into(), structure: "ggml_backend_buffer".into(), reason };
+    match &derived.buffer {
+        Ok(_) if !facts.defines(crate::live::target::SET_USAGE) => {
+            disabled.push(buffers_off("this build has no ggml_backend_buffer_set_usage symbol".into()));
+        }
+        Ok(buffer) => {
+            layout.buffer = *buffer;
+            layouts
+                .insert("ggml_backend_buffer".into(), derived_name("ggml_backend_buffer", derive::BUFFER_FROM.len()));
+        }
+        Err(gap) => disabled.push(buffers_off(format!("its layout could not be read from its code ({gap})"))),
+    }
+    if let Some(patch) = patch {
+        apply_patch(&mut layout, patch).map_err(|why| Refusal {
+            structure: "ggml_tensor",
+            found: format!("{PATCH_ENV}={patch}"),
+            why,
+        })?;
+    }
+    let build = target_build(facts, &mut layout, layouts, TargetBuild::DERIVED, why, patch);
     Ok(Choice { release, layout, build, disabled })
 }
 

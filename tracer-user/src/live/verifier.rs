@@ -50,7 +50,16 @@ pub fn summary(error: &ProgramError) -> String {
         ProgramError::AttachCookieNotSupported => {
             format!("the kernel lacks {} (Linux {}+)", COOKIE.feature, COOKIE.since)
         }
-        other => other.to_string(),
+        // With its causes: `perf_event_open` failed says nothing without the errno.
+        other => {
+            let mut text = other.to_string();
+            let mut cause = std::error::Error::source(other);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 

@@ -12,7 +12,10 @@ use crate::{
     format::{Disabled, LayoutCheck, Memory},
     live::{
         check::{Gate, GgufTensor, Rules},
-        layouts::{self, Choice, PATCH_ENV, Refusal},
+        layouts::{
+            self, Choice, PATCH_ENV, Refusal, TABLES_ENV, Tables,
+            derive::{self, Derived},
+        },
         load::Tracer,
         recorder::Recorder,
         target::{BuildFacts, HookLibs, OpNames, PROCESS_UBATCH},
@@ -30,9 +33,21 @@ pub(super) fn has_cpu_backend(libs: &HookLibs) -> bool {
 pub(super) fn choose(libs: &HookLibs) -> Result<Choice, Refusal> {
     let facts = BuildFacts::read(libs);
     let patch = std::env::var(PATCH_ENV).ok().filter(|p| !p.trim().is_empty());
-    let choice = layouts::choose(&facts, libs.path_of(PROCESS_UBATCH).is_some(), patch.as_deref())?;
+    let tables = Tables::from_env();
+    if tables == Tables::Hidden {
+        log::warn!("{TABLES_ENV}=off: ttrace's layout tables are ignored; layouts are read from the target's code");
+    }
+    let derived = layouts::needs_code(&facts, tables).then(|| derived(libs)).flatten();
+    let ubatch_hook = libs.path_of(PROCESS_UBATCH).is_some();
+    let choice = layouts::choose_from(&facts, ubatch_hook, patch.as_deref(), tables, derived.as_ref())?;
     log::info!("{}: llama.cpp {}, layouts {:?}", facts.describe(), choice.build.release_text, choice.build.layouts);
     Ok(choice)
+}
+
+/// The layouts in the code of the file that defines ggml's base functions.
+fn derived(libs: &HookLibs) -> Option<Derived> {
+    let base = libs.base.as_deref()?;
+    derive::derive(base).inspect_err(|e| log::warn!("reading struct layouts from {}: {e}", base.display())).ok()
 }
 
 /// The layout state of a session, and the recorder's gate.

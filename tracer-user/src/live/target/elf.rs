@@ -244,6 +244,19 @@ pub fn function_head(path: &Path, function: &str, len: u64) -> Option<Vec<u8>> {
     .flatten()
 }
 
+/// The first `len` bytes of each function of `names` (fewer where the
+/// function is shorter), from one read of `path`'s symbols.
+pub fn function_heads(path: &Path, names: &[&str], len: u64) -> Result<Vec<Option<Vec<u8>>>, TargetError> {
+    with_elf(path, |file| {
+        let image = Image::new(file);
+        let found = find_symbols(file, names);
+        Ok(found
+            .into_iter()
+            .map(|f| f.and_then(|f| image.bytes(f.addr, len.min(f.size))).map(<[u8]>::to_vec))
+            .collect())
+    })
+}
+
 /// The value of an initialised `int` variable of `path` (`LLAMA_BUILD_NUMBER`).
 pub fn int_variable(path: &Path, name: &str) -> Option<i64> {
     with_elf(path, |file| {

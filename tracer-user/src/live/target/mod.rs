@@ -5,7 +5,7 @@
 //! Needs no root except to switch users, create cgroups and drop caches.
 
 pub mod cgroup;
-mod elf;
+pub(crate) mod elf;
 mod hooks;
 mod ldcache;
 mod libs;

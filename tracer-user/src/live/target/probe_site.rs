@@ -12,7 +12,12 @@
 /// `test` or `cmp` when a conditional jump follows (those write only the
 /// flags, which the jump then reads in the target's own state, so every
 /// register, `rsp` and the return address included, is as at the call), or 0.
+/// A leading `endbr64` (CET builds: distributions') is skipped too: it only
+/// marks an indirect-branch target, and the kernel single-steps it.
 pub fn entry_skip(code: &[u8]) -> u64 {
+    if let Some(rest) = code.strip_prefix(&ENDBR64) {
+        return ENDBR64.len() as u64 + entry_skip(rest);
+    }
     let rex = usize::from(code.first().is_some_and(|b| b & 0xf0 == 0x40));
     let (Some(&opcode), Some(&modrm)) = (code.get(rex), code.get(rex + 1)) else { return 0 };
     // test r/m8,r8 / test r/m,r / cmp r/m8,r8 / cmp r/m,r / cmp r8,r/m8 / cmp r,r/m.
@@ -22,9 +27,17 @@ pub fn entry_skip(code: &[u8]) -> u64 {
     if flags_only && jcc { len as u64 } else { 0 }
 }
 
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
 #[cfg(test)]
 mod tests {
     use super::entry_skip;
+
+    #[test]
+    fn endbr64_is_skipped_and_what_follows_judged_alone() {
+        assert_eq!(entry_skip(&[0xf3, 0x0f, 0x1e, 0xfa, 0x41, 0x56]), 4);
+        assert_eq!(entry_skip(&[0xf3, 0x0f, 0x1e, 0xfa, 0x85, 0xf6, 0x74, 0x0c]), 6);
+    }
 
     #[test]
     fn a_register_test_before_a_conditional_jump_is_skipped() {
