@@ -31,7 +31,8 @@ pub const TENSOR_FROM: [&str; 10] = [
     "ggml_get_name",
     "ggml_tensor_overhead",
 ];
-/// ... `ggml_cgraph`'s (`ggml_graph_next_uid` only by being there).
+/// ... `ggml_cgraph`'s (`ggml_graph_next_uid` only by being there; it and
+/// `ggml_graph_view` only for `uid`).
 pub const CGRAPH_FROM: [&str; 5] =
     ["ggml_graph_size", "ggml_graph_n_nodes", "ggml_graph_nodes", "ggml_graph_view", "ggml_graph_next_uid"];
 /// ... `ggml_backend_buffer`'s.
@@ -208,11 +209,17 @@ fn cgraph(r: &Reader<'_>) -> Result<CgraphLayout, Gap> {
     let nodes = r.field("ggml_cgraph.nodes", "ggml_graph_nodes", first(Use::Read, 8))?;
     // ggml_graph_view returns a whole ggml_cgraph: its stores span the
     // struct, but for the padding after a last `int` (it holds pointers).
-    let bytes = r.field("ggml_cgraph.(size)", "ggml_graph_view", |uses| {
-        uses.iter().filter(|a| a.how == Use::Write).map(|a| (a.offset + a.width).next_multiple_of(8)).max()
-    })?;
     // `uid` came with ggml_graph_next_uid() (ggml 0.10), as the last member.
-    let uid = if r.code("ggml_graph_next_uid").is_some() { bytes.saturating_sub(8) } else { ABSENT };
+    // A stripped build may export neither (Debian's ggml 0.27): then no
+    // `uid` is read, and every graph is read whole at every run.
+    let spanned = r.code("ggml_graph_view").map(accesses).and_then(|uses| {
+        uses.iter().filter(|a| a.how == Use::Write).map(|a| (a.offset + a.width).next_multiple_of(8)).max()
+    });
+    let (bytes, uid) = match spanned {
+        Some(bytes) if r.code("ggml_graph_next_uid").is_some() => (bytes, bytes.saturating_sub(8)),
+        Some(bytes) => (bytes, ABSENT),
+        None => (nodes + 8, ABSENT),
+    };
     let layout = CgraphLayout { bytes, size, n_nodes, nodes, uid };
     if !(size < n_nodes && n_nodes < nodes && (uid == ABSENT || nodes < uid)) {
         return Err(gap("ggml_cgraph.nodes", format!("out of ggml's declaration order in {layout:?}")));
@@ -325,5 +332,9 @@ mod tests {
         let mut code = accessors(false);
         code.remove("ggml_graph_next_uid");
         assert_eq!(derived(&code).cgraph.map(|c| c.uid), Ok(ABSENT));
+        // Debian's stripped ggml 0.27 exports neither ggml_graph_view nor ggml_graph_next_uid.
+        code.remove("ggml_graph_view");
+        let cgraph = derived(&code).cgraph.unwrap();
+        assert_eq!((cgraph.n_nodes, cgraph.nodes, cgraph.uid), (4, 16, ABSENT));
     }
 }
