@@ -6,6 +6,7 @@
 
 mod gate;
 mod header;
+mod late;
 mod plan;
 mod signals;
 pub mod trace_file;
@@ -42,12 +43,12 @@ use self::{
 use crate::{
     cli::TracepointChoice,
     events::Event,
-    format::{Hooks, Lost, Mode, StopReason, Trailer, WriterStats},
+    format::{Lost, Mode, StopReason, Trailer, WriterStats},
     live::collect::{EventStream, spawn_logger},
-    live::layouts::{Choice, Refusal},
+    live::layouts::Refusal,
     live::load::{LoadOptions, Tracer},
     live::recorder::{Recorder, Resolver},
-    live::target::{self, HeldChild, HookLibs, OpNames, RunningChild, UserSpec},
+    live::target::{self, HeldChild, RunningChild, UserSpec},
 };
 
 /// What to trace.
@@ -256,7 +257,16 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
     if let Some(layout) = recorder_layout {
         recorder.graphs.set_layout(layout);
     }
-    let mut session = Session { attached, recorder, layouts, spec, trace_file, held_at_first_graph, tap };
+    let mut session = Session {
+        attached,
+        recorder,
+        layouts,
+        spec,
+        trace_file,
+        held_at_first_graph,
+        tap,
+        exited_while_attaching: None,
+    };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
 
@@ -416,6 +426,15 @@ async fn record_until_stop(
     };
     if !session.attached.has_ops && spec.models.is_empty() {
         session.trace_file.discard();
+        if let Some(lib) = session.exited_while_attaching.take() {
+            bail!(
+                "pid {pid} exited while ttrace attached to the ggml it had loaded ({}); nothing was traced. \
+                 ttrace finds a library loaded with dlopen in the target's maps, every {} ms: a program that \
+                 finishes sooner runs untraced",
+                lib.display(),
+                HOOK_SEARCH_TICK.as_millis()
+            );
+        }
         drop(session);
         bail!(
             "pid {pid} never loaded a ggml CPU library (no mapped file defines ggml_cpu_extra_compute_forward); \
@@ -478,6 +497,8 @@ struct Session<'a> {
     /// its maps are read.
     held_at_first_graph: bool,
     tap: Option<Box<dyn Tap>>,
+    /// The ggml library a target loaded and exited with before its probes were in.
+    exited_while_attaching: Option<PathBuf>,
 }
 
 impl Session<'_> {
@@ -500,68 +521,6 @@ impl Session<'_> {
         self.recorder.flush_models()?;
         child.signal(libc::SIGCONT)?;
         Ok(())
-    }
-
-    /// Attach hooks found after the header was written, announced in a
-    /// HOOKS frame with the build they belong to.
-    fn start_late_ops(
-        &mut self,
-        tracer: &mut Tracer,
-        libs: &HookLibs,
-        names: Option<&OpNames>,
-        choice: Choice,
-    ) -> Result<()> {
-        let before = self.attached.libraries.len();
-        let build = choice.build.clone();
-        self.recorder.graphs.set_layout(choice.layout.tensor);
-        self.layouts.arm(tracer, choice, names)?;
-        if plan::routing_hook(libs).is_none() {
-            self.layouts.disabled.push(crate::live::layouts::routing_off());
-        }
-        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
-        if self.spec.values.is_some() {
-            values::start(tracer, libs, names, self.attached.pid)?;
-        }
-        let hooks = Hooks {
-            libraries: self.attached.libraries[before..].to_vec(),
-            op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
-            unary_op_names: names.map(|n| n.unary.clone()).unwrap_or_default(),
-            glu_op_names: names.map(|n| n.glu.clone()).unwrap_or_default(),
-            build: Some(build),
-        };
-        self.recorder.writer.hooks(&hooks)?;
-        Ok(())
-    }
-
-    /// dlopen'ed libraries (the Python client) appear in the maps later. The
-    /// child is ours: hold it still while probing, so no decode runs
-    /// half-instrumented. A build ttrace does not know is refused here.
-    fn find_late_hooks(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
-        let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
-        let mut all = self.spec.libs.clone();
-        all.extend(files);
-        let libs = target::classify(&all);
-        if !gate::has_cpu_backend(&libs) {
-            return Ok(());
-        }
-        let choice = match gate::choose(&libs) {
-            Ok(choice) if libs.cpu.is_some() => choice,
-            Ok(_) => return Ok(()),
-            Err(refusal) => {
-                self.layouts.refused = Some(refusal);
-                return Ok(());
-            }
-        };
-        let names = match libs.path_of("ggml_op_name") {
-            Some(base) => Some(target::op_names(base)?),
-            None => None,
-        };
-        let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
-        let started = self.start_late_ops(tracer, &libs, names.as_ref(), choice);
-        if held && let Some(c) = child {
-            c.signal(libc::SIGCONT)?;
-        }
-        started
     }
 
     /// Hand model files found since the last call to the kernel's filters.
