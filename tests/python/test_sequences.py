@@ -194,6 +194,12 @@ def test_server_requests_equal_its_timings(ttrace, tmp_path, paths, models):
     responses = record_server(ttrace, trace, paths, models)
     a = report(ttrace, trace)
     check_requests(a, responses)
+    # The server's start-up check of its context (llama.cpp's common_context_can_seq_rm:
+    # tokens [0, 0], decoded and cleared) is neither prompt nor generation.
+    checks = [d for d in a["decodes"] if d["context_check"]]
+    assert [(d["n_tokens"], d["phase"]) for d in checks] == [(2, "aux")], checks
+    checked = {u for d in checks for u in d["ubatches"]}
+    assert all(u["phase"] == "aux" for u in a["ubatches"] if u["index"] in checked)
     text = subprocess.run([ttrace, "report", trace], capture_output=True, text=True, check=True).stdout
     assert re.search(r"tokens\s+\d+ prompt, \d+ generated, 4 sequences", text)
 

@@ -145,6 +145,11 @@ pub mod markers {
     /// (logits and embeddings), which ggml leaves at usage ANY.
     pub const OUTPUT_RESERVE: u64 = 19;
     pub const OUTPUT_RESERVE_RETURN: u64 = 20;
+    /// `common_context_can_seq_rm(ctx)` entry and return: llama-server's
+    /// start-up check of its context decodes the tokens [0, 0] and clears
+    /// them. A decode in between is no prompt.
+    pub const SEQ_RM_CHECK: u64 = 21;
+    pub const SEQ_RM_CHECK_RETURN: u64 = 22;
 }
 
 /// Discriminant of every event; also the index into [`MAP_LOST`].

@@ -30,6 +30,7 @@ cookie_copies!(uprobe, ProbeContext, args_with;
     call_args_4 = markers::LLAMA_PROCESS,
     call_args_5 = markers::LLAMA_PERF_RESET,
     call_args_19 = markers::OUTPUT_RESERVE,
+    call_args_21 = markers::SEQ_RM_CHECK,
 );
 
 #[inline(always)]
@@ -84,6 +85,7 @@ cookie_copies!(uretprobe, RetProbeContext, return_with;
     call_return_2 = markers::SCHED_GRAPH_COMPUTE_RETURN,
     call_return_6 = markers::GRAPH_COMPUTE_RETURN,
     call_return_20 = markers::OUTPUT_RESERVE_RETURN,
+    call_return_22 = markers::SEQ_RM_CHECK_RETURN,
 );
 
 #[inline(always)]

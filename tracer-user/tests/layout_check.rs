@@ -116,3 +116,57 @@ fn the_header_names_the_build_and_the_tables_its_version_says() {
     let check = &json["summary"]["layout_check"];
     assert!(check["graphs"].as_u64() >= Some(1) && check["weights"].as_u64() >= Some(1), "{check}");
 }
+
+/// With the tables hidden, the layouts come from the build's code alone: a
+/// copy of libggml-base whose `ggml_get_name` reads 8 bytes further on is
+/// refused in one line (its name no longer follows `data`), with nothing
+/// recorded, and the untouched build traces with the tables' offsets.
+#[test]
+fn layouts_read_from_a_patched_accessor_are_refused() {
+    require_root();
+    let llama = target_support::llama();
+    let dir = target_support::scratch("layout-derive");
+    let original = llama.lib_dir.join("libggml-base.so.0");
+    let bytes = std::fs::read(&original).unwrap();
+    let at = ttrace::live::target::symbol_file_offsets(&original, &["ggml_get_name"]).unwrap()[0].unwrap() as usize;
+    // lea 0x100(%rdi),%rax → lea 0x108(%rdi),%rax
+    let lea = [0x48, 0x8d, 0x87, 0x00, 0x01, 0x00, 0x00];
+    assert_eq!(bytes[at..at + 7], lea, "ggml_get_name as llama.cpp 0c1e570 compiles it");
+    let mut patched = bytes.clone();
+    patched[at + 3] = 0x08;
+    std::fs::write(dir.join("libggml-base.so.0"), patched).unwrap();
+
+    let run = |lib_path: Option<&Path>| {
+        let trace = dir.join("t.data");
+        let _ = std::fs::remove_file(&trace);
+        let mut cmd = ttrace();
+        cmd.env("TTRACE_LAYOUT_TABLES", "off");
+        if let Some(p) = lib_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        let out = cmd
+            .args(["run", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&llama.completion)
+            .arg("-m")
+            .arg(target_support::model("tiny"))
+            .args(["-p", "hello world", "-n", "4", "-no-cnv", "-t", "2"])
+            .output()
+            .unwrap();
+        (out, trace)
+    };
+    let (out, trace) = run(Some(&dir));
+    assert_eq!(out.status.code(), Some(1), "ttrace traced a build whose accessor moved:\n{}", stderr(&out));
+    let lines: Vec<String> = own_lines(&out).into_iter().filter(|l| !l.contains("TTRACE_LAYOUT_TABLES=off")).collect();
+    assert_eq!(lines.len(), 1, "one line from ttrace, got {lines:#?}");
+    assert!(lines[0].contains("could not be read from its code (ggml_tensor.name"), "{}", lines[0]);
+    assert!(!trace.exists(), "a refused run leaves no trace");
+
+    let (out, trace) = run(None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reader = TraceReader::open(&trace).unwrap();
+    let b = reader.header().build.clone().expect("the header names the build");
+    assert_eq!(b.release, ttrace::format::TargetBuild::DERIVED);
+    assert_eq!((b.offsets["ggml_tensor.name"], b.offsets["ggml_tensor.data"]), (256, 248));
+}

@@ -92,7 +92,10 @@ fn a_real_run_header_states_command_pid_kernel_cpus_build_ids_and_maps() {
     let libs = h["libraries"].as_array().unwrap();
     let mut roles: Vec<&str> = libs.iter().map(|l| l["role"].as_str().unwrap()).collect();
     roles.sort_unstable();
-    assert_eq!(roles, ["base", "cpu", "llama"], "{libs:?}");
+    // libllama-common too: llama-server's context check is probed there.
+    assert_eq!(roles, ["base", "cpu", "llama", "other"], "{libs:?}");
+    let other = libs.iter().find(|l| l["role"] == "other").unwrap()["path"].as_str().unwrap();
+    assert!(other.contains("libllama-common"), "{other}");
     for lib in libs {
         let path = PathBuf::from(lib["path"].as_str().unwrap());
         assert!(

@@ -10,7 +10,7 @@
 //! one id per token. Graphs without it (KV-cache shifts) are auxiliary.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     io::Read,
 };
 
@@ -38,7 +38,8 @@ pub enum Phase {
     Warmup,
     Prompt,
     Generate,
-    /// A graph with no token input (e.g. a KV-cache shift).
+    /// A graph with no token input (e.g. a KV-cache shift), or one of
+    /// llama-server's start-up check of its context.
     Aux,
 }
 
@@ -144,6 +145,9 @@ pub struct Decode {
     pub ubatches: Vec<u32>,
     pub n_tokens: u32,
     pub phase: Phase,
+    /// Made by llama-server's start-up check of its context
+    /// (`common_context_can_seq_rm`): no prompt, whatever its tokens.
+    pub context_check: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -297,6 +301,8 @@ pub(crate) struct Boundaries {
     pub decodes_before_reset: usize,
     /// Per thread: the arrays of the ubatch it is about to compute.
     pending: HashMap<u32, sequences::UbatchArrays>,
+    /// Threads inside `common_context_can_seq_rm`.
+    in_context_check: HashSet<u32>,
 }
 
 impl Boundaries {
@@ -329,9 +335,16 @@ impl Boundaries {
                     ubatches: Vec::new(),
                     n_tokens: 0,
                     phase: Phase::Aux,
+                    context_check: self.in_context_check.contains(&m.tid),
                 });
             }
             markers::LLAMA_PERF_RESET => self.decodes_before_reset = a.decodes.len(),
+            markers::SEQ_RM_CHECK => {
+                self.in_context_check.insert(m.tid);
+            }
+            markers::SEQ_RM_CHECK_RETURN => {
+                self.in_context_check.remove(&m.tid);
+            }
             _ => {}
         }
     }
@@ -442,6 +455,8 @@ pub(crate) fn assign_phases(a: &mut Analysis, bounds: Boundaries) {
         decode.n_tokens = decode.ubatches.iter().filter_map(|&u| a.ubatches[u as usize].n_tokens).sum();
         decode.phase = if (decode.index as usize) < decodes_before_reset {
             Phase::Warmup
+        } else if decode.context_check {
+            Phase::Aux
         } else {
             match decode.n_tokens {
                 0 => Phase::Aux,

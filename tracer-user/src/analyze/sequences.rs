@@ -218,7 +218,8 @@ pub fn classify(a: &mut Analysis) {
     }
     for d in &mut a.decodes {
         let tokens: Vec<&TokenInfo> = d.ubatches.iter().flat_map(|&u| &a.ubatches[u as usize].tokens).collect();
-        if tokens.is_empty() {
+        // llama-server's context check stays aux, whatever its tokens.
+        if tokens.is_empty() || d.context_check {
             continue;
         }
         if tokens.iter().all(|t| t.kind == TokenKind::Warmup) {

@@ -281,7 +281,10 @@ impl Sink for Collector {
 
 fn finish(s: &mut Stats, a: &Analysis) {
     let io = &a.io;
-    let has_io = io.disk.issues > 0 || io.page_cache_adds > 0;
+    // I/O tracing ran (its tracepoints are in the trailer), even where it saw
+    // nothing: a warm run reads 0 bytes from disk, which is not "n/a".
+    let traced_io = a.trailer.as_ref().is_some_and(|t| t.tracepoints.is_some());
+    let has_io = traced_io || io.disk.issues > 0 || io.page_cache_adds > 0;
     if has_io {
         for u in &mut s.ubatches {
             let w = io.by_when.get(&When::Ubatch(u.index));

@@ -20,7 +20,12 @@ pub struct Summary {
     /// The llama.cpp commit the build reports.
     pub commit: Option<String>,
     pub command: Vec<String>,
+    /// From the first event to the last.
     pub duration_ns: u64,
+    /// From the start of tracing to its end (an attach to an idle server
+    /// traces for longer than its events span); the event span where the
+    /// trace was cut short.
+    pub traced_ns: u64,
     /// `None`: the trace was cut short (no end record).
     pub stopped: Option<Stopped>,
     pub prompt_ubatches: usize,
@@ -136,6 +141,10 @@ impl Summary {
             commit: h.llama_commit.clone(),
             command: h.command.clone(),
             duration_ns: a.duration_ns(),
+            traced_ns: a
+                .trailer
+                .as_ref()
+                .map_or(a.duration_ns(), |t| t.end_monotonic_ns.saturating_sub(h.start_monotonic_ns)),
             stopped: a.trailer.as_ref().map(|t| Stopped {
                 reason: t.stop_reason.to_string(),
                 exit_code: t.exit_code,
@@ -177,7 +186,7 @@ impl Summary {
             self.mode,
             self.pid,
             self.command.join(" "),
-            self.duration_ns as f64 / 1e9
+            self.traced_ns as f64 / 1e9
         )
     }
 
@@ -201,7 +210,8 @@ impl Summary {
         rows.push((
             "ubatches",
             format!(
-                "{} prompt ({} tokens), {} generate, {} warm-up, {} other graphs",
+                "{} prompt ({} tokens), {} generate (each request samples one token more than it decodes), \
+                 {} warm-up, {} other graphs",
                 self.prompt_ubatches,
                 self.prompt_tokens,
                 self.generate_ubatches,

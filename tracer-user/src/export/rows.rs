@@ -144,6 +144,8 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::LLAMA_PERF_RESET => "llama_perf_reset".into(),
         markers::OUTPUT_RESERVE => "output_reserve".into(),
         markers::OUTPUT_RESERVE_RETURN => "output_reserve_return".into(),
+        markers::SEQ_RM_CHECK => "seq_rm_check".into(),
+        markers::SEQ_RM_CHECK_RETURN => "seq_rm_check_return".into(),
         other => format!("marker#{other}").into(),
     }
 }

@@ -230,13 +230,7 @@ pub fn choose_from(
         layout.buffer = GgmlLayout::UNSET.buffer;
         disabled.push(off);
     }
-    if let Some(patch) = patch {
-        apply_patch(&mut layout, patch).map_err(|why| Refusal {
-            structure: "ggml_tensor",
-            found: format!("{PATCH_ENV}={patch}"),
-            why,
-        })?;
-    }
+    patched(&mut layout, patch)?;
     let mut layouts = BTreeMap::new();
     layouts.insert("ggml_tensor".to_string(), release.tensor.name.to_string());
     layouts.insert("ggml_cgraph".to_string(), release.cgraph.name.to_string());
@@ -321,13 +315,7 @@ fn from_code(facts: &BuildFacts, derived: &Derived, patch: Option<&str>, why: St
         }
         Err(gap) => disabled.push(buffers_off(format!("its layout could not be read from its code ({gap})"))),
     }
-    if let Some(patch) = patch {
-        apply_patch(&mut layout, patch).map_err(|why| Refusal {
-            structure: "ggml_tensor",
-            found: format!("{PATCH_ENV}={patch}"),
-            why,
-        })?;
-    }
+    patched(&mut layout, patch)?;
     let build = target_build(facts, &mut layout, layouts, TargetBuild::DERIVED, why, patch);
     Ok(Choice { release, layout, build, disabled })
 }
@@ -432,6 +420,16 @@ pub fn fields(l: &mut GgmlLayout) -> [(&'static str, &mut u32); 28] {
         ("ggml_backend_buffer.size", &mut b.size),
         ("ggml_backend_buffer.usage", &mut b.usage),
     ]
+}
+
+/// `layout` with [`PATCH_ENV`]'s offsets, if set.
+fn patched(layout: &mut GgmlLayout, patch: Option<&str>) -> Result<(), Refusal> {
+    let Some(patch) = patch else { return Ok(()) };
+    apply_patch(layout, patch).map_err(|why| Refusal {
+        structure: "ggml_tensor",
+        found: format!("{PATCH_ENV}={patch}"),
+        why,
+    })
 }
 
 /// Applies `struct.field=N,...`; the result must still be one the probes can use.

@@ -187,17 +187,19 @@ fn tensor(r: &Reader<'_>) -> Result<TensorLayout, Gap> {
         name,
         extra: name + MAX_NAME as u32,
     };
-    // Adjacent in the declaration: ne[4] nb[4] op op_params[16] flags.
+    // Adjacent in the declaration: ne[4] nb[4] op op_params[16] flags, and data name.
+    if ne <= type_ {
+        return Err(gap("ggml_tensor.ne", format!("read at {ne} by its accessor, before type at {type_}")));
+    }
     let order = [
-        ("ggml_tensor.ne", type_ < ne),
-        ("ggml_tensor.nb", nb == ne + 32),
-        ("ggml_tensor.op", op == nb + 32),
-        ("ggml_tensor.op_params", op_params == op + 4),
-        ("ggml_tensor.flags", flags == op_params + 64),
-        ("ggml_tensor.name", name == data + 8),
+        ("ggml_tensor.nb", nb, ne + 32, "after ne[4]"),
+        ("ggml_tensor.op", op, nb + 32, "after nb[4]"),
+        ("ggml_tensor.op_params", op_params, op + 4, "after op"),
+        ("ggml_tensor.flags", flags, op_params + 64, "after op_params[16]"),
+        ("ggml_tensor.name", name, data + 8, "after data"),
     ];
-    if let Some((field, _)) = order.iter().find(|(_, ok)| !ok) {
-        return Err(gap(field, format!("out of ggml's declaration order in {layout:?}")));
+    if let Some((field, at, want, after)) = order.iter().find(|(_, at, want, _)| at != want) {
+        return Err(gap(field, format!("read at {at} by its accessor, not at {want}, right {after}")));
     }
     layout.check().map_err(|e| gap("ggml_tensor.(size)", e.to_string()))?;
     Ok(layout)

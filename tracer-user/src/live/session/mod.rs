@@ -269,6 +269,13 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
     };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
+    // `run` shows its target's output; an attach would show nothing until it stops.
+    if let Target::Attach { pid } = target
+        && session.tap.is_none()
+    {
+        let until = spec.duration.map(|d| format!(", {} elapse", humantime::format_duration(d))).unwrap_or_default();
+        eprintln!("ttrace: attached to pid {pid}; tracing until it exits, Ctrl-C{until} (the summary follows)");
+    }
 
     let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
     let stream = EventStream::new(tracer.take_events()?)?;
@@ -479,13 +486,21 @@ async fn record_until_stop(
 /// Stop before anything is kept: a `run` target is killed (ttrace started
 /// it to be traced), an attached one keeps running; the trace file goes.
 fn refuse(session: &mut Session<'_>, child: Option<&mut RunningChild>, refusal: Refusal) -> anyhow::Error {
-    if let Some(c) = child {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     session.trace_file.discard();
-    anyhow::Error::new(refusal)
+    match child {
+        Some(c) => {
+            let _ = c.kill();
+            let _ = c.wait();
+            anyhow::Error::new(CommandStopped(refusal))
+        }
+        None => anyhow::Error::new(refusal),
+    }
 }
+
+/// A `run` refused: its command is not left running untraced.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}, and the command was stopped")]
+struct CommandStopped(Refusal);
 
 struct Session<'a> {
     attached: Attached,

@@ -23,7 +23,7 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 18] = [
+pub(super) const HOOKS: [(&str, &str, u64); 20] = [
     // Backend buffers (a handful per run): before anything allocates one.
     (target::BUFFER_INIT, programs::BUFFER_CREATED, 0),
     (target::SET_USAGE, programs::BUFFER_CHANGED, buffer_action::SET_USAGE as u64),
@@ -38,6 +38,8 @@ pub(super) const HOOKS: [(&str, &str, u64); 18] = [
     // Only where argsort has no symbol (`routing_hook`).
     (MUL_MAT_ID, programs::MUL_MAT_ID_ENTRY, 0),
     ("llama_perf_context_reset", programs::CALL_ARGS, markers::LLAMA_PERF_RESET),
+    (target::SEQ_RM_CHECK, programs::CALL_ARGS, markers::SEQ_RM_CHECK),
+    (target::SEQ_RM_CHECK, programs::CALL_RETURN, markers::SEQ_RM_CHECK_RETURN),
     ("llama_decode", programs::CALL_ARGS, markers::LLAMA_DECODE),
     // Each ubatch: its tokens' sequence ids, positions and output flags.
     (target::PROCESS_UBATCH, programs::UBATCH, 0),

@@ -29,8 +29,12 @@ pub const BASE_HOOKS: [&str; 7] = [
 /// Backend buffers: the only constructor, and the end of every buffer.
 pub const BUFFER_INIT: &str = "ggml_backend_buffer_init";
 pub const BUFFER_FREE: &str = "ggml_backend_buffer_free";
-pub const LLAMA_HOOKS: [&str; 5] =
-    ["llama_decode", "llama_process", "llama_perf_context_reset", PROCESS_UBATCH, OUTPUT_RESERVE];
+pub const LLAMA_HOOKS: [&str; 6] =
+    ["llama_decode", "llama_process", "llama_perf_context_reset", PROCESS_UBATCH, OUTPUT_RESERVE, SEQ_RM_CHECK];
+/// `common_context_can_seq_rm(llama_context *)`, in llama.cpp's common code
+/// (libllama-common, or linked into the program): llama-server's start-up
+/// check that decodes two tokens and clears them.
+pub const SEQ_RM_CHECK: &str = "_Z25common_context_can_seq_rmP13llama_context";
 /// `llama_context::output_reserve(int)`: the buffer it creates holds the
 /// logits (ggml leaves its usage ANY, like the KV cache's).
 pub const OUTPUT_RESERVE: &str = "_ZN13llama_context14output_reserveEi";

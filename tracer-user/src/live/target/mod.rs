@@ -24,7 +24,7 @@ pub use elf::{
 };
 pub use hooks::{
     BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, OUTPUT_RESERVE, PROCESS_UBATCH,
-    REQUIRED_HOOKS, VERSION_SYMBOLS, classify, mapped_files, missing_hooks, running,
+    REQUIRED_HOOKS, SEQ_RM_CHECK, VERSION_SYMBOLS, classify, mapped_files, missing_hooks, running,
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
