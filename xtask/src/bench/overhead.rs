@@ -108,9 +108,12 @@ pub fn command(ctx: &Ctx, variant: &str, model: &Path, threads: u32, trace: &Pat
     Ok(cmd)
 }
 
-/// `eval time = X ms / N runs (Y ms per token, Z tokens per second)`.
+/// `…_print:        eval time = X ms / N runs (Y ms per token, Z tokens per second)`:
+/// llama's perf line only (the generated text may hold "retrieval time").
 pub fn eval_tokens_per_s(text: &str) -> Option<f64> {
-    let line = text.lines().find(|l| l.contains("eval time") && !l.contains("prompt eval time"))?;
+    let perf_line =
+        |l: &&str| l.split_once("_print:").is_some_and(|(_, rest)| rest.trim_start().starts_with("eval time"));
+    let line = text.lines().find(perf_line)?;
     let before = line.split("tokens per second").next()?;
     before.rsplit([',', '(']).next()?.trim().parse().ok()
 }
@@ -202,4 +205,21 @@ pub fn csv(csv: &mut String, samples: &[Sample]) -> Result<()> {
         writeln!(csv, "overhead_tokens_per_s,{}-t{},{},{}", s.variant, s.threads, s.round, s.tokens_per_s)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_llamas_perf_line_counts() {
+        let text = "the retrieval time of a page (3 tokens per second, at best)\n\
+                    0.04.882 I common_perf_print: prompt eval time =  42.46 ms /  9 tokens (4.72 ms per token, 211.98 tokens per second)\n\
+                    0.04.882 I common_perf_print:        eval time = 3709.48 ms / 255 runs (14.55 ms per token, 68.74 tokens per second)\n";
+        assert_eq!(super::eval_tokens_per_s(text), Some(68.74));
+        assert_eq!(
+            super::eval_tokens_per_s(
+                "llama_perf_context_print:        eval time = 1 ms / 2 runs (0.5 ms per token, 2000.00 tokens per second)"
+            ),
+            Some(2000.0)
+        );
+    }
 }
