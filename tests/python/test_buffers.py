@@ -38,6 +38,29 @@ def logged_sizes(log: str) -> dict[tuple[str, str], float]:
     return dict(sums)
 
 
+# `ttrace report --json`'s usage names, in llama.cpp's log words.
+REPORT_KIND = {"weights": "model", "kv": "KV", "compute": "compute", "output": "output"}
+
+
+def assert_report_buffers_equal_log(a: dict, log: str, where: str) -> None:
+    """The buffers of a `report --json` alive when the first ubatch graph
+    starts are, per usage and buffer type, what llama.cpp logged creating
+    them, to the 0.01 MiB it prints."""
+    expected = logged_sizes(log)
+    assert expected, f"{where}: llama.cpp logged no buffer"
+    first = a["ubatches"][0]["start_ns"]
+    got: dict[tuple[str, str], float] = collections.defaultdict(float)
+    lines = collections.Counter()
+    for b in a["buffers"]["list"]:
+        if b["created_ns"] <= first and (b["freed_ns"] is None or b["freed_ns"] > first):
+            key = (REPORT_KIND.get(b["usage"], b["usage"]), b["type_name"])
+            got[key] += b["size"] / 2**20
+            lines[key] += 1
+    assert set(got) == set(expected), f"{where}: ttrace {dict(got)} vs llama.cpp {expected}"
+    for key, mib in expected.items():
+        assert abs(got[key] - mib) <= 0.005 * max(lines[key], 1) + 1e-9, f"{where} {key}: {got[key]} vs {mib}"
+
+
 @pytest.fixture(scope="module", params=["gemma", "qwen3moe"])
 def traced(request, ttrace, tmp_path_factory, llama_completion, models, flush_log_preload):
     d = tmp_path_factory.mktemp(f"buffers-{request.param}")

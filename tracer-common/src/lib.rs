@@ -34,7 +34,7 @@ pub const MAX_MODEL_FILES: u32 = 256;
 
 /// Slots of [`MAP_CONFIG`].
 pub mod config {
-    pub const SLOTS: u32 = 4;
+    pub const SLOTS: u32 = 5;
     /// Bit set: see `FLAG_*`.
     pub const FLAGS: u32 = 0;
     /// The target's `GGML_OP_GET_ROWS` value (op ids differ across ggml
@@ -48,6 +48,11 @@ pub mod config {
     /// starts, once, so ttrace reads its maps while the model is mapped
     /// (`run` only; ttrace continues it). Cleared by the program.
     pub const STOP_AT_FIRST_GRAPH: u32 = 3;
+    /// Non-zero: stop the target (SIGSTOP) at every [`super::markers::LIBRARY_LOADED`]
+    /// and wake the reader, until ttrace has found ggml and attached its
+    /// probes (`run` of a program that loads ggml with `dlopen`). ttrace
+    /// continues it and clears this.
+    pub const HOLD_AT_LIBRARY_LOAD: u32 = 4;
     /// Record every worker thread's op calls, not only `ith == 0`.
     pub const FLAG_ALL_THREADS: u64 = 1;
 }
@@ -150,6 +155,12 @@ pub mod markers {
     /// them. A decode in between is no prompt.
     pub const SEQ_RM_CHECK: u64 = 21;
     pub const SEQ_RM_CHECK_RETURN: u64 = 22;
+    /// The dynamic loader's `_dl_debug_state()`, which it calls for
+    /// debuggers before and after each change to the loaded libraries
+    /// (a `dlopen`'s libraries are then mapped, their constructors not yet
+    /// run). With [`super::config::HOLD_AT_LIBRARY_LOAD`] set, the target
+    /// is stopped here until ttrace has looked for ggml in its maps.
+    pub const LIBRARY_LOADED: u64 = 23;
 }
 
 /// Discriminant of every event; also the index into [`MAP_LOST`].

@@ -31,6 +31,7 @@ cookie_copies!(uprobe, ProbeContext, args_with;
     call_args_5 = markers::LLAMA_PERF_RESET,
     call_args_19 = markers::OUTPUT_RESERVE,
     call_args_21 = markers::SEQ_RM_CHECK,
+    call_args_23 = markers::LIBRARY_LOADED,
 );
 
 #[inline(always)]
@@ -43,7 +44,10 @@ fn args_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     // graphs wake nobody: a wake-up per token would take a CPU from the
     // target's threads.
     let first = cookie == markers::SCHED_GRAPH_COMPUTE && stop_once();
-    let flags = if first { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
+    // A library loaded before ggml was found: hold the target while ttrace
+    // looks for ggml in its maps, so no graph runs unprobed.
+    let held = cookie == markers::LIBRARY_LOADED && hold_at_library_load();
+    let flags = if first || held { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
     emit_with(
         EventKind::Call,
         CallEvent {
@@ -70,6 +74,18 @@ fn stop_once() -> bool {
         *slot = 0;
         bpf_send_signal(SIGSTOP);
     }
+    true
+}
+
+/// Stop the target at a library load while ttrace asks for it (it
+/// continues the target and clears the setting once ggml's probes are in).
+#[inline(always)]
+fn hold_at_library_load() -> bool {
+    if CONFIG.get(config::HOLD_AT_LIBRARY_LOAD).copied().unwrap_or(0) == 0 {
+        return false;
+    }
+    // SAFETY: a helper call with a constant signal.
+    unsafe { bpf_send_signal(SIGSTOP) };
     true
 }
 

@@ -7,6 +7,7 @@ mod dist;
 mod kernels;
 mod lint;
 mod llama_versions;
+mod programs;
 mod scratch;
 mod setup;
 mod shell;

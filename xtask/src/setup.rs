@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, kernels, llama_versions, shell, targets, viewer};
+use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer};
 
 /// Debian packages the tests and benchmarks need (the demo needs none):
 /// bpftool (inspecting loaded programs and links in tests), chromium (the
@@ -50,6 +50,8 @@ pub struct Paths {
     pub llama_portable: PathBuf,
     /// The kernel matrix's kernels, ready to boot.
     pub kernels: Vec<kernels::Prepared>,
+    /// Programs users install, from their registries.
+    pub node_llama_cpp: programs::NodeLlamaCpp,
 }
 
 impl Paths {
@@ -63,6 +65,7 @@ impl Paths {
             "llama_versions": self.llama_versions,
             "models": self.models,
             "llama_portable": self.llama_portable,
+            "node_llama_cpp": self.node_llama_cpp,
         })
     }
 
@@ -144,8 +147,9 @@ fn full(verbose: bool) -> Result<Paths> {
     // Before ttrace is built (by the task that called set-up), so it embeds the page.
     steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
     let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
+    let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
     steps.done();
-    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels })
+    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels, node_llama_cpp })
 }
 
 /// The demo's set-up: no test-only packages, llama.cpp versions, kernels

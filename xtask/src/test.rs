@@ -6,9 +6,16 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cache, demo, dist, kernels, scratch::TestTmp, setup, shell};
+use crate::{
+    cache, demo, dist, kernels,
+    scratch::{self, TestTmp},
+    setup, shell,
+};
 
 pub fn run(cargo_args: &[String]) -> Result<()> {
+    if cargo_args.is_empty() {
+        scratch::check_free_space()?;
+    }
     let paths = setup::run()?;
     let paths_json = demo::write_paths_file(&paths)?;
     if !shell::is_root() {
@@ -75,6 +82,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
 
 /// `cargo xtask kernels`: set up, build the release, and run the kernel matrix alone.
 pub fn run_kernels(series: &[String], case: Option<&str>) -> Result<()> {
+    scratch::check_free_space()?;
     let paths = setup::run()?;
     let ttrace = dist::build_and_verify(&paths)?.binary;
     let tmp = TestTmp::create()?;

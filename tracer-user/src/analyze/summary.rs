@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::{Analysis, Phase};
 use crate::{
-    format::{Disabled, LayoutCheck, Lost, TargetBuild, Tracepoints, WriterStats},
+    format::{Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, WriterStats},
     units::human_bytes,
 };
 
@@ -63,6 +63,8 @@ pub struct Summary {
     pub layout_check: Option<LayoutCheck>,
     /// Features off for this build (e.g. sequences).
     pub disabled: Vec<Disabled>,
+    /// ggml found after the target started (a library it loaded with dlopen).
+    pub late_attach: Option<LateAttach>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -177,6 +179,7 @@ impl Summary {
             build: h.build.clone(),
             layout_check: a.trailer.as_ref().and_then(|t| t.layout_check),
             disabled: a.trailer.as_ref().map(|t| t.disabled.clone()).unwrap_or_default(),
+            late_attach: a.trailer.as_ref().and_then(|t| t.late_attach.clone()),
         }
     }
 
@@ -244,6 +247,9 @@ impl Summary {
         }
         for d in &self.disabled {
             rows.push(("WARNING", d.to_string()));
+        }
+        if let Some(late) = &self.late_attach {
+            rows.push((if late.held { "ggml loaded" } else { "LATE START" }, late.to_string()));
         }
         let accesses = self.file_backed_accesses + self.copy_accesses;
         let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };

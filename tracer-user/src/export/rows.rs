@@ -146,6 +146,7 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::OUTPUT_RESERVE_RETURN => "output_reserve_return".into(),
         markers::SEQ_RM_CHECK => "seq_rm_check".into(),
         markers::SEQ_RM_CHECK_RETURN => "seq_rm_check_return".into(),
+        markers::LIBRARY_LOADED => "library_loaded".into(),
         other => format!("marker#{other}").into(),
     }
 }

@@ -502,4 +502,39 @@ pub struct Trailer {
     /// its 64 KiB default when debugfs is not mounted); `None` in older traces.
     #[serde(default)]
     pub fault_around_bytes: Option<u64>,
+    /// ggml found only after the target had started (a library it loaded
+    /// with `dlopen`); `None` when its probes were in before it ran, and in
+    /// older traces.
+    #[serde(default)]
+    pub late_attach: Option<LateAttach>,
+}
+
+/// How ggml's probes reached a library the target loaded while traced.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateAttach {
+    /// The ggml CPU library found.
+    pub library: String,
+    /// The kernel held the target at each library load until the probes
+    /// were in: nothing ran unprobed. Otherwise the maps were scanned on a
+    /// timer, and graphs computed before the scan are missing.
+    pub held: bool,
+}
+
+impl std::fmt::Display for LateAttach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.held {
+            write!(
+                f,
+                "{} was loaded with dlopen; the target was held at the load until its probes were in",
+                self.library
+            )
+        } else {
+            write!(
+                f,
+                "{} was found in the target's maps after it was loaded, by a scan on a timer: graphs computed \
+                 before the scan are not in the trace",
+                self.library
+            )
+        }
+    }
 }

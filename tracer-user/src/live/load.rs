@@ -189,21 +189,27 @@ impl Tracer {
     /// Stop the target with SIGSTOP when its first ubatch graph starts (see
     /// `config::STOP_AT_FIRST_GRAPH`); the caller continues it.
     pub fn stop_at_first_graph(&mut self) -> Result<(), LoadError> {
-        let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
-        let mut cfg: Array<_, u64> =
-            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
-        cfg.set(config::STOP_AT_FIRST_GRAPH, 1, 0)
-            .map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
+        self.set_config(config::STOP_AT_FIRST_GRAPH, 1)
+    }
+
+    /// Stop the target at each library load (`markers::LIBRARY_LOADED`,
+    /// `config::HOLD_AT_LIBRARY_LOAD`) until this is turned off; the caller
+    /// continues it each time.
+    pub fn hold_at_library_load(&mut self, on: bool) -> Result<(), LoadError> {
+        self.set_config(config::HOLD_AT_LIBRARY_LOAD, u64::from(on))
     }
 
     /// Wake the reader only once this many bytes wait in the ring (0: on
     /// every event). The reader must then also drain on a timer.
     pub fn set_wakeup_bytes(&mut self, bytes: u32) -> Result<(), LoadError> {
+        self.set_config(config::WAKEUP_BYTES, u64::from(bytes))
+    }
+
+    fn set_config(&mut self, slot: u32, value: u64) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
         let mut cfg: Array<_, u64> =
             Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
-        cfg.set(config::WAKEUP_BYTES, u64::from(bytes), 0)
-            .map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
+        cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
     }
 
     /// Attach the generic argument-recording uprobe to `symbol` in `binary`,

@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::{Session, gate, op_options, plan, values};
 use crate::{
-    format::Hooks,
+    format::{Hooks, LateAttach},
     live::{
         layouts::Choice,
         load::Tracer,
@@ -71,6 +71,11 @@ impl Session<'_> {
         };
         let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
         let started = self.start_late_ops(tracer, &libs, names.as_ref(), choice);
+        if started.is_ok() {
+            let library = libs.cpu.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+            self.late_attach = Some(LateAttach { library, held: self.hold.armed() });
+            self.hold.disarm(tracer)?;
+        }
         if held && let Some(c) = child {
             c.signal(libc::SIGCONT)?;
         }
@@ -84,5 +89,17 @@ impl Session<'_> {
             return Ok(());
         }
         started
+    }
+
+    /// The kernel stopped the target at a library load: look for ggml
+    /// while it is still, then let it go on.
+    pub(super) fn on_library_load(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
+        if !self.attached.has_ops {
+            self.find_late_hooks(tracer, child)?;
+        }
+        if let Some(c) = child {
+            c.signal(libc::SIGCONT)?;
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@
 
 mod gate;
 mod header;
+mod hold;
 mod late;
 mod plan;
 mod signals;
@@ -247,6 +248,13 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         }
     }
     header.libraries = attached.libraries.clone();
+    // No ggml linked: it may come with dlopen, and compute at once.
+    let hold = match &target {
+        Target::Run { child, .. } if !attached.has_ops => {
+            child.exe().map(|exe| hold::LibraryHold::arm(&mut tracer, exe, pid)).unwrap_or_default()
+        }
+        _ => hold::LibraryHold::default(),
+    };
     let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
     let held_at_first_graph = matches!(target, Target::Run { .. });
     if held_at_first_graph {
@@ -264,8 +272,11 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         spec,
         trace_file,
         held_at_first_graph,
+        first_graph_started: false,
         tap,
         exited_while_attaching: None,
+        hold,
+        late_attach: None,
     };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
@@ -371,7 +382,10 @@ async fn record_until_stop(
             }
             _ = tick.tick() => {
                 memory.sample();
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
+                stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
+                if session.hold.take_load() {
+                    session.on_library_load(&mut tracer, child.as_ref())?;
+                }
                 if !session.attached.has_ops {
                     session.find_late_hooks(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
@@ -391,7 +405,13 @@ async fn record_until_stop(
             }
             ready = stream.readable() => {
                 ready?;
-                stream.drain_now(&mut |event: Event| record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error));
+                stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
+                if session.hold.take_load() {
+                    session.on_library_load(&mut tracer, child.as_ref())?;
+                    if session.attached.has_ops {
+                        tick = tokio::time::interval(TICK);
+                    }
+                }
                 session.continue_after_first_graph(child.as_ref(), &mut memory)?;
             }
         }
@@ -404,17 +424,13 @@ async fn record_until_stop(
         session.layouts.apply_ubatch_off(&mut tracer)?;
     };
     // Everything submitted before the stop is still in the ring.
-    stream.drain_now(&mut |event: Event| {
-        record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error)
-    });
+    stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
     // Reads the target issued (async readahead) may complete after it is
     // gone: wait for them, briefly, so no read lacks its completion.
     let settle = Instant::now();
     while session.recorder.requests_in_flight() > 0 && settle.elapsed() < IO_SETTLE && write_error.is_none() {
         tokio::time::sleep(Duration::from_millis(2)).await;
-        stream.drain_now(&mut |event: Event| {
-            record(&mut session.recorder, &mut session.layouts, &mut session.tap, event, &mut write_error)
-        });
+        stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
     }
     if let Some(e) = write_error.take() {
         return Err(e).with_context(|| format!("writing {}", spec.output.display()));
@@ -474,6 +490,7 @@ async fn record_until_stop(
         peak_anon_bytes: memory.peak_anon(),
         cgroup_peak: memory.cgroup_peak(),
         fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
+        late_attach: session.late_attach.take(),
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
@@ -511,31 +528,31 @@ struct Session<'a> {
     /// A `run` target is stopped by the kernel at its first graph, until
     /// its maps are read.
     held_at_first_graph: bool,
+    /// The first ubatch graph's marker has been read.
+    first_graph_started: bool,
     tap: Option<Box<dyn Tap>>,
     /// The ggml library a target loaded and exited with before its probes were in.
     exited_while_attaching: Option<PathBuf>,
+    /// `run` of a program with no ggml linked: held at each library load.
+    hold: hold::LibraryHold,
+    /// ggml found after the target started.
+    late_attach: Option<crate::format::LateAttach>,
 }
 
 impl Session<'_> {
-    /// The kernel stopped a `run` target at its first graph: read its maps
-    /// now that the model is surely mapped, then let it go on.
-    fn continue_after_first_graph(
-        &mut self,
-        child: Option<&RunningChild>,
-        memory: &mut target::MemorySamples,
-    ) -> Result<()> {
-        let Some(child) = child.filter(|_| self.held_at_first_graph) else { return Ok(()) };
-        if target::process_state(self.attached.pid) != Some('T') {
-            return Ok(());
+    /// Record one event; the first write error is kept for the loop to report.
+    fn take(&mut self, event: Event, error: &mut Option<std::io::Error>) {
+        self.hold.on_event(&event);
+        if let Event::Call(call) = &event
+            && call.cookie == tracer_common::markers::SCHED_GRAPH_COMPUTE
+        {
+            self.first_graph_started = true;
         }
-        self.held_at_first_graph = false;
-        // Its KV cache and compute buffers are allocated by now; the run may
-        // end before the next tick.
-        memory.sample();
-        self.recorder.resolver.refresh();
-        self.recorder.flush_models()?;
-        child.signal(libc::SIGCONT)?;
-        Ok(())
+        if error.is_none()
+            && let Err(e) = self.layouts.take(&mut self.recorder, &mut self.tap, event)
+        {
+            *error = Some(e);
+        }
     }
 
     /// Hand model files found since the last call to the kernel's filters.
@@ -550,20 +567,6 @@ impl Session<'_> {
             }
         }
         Ok(())
-    }
-}
-
-fn record(
-    recorder: &mut Recorder<BufWriter<File>>,
-    layouts: &mut Layouts,
-    tap: &mut Option<Box<dyn Tap>>,
-    event: Event,
-    error: &mut Option<std::io::Error>,
-) {
-    if error.is_none()
-        && let Err(e) = layouts.take(recorder, tap, event)
-    {
-        *error = Some(e);
     }
 }
 

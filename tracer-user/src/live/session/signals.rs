@@ -16,6 +16,10 @@ pub(super) fn on_signal(
     match child {
         Some(c) if interrupted_at.is_none() => {
             let _ = c.signal(sig);
+            // Held at a library load: the signal acts once it runs.
+            if crate::live::target::process_state(c.pid()) == Some('T') {
+                let _ = c.signal(libc::SIGCONT);
+            }
             *interrupted_at = Some(tokio::time::Instant::now());
             None
         }

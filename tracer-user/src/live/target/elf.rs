@@ -202,6 +202,20 @@ fn file_offsets(path: &Path, names: &[&str], cheap_site: bool) -> Result<Vec<Opt
     })
 }
 
+/// The dynamic loader an executable names (its PT_INTERP), if it has one.
+pub fn interpreter(path: &Path) -> Result<Option<std::path::PathBuf>, TargetError> {
+    use object::read::elf::ProgramHeader as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    with_elf(path, |file| {
+        let endian = file.endian();
+        let data = file.data();
+        Ok(file.elf_program_headers().iter().find_map(|ph| {
+            let bytes = ph.interpreter(endian, data).ok()??;
+            Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+        }))
+    })
+}
+
 /// The llama.cpp commit a build reports (`char const * LLAMA_COMMIT` in
 /// libllama-common's build info), for the trace header.
 pub fn llama_commit(path: &Path) -> Option<String> {

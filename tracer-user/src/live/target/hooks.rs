@@ -167,10 +167,7 @@ pub fn classify(paths: &[PathBuf]) -> HookLibs {
 /// Whether `pid` still runs: neither gone nor a zombie (whose maps and
 /// probes are gone though its pid stays until it is reaped).
 pub fn running(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // `pid (comm) S ...`: the state follows the last parenthesis.
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, None | Some("Z" | "X" | "x"))
+    !matches!(super::process_state(pid), None | Some('Z' | 'X' | 'x'))
 }
 
 /// Distinct file-backed paths mapped by `pid`, in address order. Deleted

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 pub use cgroup::{CgroupError, CgroupVersion, LimitingCgroup, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
-    ElfIdent, OpNames, build_id, has_symbols, int_variable, llama_commit, op_names, probe_file_offsets,
+    ElfIdent, OpNames, build_id, has_symbols, int_variable, interpreter, llama_commit, op_names, probe_file_offsets,
     returned_string, symbol_file_offsets, symbol_ranges,
 };
 pub use hooks::{

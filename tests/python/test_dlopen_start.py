@@ -1,0 +1,60 @@
+"""A program that loads llama.cpp with dlopen and computes at once (what a
+Node addon or a Python client does) is traced from its first graph: `run`
+holds it at the library load until ggml's probes are in. Judged by the
+program's own counts and llama.cpp's buffer log lines, in 20 of 20 runs.
+
+Before the hold, ttrace found such a library by scanning the maps every
+20 ms; a program this quick lost its prompt, or ran to its end untraced."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from test_buffers import assert_report_buffers_equal_log
+
+SOURCE = Path(__file__).with_name("dlopen_generate.c")
+RUNS = 20
+N_PREDICT = 4
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    """dlopen_generate.c, built against the llama.h of the pinned llama-cpp-python."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.fail("no C compiler (cc); install build-essential", pytrace=False)
+    include = Path(sysconfig.get_paths()["purelib"]) / "include"
+    if not (include / "llama.h").is_file():
+        pytest.fail(f"no llama.h in {include}: run `cargo xtask setup`", pytrace=False)
+    exe = tmp_path_factory.mktemp("dlopen") / "dlopen_generate"
+    subprocess.run([cc, "-O2", "-I", include, "-o", exe, SOURCE, "-ldl"], check=True)
+    return exe
+
+
+def test_dlopened_llama_traced_from_its_first_graph(ttrace, paths, models, program, tmp_path):
+    libllama = Path(paths["llama_lib_dir"]) / "libllama.so"
+    for run in range(RUNS):
+        out = tmp_path / f"t{run}.data"
+        argv = [ttrace, "run", "-o", out, "--", program, libllama, models["gemma"], "hello world", str(N_PREDICT)]
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=300)
+        assert proc.returncode == 0, f"run {run}: ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        own = dict(re.findall(r"^(prompt_tokens|eval_runs)=(\d+)$", proc.stdout, re.M))
+        assert set(own) == {"prompt_tokens", "eval_runs"}, f"run {run}: the program printed {proc.stdout!r}"
+
+        a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+        s = a["summary"]
+        where = f"run {run}: {proc.stderr[-1500:]}"
+        assert s["late_attach"] == {"library": s["late_attach"]["library"], "held": True}, where
+        assert "libggml-cpu" in s["late_attach"]["library"], where
+        assert "ggml loaded" in proc.stderr and "LATE START" not in proc.stderr, where
+        assert s["prompt_tokens"] == int(own["prompt_tokens"]), where
+        assert s["prompt_ubatches"] == 1 and s["generate_ubatches"] == int(own["eval_runs"]), where
+
+        assert_report_buffers_equal_log(a, proc.stderr, f"run {run}")

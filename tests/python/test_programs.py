@@ -1,0 +1,56 @@
+"""Programs users install from registries, traced by `ttrace run` with only
+what a user would type, against each program's own account of its run.
+
+node-llama-cpp 3.21.1 (npm, ggml 0.23.0): a Node addon that dlopens ggml and
+picks its CPU backend (`libggml-cpu-<variant>.so`) at run time. Its driver,
+tests/programs/node-llama-cpp/generate.mjs, prints the prompt's token ids as
+its tokenizer makes them and the tokens it generated; llama.cpp's buffer
+lines come through its logger."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_buffers import assert_report_buffers_equal_log
+
+PROMPT = "The capital of France is"
+N_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def node_llama_cpp(paths) -> dict:
+    target = paths.get("node_llama_cpp")
+    if not target or not Path(target["script"]).is_file():
+        pytest.fail("node-llama-cpp is not installed: run `cargo xtask setup`", pytrace=False)
+    return target
+
+
+def test_node_llama_cpp_traced_as_it_counts(ttrace, models, node_llama_cpp, tmp_path):
+    out = tmp_path / "t.data"
+    argv = [ttrace, "run", "-o", out, "--", "node", node_llama_cpp["script"], models["gemma"], PROMPT, str(N_TOKENS)]
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{log[-3000:]}"
+    own = dict(re.findall(r"^(prompt_ids|output_tokens)=(.+)$", proc.stdout, re.M))
+    assert set(own) == {"prompt_ids", "output_tokens"}, f"generate.mjs printed {proc.stdout[-2000:]!r}"
+    prompt_ids = json.loads(own["prompt_ids"])
+
+    a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
+                                  check=True).stdout)
+    s = a["summary"]
+    # Found without --lib, the target held at the backend's load: nothing missed.
+    assert s["late_attach"]["held"] and "libggml-cpu-" in s["late_attach"]["library"], log[-2000:]
+    build = a["header"]["build"]
+    assert build["ggml_version"] == "0.23.0", build
+    prompt = [u for u in a["ubatches"] if u["phase"] == "prompt"]
+    assert len(prompt) == 1 and prompt[0]["token_ids"] == prompt_ids, (prompt, prompt_ids)
+    assert s["prompt_tokens"] == len(prompt_ids)
+    # The first generated token comes out of the prompt's decode.
+    assert s["generate_ubatches"] == int(own["output_tokens"]) - 1, s
+    assert_report_buffers_equal_log(a, log, "node-llama-cpp")
+    # Weights resolve to the GGUF's tensors by name.
+    assert s["distinct_weights"] > 0 and s["file_backed_accesses"] > 0, s

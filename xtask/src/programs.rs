@@ -1,0 +1,56 @@
+//! Programs users install from registries, traced as they come (none is
+//! built here): pinned, hash-checked by their lockfiles, kept in the cache.
+//! Their driver scripts live in tests/programs/NAME.
+
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result};
+
+use crate::{cache, shell};
+
+/// node-llama-cpp with its prebuilt x86-64 Linux binaries only (the CUDA and
+/// Vulkan packages are optional dependencies, left out), and its script.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeLlamaCpp {
+    pub dir: PathBuf,
+    pub script: PathBuf,
+}
+
+const NODE_FILES: &[&str] = &["package.json", "package-lock.json", "generate.mjs"];
+const STAMP: &str = ".ttrace-stamp";
+
+/// `npm ci` from the committed lockfile (its integrity hashes check every
+/// package) into the cache, when the files changed; says what it did.
+pub fn ensure_node_llama_cpp(cache: &Path) -> Result<(NodeLlamaCpp, String)> {
+    let source = cache::repo_root().join("tests/programs/node-llama-cpp");
+    let dir = cache.join("node-llama-cpp");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut hasher = DefaultHasher::new();
+    for name in NODE_FILES {
+        let path = source.join(name);
+        std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?.hash(&mut hasher);
+    }
+    let stamp = format!("{:016x}", hasher.finish());
+    let target = NodeLlamaCpp { script: dir.join("generate.mjs"), dir: dir.clone() };
+    if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) && dir.join("node_modules").is_dir() {
+        return Ok((target, "ok".into()));
+    }
+    for name in NODE_FILES {
+        std::fs::copy(source.join(name), dir.join(name)).with_context(|| format!("copying {name} to the cache"))?;
+    }
+    // No install scripts: node-llama-cpp's would look for a GPU toolchain;
+    // the prebuilt binaries are what users run with `build: "never"`.
+    shell::run(
+        Command::new("npm")
+            .current_dir(&dir)
+            .args(["ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .env("npm_config_update_notifier", "false")
+            .stdout(std::io::stderr()),
+    )?;
+    std::fs::write(dir.join(STAMP), stamp).context("writing the node-llama-cpp stamp")?;
+    Ok((target, "installed node-llama-cpp 3.21.1 from npm".into()))
+}
