@@ -54,3 +54,23 @@ pub fn ensure_node_llama_cpp(cache: &Path) -> Result<(NodeLlamaCpp, String)> {
     std::fs::write(dir.join(STAMP), stamp).context("writing the node-llama-cpp stamp")?;
     Ok((target, "installed node-llama-cpp 3.21.1 from npm".into()))
 }
+
+/// xllamacpp from PyPI into the test venv: its wheel's hash pinned
+/// (`--require-hashes`), nothing else pulled in; says what it did.
+pub fn ensure_xllamacpp(venv_python: &Path) -> Result<((), String)> {
+    let requirements = cache::repo_root().join("tests/programs/xllamacpp/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    let venv = venv_python.parent().and_then(Path::parent).context("the venv's python is not in VENV/bin")?;
+    let stamp = venv.join(".ttrace-xllamacpp");
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(((), "ok".into()));
+    }
+    shell::run(
+        Command::new(venv_python)
+            .args(["-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "-r"])
+            .arg(&requirements)
+            .stdout(std::io::stderr()),
+    )?;
+    std::fs::write(&stamp, wanted).context("writing the xllamacpp stamp")?;
+    Ok(((), "installed xllamacpp from PyPI".into()))
+}

@@ -148,6 +148,7 @@ fn full(verbose: bool) -> Result<Paths> {
     steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
     let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
     let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
+    steps.step("xllamacpp", || programs::ensure_xllamacpp(&venv_python))?;
     steps.done();
     Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels, node_llama_cpp })
 }
