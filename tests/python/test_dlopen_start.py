@@ -4,7 +4,10 @@ holds it at the library load until ggml's probes are in. Judged by the
 program's own counts and llama.cpp's buffer log lines, in 20 of 20 runs.
 
 Before the hold, ttrace found such a library by scanning the maps every
-20 ms; a program this quick lost its prompt, or ran to its end untraced."""
+20 ms; a program this quick lost its prompt, or ran to its end untraced.
+
+The same hold covers a program run by the loader itself (`ld.so PROGRAM`,
+whose executable names no libraries): judged by llama-completion's perf lines."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sysconfig
+import os
 from pathlib import Path
 
 import pytest
@@ -58,3 +62,22 @@ def test_dlopened_llama_traced_from_its_first_graph(ttrace, paths, models, progr
         assert s["prompt_ubatches"] == 1 and s["generate_ubatches"] == int(own["eval_runs"]), where
 
         assert_report_buffers_equal_log(a, proc.stderr, f"run {run}")
+
+
+def test_program_run_by_the_loader(ttrace, llama_completion, models, flush_log_preload, tmp_path):
+    from test_llama_targets import PERF_EVAL, PERF_PROMPT
+
+    loader = Path("/lib64/ld-linux-x86-64.so.2")
+    out = tmp_path / "t.data"
+    argv = [ttrace, "run", "-o", out, "--", loader, llama_completion, "-m", models["tiny"], "-p", "hello world",
+            "-n", "4", "-no-cnv", "--ignore-eos", "-t", "2", "--seed", "1", "--perf"]
+    env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=300)
+    assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    prompt, runs = PERF_PROMPT.search(proc.stderr), PERF_EVAL.search(proc.stderr)
+    assert prompt and runs, proc.stderr[-2000:]
+    a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
+                                  check=True).stdout)
+    s = a["summary"]
+    assert s["late_attach"]["held"], proc.stderr[-2000:]
+    assert s["prompt_tokens"] == int(prompt.group(1)) and s["generate_ubatches"] == int(runs.group(1)), s

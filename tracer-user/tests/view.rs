@@ -35,7 +35,7 @@ fn trace(model: &str) -> PathBuf {
             .arg("--")
             .arg(&llama.completion)
             .arg("-m")
-            .arg(target_support::model(model))
+            .arg(target_support::private_model(model))
             .args(["-p", "hello world, this is a prompt", "-n", "8", "-no-cnv", "--ignore-eos", "-t", "2"])
             .output()
             .unwrap();

@@ -59,7 +59,8 @@ pub fn ensure_node_llama_cpp(cache: &Path) -> Result<(NodeLlamaCpp, String)> {
 /// (`--require-hashes`), nothing else pulled in; says what it did.
 pub fn ensure_xllamacpp(venv_python: &Path) -> Result<((), String)> {
     let requirements = cache::repo_root().join("tests/programs/xllamacpp/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
+    let wanted =
+        std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
     let venv = venv_python.parent().and_then(Path::parent).context("the venv's python is not in VENV/bin")?;
     let stamp = venv.join(".ttrace-xllamacpp");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {

@@ -525,7 +525,8 @@ impl std::fmt::Display for LateAttach {
         if self.held {
             write!(
                 f,
-                "{} was loaded with dlopen; the target was held at the load until its probes were in",
+                "{} was loaded after the target started (dlopen, or a program run by ld.so); the target was held at \
+                 the load until its probes were in",
                 self.library
             )
         } else {

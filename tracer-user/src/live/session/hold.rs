@@ -88,8 +88,12 @@ impl LibraryHold {
 
 fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> anyhow::Result<PathBuf> {
     let image = target::program_image(exe)?;
-    let loader = target::interpreter(&image)?
-        .ok_or_else(|| anyhow::anyhow!("{} is statically linked (no PT_INTERP)", image.display()))?;
+    // `ld.so PROGRAM`: the loader is the executable itself.
+    let loader = match target::interpreter(&image)? {
+        Some(loader) => loader,
+        None if target::has_symbols(&image, &[LOADER_HOOK])?[0] => image,
+        None => anyhow::bail!("{} is statically linked (no PT_INTERP)", image.display()),
+    };
     tracer.attach_uprobe(programs::CALL_ARGS, &loader, LOADER_HOOK, Some(pid), markers::LIBRARY_LOADED)?;
     tracer.hold_at_library_load(true)?;
     Ok(loader)
