@@ -280,13 +280,6 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
     };
     session.sync_watches(&mut tracer)?;
     log::info!("probes attached {:?} after start", started.elapsed());
-    // `run` shows its target's output; an attach would show nothing until it stops.
-    if let Target::Attach { pid } = target
-        && session.tap.is_none()
-    {
-        let until = spec.duration.map(|d| format!(", {} elapse", humantime::format_duration(d))).unwrap_or_default();
-        eprintln!("ttrace: attached to pid {pid}; tracing until it exits, Ctrl-C{until} (the summary follows)");
-    }
 
     let _log_task = tracer.take_logger().map(spawn_logger).transpose()?;
     let stream = EventStream::new(tracer.take_events()?)?;
@@ -311,6 +304,13 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         }
     };
     session.trace_file.keep();
+    // `run` shows its target's output; an attach would show nothing until
+    // it stops. Said last: a target that exits before this point gets the
+    // one-line error alone.
+    if mode == Mode::Attach && session.tap.is_none() {
+        let until = spec.duration.map(|d| format!(", {} elapse", humantime::format_duration(d))).unwrap_or_default();
+        eprintln!("ttrace: attached to pid {pid}; tracing until it exits, Ctrl-C{until} (the summary follows)");
+    }
     Ok(Live { tracer, session, stream, child, exited, _log_task })
 }
 
