@@ -3,14 +3,13 @@
 //! Their driver scripts live in tests/programs/NAME.
 
 use std::{
-    hash::{DefaultHasher, Hash, Hasher},
     path::{Path, PathBuf},
     process::Command,
 };
 
 use anyhow::{Context, Result};
 
-use crate::{cache, shell};
+use crate::{cache, shell, viewer::hash_files};
 
 /// node-llama-cpp with its prebuilt x86-64 Linux binaries only (the CUDA and
 /// Vulkan packages are optional dependencies, left out), and its script.
@@ -29,12 +28,8 @@ pub fn ensure_node_llama_cpp(cache: &Path) -> Result<(NodeLlamaCpp, String)> {
     let source = cache::repo_root().join("tests/programs/node-llama-cpp");
     let dir = cache.join("node-llama-cpp");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut hasher = DefaultHasher::new();
-    for name in NODE_FILES {
-        let path = source.join(name);
-        std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?.hash(&mut hasher);
-    }
-    let stamp = format!("{:016x}", hasher.finish());
+    let files: Vec<PathBuf> = NODE_FILES.iter().map(|name| source.join(name)).collect();
+    let stamp = hash_files(&source, &files)?;
     let target = NodeLlamaCpp { script: dir.join("generate.mjs"), dir: dir.clone() };
     if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) && dir.join("node_modules").is_dir() {
         return Ok((target, "ok".into()));

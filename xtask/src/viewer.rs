@@ -73,7 +73,8 @@ fn source_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// A hash of the files' paths (relative to `dir`) and contents. Only compared
 /// with the previous run's on the same machine, so std's hasher suffices.
-fn hash_files(dir: &Path, files: &[PathBuf]) -> Result<String> {
+/// A stamp of `files` (their paths below `dir` and contents).
+pub fn hash_files(dir: &Path, files: &[PathBuf]) -> Result<String> {
     let mut h = DefaultHasher::new();
     for f in files {
         f.strip_prefix(dir).unwrap_or(f).hash(&mut h);

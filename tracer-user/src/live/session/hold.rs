@@ -2,10 +2,9 @@
 //! ubatch graph (its maps, with the model surely mapped), and at each
 //! library load until ggml is found.
 //!
-//! At library loads: a
-//! program that loads ggml with `dlopen` and computes at once (a Node
-//! addon, a Python client) would otherwise run its first graphs before the
-//! timed scan of its maps finds the library.
+//! At library loads: a program that loads ggml with `dlopen` and computes
+//! at once (a Node addon, a Python client) would otherwise run its first
+//! graphs before the timed scan of its maps finds the library.
 //!
 //! The hook is the dynamic loader's `_dl_debug_state()`, the function it
 //! calls for debuggers around every change to the loaded libraries (glibc
@@ -24,12 +23,9 @@ use crate::{
     events::Event,
     live::{
         load::Tracer,
-        target::{self, RunningChild},
+        target::{self, LOADER_HOOK, RunningChild},
     },
 };
-
-/// The loader's function for debuggers, called after each library change.
-pub const LOADER_HOOK: &str = "_dl_debug_state";
 
 #[derive(Default)]
 pub(super) struct LibraryHold {
@@ -77,7 +73,7 @@ impl LibraryHold {
     }
 
     /// ggml's probes are in: later loads run freely.
-    pub fn disarm(&mut self, tracer: &mut Tracer) -> anyhow::Result<()> {
+    pub fn disarm(&mut self, tracer: &mut Tracer) -> Result<()> {
         if self.armed {
             tracer.hold_at_library_load(false)?;
             self.armed = false;
@@ -86,7 +82,7 @@ impl LibraryHold {
     }
 }
 
-fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> anyhow::Result<PathBuf> {
+fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> Result<PathBuf> {
     let image = target::program_image(exe)?;
     // `ld.so PROGRAM`: the loader is the executable itself.
     let loader = match target::interpreter(&image)? {

@@ -35,6 +35,9 @@ pub const LLAMA_HOOKS: [&str; 6] =
 /// (libllama-common, or linked into the program): llama-server's start-up
 /// check that decodes two tokens and clears them.
 pub const SEQ_RM_CHECK: &str = "_Z25common_context_can_seq_rmP13llama_context";
+/// The dynamic loader's function for debuggers, called around every change
+/// to the loaded libraries: where `run` holds a target that may dlopen ggml.
+pub const LOADER_HOOK: &str = "_dl_debug_state";
 /// `llama_context::output_reserve(int)`: the buffer it creates holds the
 /// logits (ggml leaves its usage ANY, like the KV cache's).
 pub const OUTPUT_RESERVE: &str = "_ZN13llama_context14output_reserveEi";
