@@ -75,9 +75,10 @@ def test_xllamacpp_traced_with_layouts_from_its_code(ttrace, paths, models, llam
                                   check=True).stdout)
     s, build = a["summary"], a["header"]["build"]
     assert build["ggml_version"] == "0.26.0", build
-    for structure in ("ggml_tensor", "ggml_cgraph", "ggml_backend_buffer"):
+    for structure in ("ggml_tensor", "ggml_cgraph", "ggml_backend_buffer", "llama_ubatch"):
         assert "derived from" in build["layouts"][structure], build["layouts"]
-    assert s["layout_check"]["graphs"] > 0 and s["layout_check"]["weights"] > 0, s["layout_check"]
+    check = s["layout_check"]
+    assert check["graphs"] > 0 and check["weights"] > 0 and check["ubatches"] > 0, check
     # Loaded with the extension (dlopen), held until its probes were in.
     assert s["late_attach"]["held"], proc.stderr[-2000:]
     # The server may split a prompt over decodes (2 + 4 tokens here).
@@ -90,8 +91,18 @@ def test_xllamacpp_traced_with_layouts_from_its_code(ttrace, paths, models, llam
     assert s["other_graphs"] >= 1, s
     assert_report_buffers_equal_log(a, proc.stderr, "xllamacpp")
     assert s["distinct_weights"] > 0 and s["file_backed_accesses"] > 0, s
-    # Not read from code yet: sequences are off, and say so.
-    assert any(d["feature"] == "sequences" for d in s["disabled"]), s["disabled"]
+    # Sequences from the ubatch layout read from its code (xllamacpp's
+    # llama_ubatch has two fields more than the tables'): the request is
+    # the server's, one sequence, with its counts (its OpenAI-style reply
+    # names no slot).
+    assert not s["disabled"], s["disabled"]
+    (request,) = [r for r in a["requests"] if not r["warmup"] and not r["prompt_only"]]
+    assert a["tokens"]["sequences"] == 1, a["tokens"]
+    assert (request["prompt_tokens"], request["outputs"], request["generated_tokens"]) == (
+        timings["prompt_n"], timings["predicted_n"], timings["predicted_n"] - 1), (request, timings)
+    ubatch = {u["index"]: u for u in a["ubatches"]}
+    positions = [t["pos"] for i, _ in request["ubatches"] for t in ubatch[i]["tokens"]]
+    assert positions == list(range(timings["prompt_n"] + timings["predicted_n"] - 1)), positions
 
 
 def prompt_ids(llama_tokenize, model) -> list[int]:

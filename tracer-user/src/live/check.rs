@@ -14,7 +14,8 @@
 //! - `ggml_cgraph`: `0 <= n_nodes <= size` (views have `size` 0), and every
 //!   node is an op (leaves are kept apart);
 //! - `llama_ubatch`: its `n_tokens` is the length of the next graph's token
-//!   input (the GET_ROWS of `token_embd`).
+//!   input (the GET_ROWS of `token_embd`), its token array those ids, its
+//!   positions and sequence ids plausible (`ubatch`).
 //!
 //! When the first complete graph passes, the held events go to the trace
 //! and later ones pass straight through. A tensor or cgraph check that
@@ -27,6 +28,10 @@ use tracer_common::{TensorRecord, c_str, ggml::TYPE_I32, graph, layout::TensorLa
 
 use super::graphs::SourceCache;
 use crate::{events::Event, format::LayoutCheck, model::GgmlType};
+
+mod ubatch;
+
+use ubatch::{TokenInput, UbatchSeen, ints};
 
 /// The model file's tensor a record's data starts, if any.
 pub type GgufName<'a> = dyn FnMut(&TensorRecord) -> Option<GgufTensor> + 'a;
@@ -88,9 +93,10 @@ struct Checker {
     graph: Option<GraphCheck>,
     core_ok: bool,
     ops: u64,
-    /// Per-node probes: the token input length of the graph running.
-    op_tokens: Option<i64>,
-    tokens: Option<u32>,
+    /// Per-node probes: the token input of the graph running.
+    op_tokens: Option<TokenInput>,
+    /// The last ubatch sent, not yet matched to a graph.
+    ubatch: UbatchSeen,
     ubatch_done: bool,
     graphs_after_core: u32,
     /// Graphs whose records did not add up, and the last one's counts.
@@ -110,6 +116,8 @@ struct GraphCheck {
     tensors: HashMap<u64, (i32, i64, String)>,
     /// `(src[0], src[1])` of every GET_ROWS node.
     token_rows: Vec<(u64, u64)>,
+    /// The integer inputs of this run, by tensor address.
+    inputs: HashMap<u64, Vec<i32>>,
 }
 
 impl Default for Gate {
@@ -132,7 +140,7 @@ impl Gate {
             core_ok: false,
             ops: 0,
             op_tokens: None,
-            tokens: None,
+            ubatch: UbatchSeen::default(),
             ubatch_done: false,
             graphs_after_core: 0,
             unread: 0,
@@ -216,8 +224,12 @@ impl Checker {
         gguf_name: &mut GgufName<'_>,
     ) -> Result<Verdict, Violation> {
         match event {
-            // Every array of a ubatch carries its n_tokens.
-            Event::Batch(b) => self.tokens = u32::try_from(b.uid).ok(),
+            Event::Batch(b) => self.ubatch.on_batch(b),
+            Event::Input(input) => {
+                if let Some(graph) = self.graph.as_mut().filter(|g| g.uid == input.uid) {
+                    graph.inputs.insert(input.tensor, ints(&input.data));
+                }
+            }
             Event::Graph(g) if g.flags & graph::DONE == 0 => {
                 if g.raw_n_nodes < 0 || (g.size > 0 && g.raw_n_nodes > g.size) {
                     return Err(Violation {
@@ -305,7 +317,10 @@ impl Checker {
                     .then(|| src(0).filter(|r| c_str(&r.name).starts_with(b"token_embd")).and(src(1)))
                     .flatten()
                     .filter(|r| r.type_ == TYPE_I32)
-                    .map(|r| r.ne[0]);
+                    .map(|r| TokenInput {
+                        len: r.ne[0],
+                        ids: (!op.token_ids.is_empty()).then(|| op.token_ids.clone()),
+                    });
                 if let Some(input) = token_input {
                     self.op_tokens = Some(input);
                 }
@@ -331,25 +346,21 @@ impl Checker {
 
     /// After a checked graph (with its token input length, if it has one):
     /// the verdict, once the ubatch check is settled too.
-    fn after_graph(&mut self, token_input: Option<i64>) -> Verdict {
+    fn after_graph(&mut self, token_input: Option<TokenInput>) -> Verdict {
         if !self.core_ok {
             return Verdict::Hold;
         }
         if !self.rules.ubatch || self.ubatch_done {
             return Verdict::Pass { sequences_off: None };
         }
-        let tokens = if token_input.is_some() { self.tokens.take() } else { None };
-        match (token_input, tokens) {
-            (Some(input), Some(n)) if i64::from(n) == input => {
+        let ubatch = if token_input.is_some() { std::mem::take(&mut self.ubatch) } else { UbatchSeen::default() };
+        match token_input.filter(|_| ubatch.seen()).map(|input| ubatch.check(&input)) {
+            Some(Ok(())) => {
                 self.ubatch_done = true;
                 Verdict::Pass { sequences_off: None }
             }
-            (Some(input), Some(n)) => Verdict::Pass {
-                sequences_off: Some(format!(
-                    "the ubatch's n_tokens ({n}) is not its graph's token input length ({input})"
-                )),
-            },
-            _ => {
+            Some(Err(why)) => Verdict::Pass { sequences_off: Some(why) },
+            None => {
                 self.graphs_after_core += 1;
                 if self.graphs_after_core > UBATCH_GRAPHS {
                     Verdict::Pass {
@@ -375,13 +386,14 @@ impl Verdict {
 }
 
 impl GraphCheck {
-    /// The length of the token input: the index source of the GET_ROWS that
-    /// reads `token_embd`.
-    fn token_input(&self) -> Option<i64> {
+    /// The token input: the index source of the GET_ROWS that reads
+    /// `token_embd`, and its ids where the run sent them.
+    fn token_input(&self) -> Option<TokenInput> {
         self.token_rows.iter().find_map(|(table, ids)| {
             let (_, _, name) = self.tensors.get(table)?;
             let &(type_, ne0, _) = self.tensors.get(ids)?;
-            (name.starts_with("token_embd") && type_ == TYPE_I32).then_some(ne0)
+            (name.starts_with("token_embd") && type_ == TYPE_I32)
+                .then(|| TokenInput { len: ne0, ids: self.inputs.get(ids).cloned() })
         })
     }
 }

@@ -19,6 +19,7 @@ use crate::{
 
 mod code;
 pub mod derive;
+mod ubatch;
 
 use derive::Derived;
 
@@ -180,7 +181,7 @@ pub fn choose_from(
             Tables::Hidden => format!("{TABLES_ENV}=off: layouts read from its code"),
             Tables::Used => "newer than ttrace's tables: layouts read from its code".to_string(),
         };
-        return from_code(facts, derived, patch, why);
+        return from_code(facts, derived, ubatch_hook, patch, why);
     }
     let version = facts.ggml_version.as_deref().map(|text| (text, GgmlVersion::parse(text)));
     let release = match version {
@@ -278,10 +279,17 @@ fn target_build(
 
 /// A build's layouts read from its own code. `ggml_tensor` and
 /// `ggml_cgraph` or nothing (a gap refuses); a gap in `ggml_backend_buffer`
-/// turns buffers off. `llama_ubatch` is not read from code yet: sequences
-/// are off. `ggml_compute_params` comes from the table: its `int ith, nth`
-/// have led the struct since 2023, and the code that reads them is no accessor.
-fn from_code(facts: &BuildFacts, derived: &Derived, patch: Option<&str>, why: String) -> Result<Choice, Refusal> {
+/// turns buffers off. `ggml_compute_params` comes from the table: its `int
+/// ith, nth` have led the struct since 2023, and the code that reads them is
+/// no accessor. `llama_ubatch` comes from libllama's graph inputs
+/// (`ubatch`); a gap there turns sequences off.
+fn from_code(
+    facts: &BuildFacts,
+    derived: &Derived,
+    ubatch_hook: bool,
+    patch: Option<&str>,
+    why: String,
+) -> Result<Choice, Refusal> {
     let refuse = |structure: &'static str, gap: &derive::Gap| Refusal {
         structure,
         found: facts.describe(),
@@ -294,14 +302,22 @@ fn from_code(facts: &BuildFacts, derived: &Derived, patch: Option<&str>, why: St
     let mut layout = GgmlLayout { tensor: *tensor, cgraph: *cgraph, ..release.layout() };
     layout.ubatch = GgmlLayout::UNSET.ubatch;
     layout.buffer = GgmlLayout::UNSET.buffer;
-    let mut disabled = vec![sequences_off(
-        "its llama_ubatch is in none of ttrace's tables, and ttrace does not read that layout from code yet",
-    )];
+    let mut disabled = Vec::new();
     let derived_name = |structure: &str, from: usize| format!("{structure}/derived from {from} functions of its code");
     let mut layouts = BTreeMap::new();
     layouts.insert("ggml_tensor".to_string(), derived_name("ggml_tensor", derive::TENSOR_FROM.len()));
     layouts.insert("ggml_cgraph".to_string(), derived_name("ggml_cgraph", derive::CGRAPH_FROM.len()));
     layouts.insert("ggml_compute_params".to_string(), release.params.name.to_string());
+    match &derived.ubatch {
+        Ok(ubatch) if ubatch_hook => {
+            layout.ubatch = *ubatch;
+            layouts.insert("llama_ubatch".into(), derived_name("llama_ubatch", ubatch::UBATCH_FROM.len()));
+        }
+        Ok(_) => disabled.push(sequences_off(
+            "this build has no llama_context::process_ubatch(const llama_ubatch &, ...) to read it at",
+        )),
+        Err(gap) => disabled.push(sequences_off(&format!("its layout could not be read from its code ({gap})"))),
+    }
     let buffers_off =
         |reason: String| Disabled { feature: "buffers".into(), structure: "ggml_backend_buffer".into(), reason };
     match &derived.buffer {

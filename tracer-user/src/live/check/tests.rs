@@ -52,8 +52,26 @@ fn node(index: u32, role: u16, address: u64, t: &GgmlTensor) -> Event {
     Event::Node(Box::new(NodeEvent { header: header(EventKind::Node), uid: 5, index, role, cache: 0, address, tensor }))
 }
 
-fn ubatch(n_tokens: u64) -> Event {
-    Event::Batch(InputRecord { header: header(EventKind::Batch), uid: n_tokens, tensor: batch::TOKEN, data: vec![] })
+/// The token ids of [`token_graph`]'s runs: 100, 101, …
+fn token_ids(n: u64) -> Vec<i32> {
+    (0..n as i32).map(|i| 100 + i).collect()
+}
+
+fn bytes(values: &[i32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// A ubatch of `n_tokens` of sequence 0 from position 0, as its probe sends
+/// it: its token, position and sequence arrays.
+fn ubatch(n_tokens: u64) -> Vec<Event> {
+    let pos: Vec<i32> = (0..n_tokens as i32).collect();
+    let seq = vec![0; n_tokens as usize];
+    [(batch::TOKEN, token_ids(n_tokens)), (batch::POS, pos), (batch::SEQ, seq)]
+        .into_iter()
+        .map(|(tensor, values)| {
+            Event::Batch(InputRecord { header: header(EventKind::Batch), uid: n_tokens, tensor, data: bytes(&values) })
+        })
+        .collect()
 }
 
 /// A 2-node graph: the token GET_ROWS (reading `token_embd` with `tokens`
@@ -69,6 +87,12 @@ fn token_graph(tokens: i64) -> Vec<Event> {
         node(0, node_role::SOURCE, 0xb0, &table),
         node(0, node_role::SOURCE, 0xb8, &ids),
         node(1, node_role::NODE, 0xa8, &tensor("mul-0", MUL, 0, 64, [0xa0, 0xa0])),
+        Event::Input(InputRecord {
+            header: header(EventKind::Input),
+            uid: 5,
+            tensor: 0xb8,
+            data: bytes(&token_ids(tokens as u64)),
+        }),
         graph_event(2, 0, graph::DONE),
     ]
 }
@@ -90,18 +114,18 @@ fn feed(gate: &mut Gate, events: Vec<Event>) -> Result<Vec<Admitted>, Violation>
 fn a_right_layout_passes_and_releases_everything_in_order() {
     let mut gate = Gate::open();
     gate.arm(rules(true));
-    let mut events = vec![ubatch(3)];
+    let mut events = ubatch(3);
     events.extend(token_graph(3));
     let out = feed(&mut gate, events).unwrap();
     let (last, held) = out.split_last().unwrap();
     assert!(held.iter().all(|a| a.record.is_empty()), "held until the verdict");
-    assert_eq!(last.record.len(), 7, "released in order");
-    assert!(matches!(last.record[0], Event::Batch(_)) && matches!(last.record[6], Event::Graph(_)));
+    assert_eq!(last.record.len(), 10, "released in order");
+    assert!(matches!(last.record[0], Event::Batch(_)) && matches!(last.record[9], Event::Graph(_)));
     assert_eq!(last.sequences_off, None);
     assert_eq!(gate.passed, LayoutCheck { graphs: 1, tensors: 4, weights: 1, ubatches: 1 });
     assert!(!gate.checking());
     // Later events pass straight through.
-    assert_eq!(admit(&mut gate, ubatch(1)).unwrap().record.len(), 1);
+    assert_eq!(admit(&mut gate, ubatch(1).remove(0)).unwrap().record.len(), 1);
 }
 
 #[test]
@@ -129,13 +153,29 @@ fn an_offset_moved_by_eight_is_caught() {
 fn a_ubatch_that_does_not_match_its_graph_turns_sequences_off() {
     let mut gate = Gate::open();
     gate.arm(rules(true));
-    let mut events = vec![ubatch(9)];
+    let mut events = ubatch(9);
     events.extend(token_graph(3));
     let out = feed(&mut gate, events).unwrap();
     let last = out.last().unwrap();
     assert!(last.sequences_off.as_deref().unwrap().contains("n_tokens (9)"), "{:?}", last.sequences_off);
     assert!(!last.record.iter().any(|e| matches!(e, Event::Batch(_))), "ubatch records dropped");
-    assert_eq!(last.record.len(), 6, "the graph is kept");
+    assert_eq!(last.record.len(), 7, "the graph is kept");
+}
+
+#[test]
+fn a_ubatch_whose_token_ids_are_not_its_graphs_turns_sequences_off() {
+    // A layout on trial whose `token` offset reads another array of the
+    // same length: n_tokens matches, the ids do not.
+    let mut gate = Gate::open();
+    gate.arm(rules(true));
+    let mut events = ubatch(3);
+    let Event::Batch(token) = &mut events[0] else { unreachable!() };
+    token.data = bytes(&[0, 1, 2]);
+    events.extend(token_graph(3));
+    let last = feed(&mut gate, events).unwrap().pop().unwrap();
+    let why = last.sequences_off.expect("sequences off");
+    assert!(why.contains("token ids [0, 1, 2] are not its graph's [100, 101, 102]"), "{why}");
+    assert!(!last.record.iter().any(|e| matches!(e, Event::Batch(_))));
 }
 
 #[test]
@@ -152,7 +192,7 @@ fn no_ubatch_within_a_few_graphs_turns_sequences_off() {
             }
         }
     }
-    assert_eq!(released, 6 * (UBATCH_GRAPHS as usize + 1));
+    assert_eq!(released, 7 * (UBATCH_GRAPHS as usize + 1));
 }
 
 #[test]
@@ -210,7 +250,7 @@ fn the_end_of_the_trace_drops_what_nothing_vouched_for() {
         Event::PageFault(tracer_common::PageFaultEvent { header: header(EventKind::PageFault), ..Default::default() });
     // Before any record the layouts shape, the rest passes (an idle server).
     assert_eq!(admit(&mut gate, fault.clone()).unwrap().record.len(), 1);
-    for e in [ubatch(2), fault, graph_event(2, 0, 0)] {
+    for e in ubatch(2).into_iter().chain([fault, graph_event(2, 0, 0)]) {
         assert!(admit(&mut gate, e).unwrap().record.is_empty());
     }
     let end = gate.finish();

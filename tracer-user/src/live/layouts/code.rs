@@ -30,7 +30,13 @@ pub struct Access {
 /// holds it is overwritten; a loop that reloads it (`mov 0xe8(%rdi), %rdi`)
 /// is seen only up to the reload.
 pub fn accesses(code: &[u8]) -> Vec<Access> {
-    let mut holders = vec![Register::RDI];
+    accesses_of(code, Register::RDI)
+}
+
+/// The accesses through the argument passed in `arg` (`RSI`: a method's
+/// first argument after `this`), as [`accesses`].
+pub fn accesses_of(code: &[u8], arg: Register) -> Vec<Access> {
+    let mut holders = vec![arg];
     let mut out = Vec::new();
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();

@@ -12,10 +12,13 @@ use std::{collections::HashMap, path::Path};
 
 use tracer_common::{
     ggml::{MAX_NAME, MAX_SRC},
-    layout::{ABSENT, BufferLayout, CgraphLayout, TensorLayout},
+    layout::{ABSENT, BufferLayout, CgraphLayout, TensorLayout, UbatchLayout},
 };
 
-use super::code::{Access, Use, accesses, returned_constant};
+use super::{
+    code::{Access, Use, accesses, returned_constant},
+    ubatch::UBATCH_FROM,
+};
 use crate::live::target::{TargetError, elf};
 
 /// Functions whose code gives `ggml_tensor`'s offsets.
@@ -63,14 +66,22 @@ pub struct Derived {
     pub tensor: Result<TensorLayout, Gap>,
     pub cgraph: Result<CgraphLayout, Gap>,
     pub buffer: Result<BufferLayout, Gap>,
+    pub ubatch: Result<UbatchLayout, Gap>,
 }
 
 /// Derives from `lib`, the file that defines ggml's base functions
-/// (`libggml-base.so`, or a program or library with ggml linked in).
-pub fn derive(lib: &Path) -> Result<Derived, TargetError> {
+/// (`libggml-base.so`, or a program or library with ggml linked in), and
+/// `llama`, the one with `llama_context::process_ubatch`, if any.
+pub fn derive(lib: &Path, llama: Option<&Path>) -> Result<Derived, TargetError> {
     let names: Vec<&str> = TENSOR_FROM.iter().chain(&CGRAPH_FROM).chain(&BUFFER_FROM).copied().collect();
     let heads = elf::function_heads(lib, &names, CODE_BYTES)?;
-    let code: Code = names.into_iter().zip(heads).filter_map(|(n, c)| Some((n, c?))).collect();
+    let mut code: Code = names.into_iter().zip(heads).filter_map(|(n, c)| Some((n, c?))).collect();
+    let Some(llama) = llama else {
+        let no_hook = gap("llama_ubatch", "the build has no llama_context::process_ubatch to read it at".into());
+        return Ok(Derived { ubatch: Err(no_hook), ..from_code(&code) });
+    };
+    let heads = elf::function_heads(llama, &UBATCH_FROM, CODE_BYTES)?;
+    code.extend(UBATCH_FROM.into_iter().zip(heads).filter_map(|(n, c)| Some((n, c?))));
     Ok(from_code(&code))
 }
 
@@ -80,7 +91,7 @@ pub type Code<'a> = HashMap<&'a str, Vec<u8>>;
 /// Derives from the code of the functions in `code`.
 pub fn from_code(code: &Code<'_>) -> Derived {
     let r = Reader { code };
-    Derived { tensor: tensor(&r), cgraph: cgraph(&r), buffer: buffer(&r) }
+    Derived { tensor: tensor(&r), cgraph: cgraph(&r), buffer: buffer(&r), ubatch: super::ubatch::from_code(code) }
 }
 
 struct Reader<'a> {

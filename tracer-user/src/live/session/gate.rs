@@ -47,7 +47,8 @@ pub(super) fn choose(libs: &HookLibs) -> Result<Choice, Refusal> {
 /// The layouts in the code of the file that defines ggml's base functions.
 fn derived(libs: &HookLibs) -> Option<Derived> {
     let base = libs.base.as_deref()?;
-    derive::derive(base).inspect_err(|e| log::warn!("reading struct layouts from {}: {e}", base.display())).ok()
+    let llama = libs.path_of(PROCESS_UBATCH);
+    derive::derive(base, llama).inspect_err(|e| log::warn!("reading struct layouts from {}: {e}", base.display())).ok()
 }
 
 /// The layout state of a session, and the recorder's gate.
