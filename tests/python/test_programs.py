@@ -205,6 +205,10 @@ def assert_requests_equal_timings(a: dict, timings: list[dict], ids: list[int]) 
     assert [t for u in prompt for t in u["token_ids"]] == ids, prompt
     assert s["prompt_tokens"] == sum(t["prompt_n"] for t in timings) == len(ids), (s, timings)
     assert s["generate_ubatches"] == sum(t["predicted_n"] - 1 for t in timings), (s, timings)
+    # Request by request, in order (one slot: each its sequence's prompt and generation).
+    counted = [r for r in a["requests"] if not r["warmup"] and not r["prompt_only"]]
+    assert [(r["prompt_tokens"], r["outputs"], r["generated_tokens"]) for r in counted] == \
+        [(t["prompt_n"], t["predicted_n"], t["predicted_n"] - 1) for t in timings], (counted, timings)
 
 
 @pytest.mark.parametrize("name", SKULK_MODELS)
@@ -223,6 +227,8 @@ def test_skulk_llama_server_run(ttrace, skulk, models, llama_tokenize, tmp_path,
     a = report(ttrace, trace)
     ids = [t for prompt, _ in SKULK_PROMPTS for t in prompt_ids(llama_tokenize, model, prompt)]
     assert_requests_equal_timings(a, timings, ids)
+    # Python's execve made it llama-server; its ggml, loaded by ld.so, was found with the target held there.
+    assert a["summary"]["late_attach"]["held"], a["summary"]["late_attach"]
     # Its start-up check of the context (tokens [0, 0], decoded and cleared) is neither prompt nor generation.
     checks = [d for d in a["decodes"] if d["context_check"]]
     assert [(d["n_tokens"], d["phase"]) for d in checks] == [(2, "aux")], checks
