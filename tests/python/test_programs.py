@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -265,3 +266,31 @@ def test_skulk_llama_server_attach(ttrace, skulk, models, llama_tokenize, tmp_pa
     assert_requests_equal_timings(a, timings, ids)
     assert not [d for d in a["decodes"] if d["context_check"]], "start-up was before the attach"
     assert_weights_are_gguf_tensors(a, model)
+
+
+def test_skulk_llama_server_gemma_buffers(ttrace, skulk, models, tmp_path):
+    """Gemma's Q4_K weights go to a CPU_REPACK buffer at load, before any
+    compute: its type name, read past `endbr64` like the others', and every
+    buffer's size are what the server logs. On a CPU without AVX-VNNI the
+    server then dies of SIGILL in its first graph (ttrace keeps the trace up
+    to then and says so); on one with it, it serves and is stopped."""
+    trace, port = tmp_path / "t.data", free_port()
+    proc = subprocess.Popen([ttrace, "run", "-o", trace, "--", *skulk_argv(skulk, models["gemma"], port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+    deadline = time.monotonic() + 300
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the server neither came up nor ended"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.3)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 or "killed by signal 4 (trace kept up to then)" in err, err[-3000:]
+    a = report(ttrace, trace)
+    assert "CPU_REPACK" in {b["type_name"] for b in a["buffers"]["list"]}, a["buffers"]["list"]
+    assert_report_buffers_equal_log(a, out + err, "skulk llama-server on Gemma")
