@@ -147,6 +147,15 @@ impl Resolver {
     }
 
     /// Re-read the target's maps, opening any GGUF file it maps for the first time.
+    /// The process to read maps of: `run`'s child, or the process of its
+    /// that loaded ggml.
+    pub fn follow(&mut self, pid: u32) {
+        if pid != self.pid {
+            self.pid = pid;
+            self.refresh();
+        }
+    }
+
     pub fn refresh(&mut self) {
         self.last_refresh = Some(Instant::now());
         let vmas = match read_maps(self.pid).and_then(|text| parse_maps(&text).map(|vmas| (text, vmas))) {
@@ -165,7 +174,13 @@ impl Resolver {
             }
         };
         for vma in vmas.iter().filter(|v| v.is_file() && !v.deleted) {
-            if self.checked_files.insert(vma.path.clone()) && is_gguf(&vma.path) && !self.covers(&vma.path) {
+            // A path printed from another mount namespace may name another
+            // file here (a container's /models/m.gguf): only the mapped inode counts.
+            if self.checked_files.insert(vma.path.clone())
+                && same_inode(&vma.path, vma.inode)
+                && is_gguf(&vma.path)
+                && !self.covers(&vma.path)
+            {
                 match ModelMap::open(&vma.path) {
                     Ok(model) => self.push_model(model),
                     Err(e) => log::warn!("the target maps {}, but it does not read as GGUF: {e}", vma.path.display()),
@@ -401,6 +416,15 @@ pub fn tensor_name(record: &TensorRecord) -> &str {
 }
 
 /// Whether `path` starts with the GGUF magic.
+fn same_inode(path: &Path, inode: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let same = std::fs::metadata(path).is_ok_and(|m| m.ino() == inode);
+    if !same {
+        log::debug!("{} here is not the file the target maps (inode {inode})", path.display());
+    }
+    same
+}
+
 pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"

@@ -117,7 +117,12 @@ impl Session<'_> {
         memory.sample();
         self.recorder.resolver.refresh();
         self.recorder.flush_models()?;
-        child.signal(libc::SIGCONT)?;
+        // `run`'s child, or the process of its that loaded ggml.
+        if child.pid() == self.attached.pid {
+            child.signal(libc::SIGCONT)?;
+        } else {
+            target::signal(self.attached.pid, libc::SIGCONT)?;
+        }
         Ok(())
     }
 }

@@ -50,13 +50,7 @@ impl Session<'_> {
     /// child is ours: hold it still while probing, so no decode runs
     /// half-instrumented. A build ttrace does not know is refused here.
     pub(super) fn find_late_hooks(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
-        let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
-        let mut all = self.spec.libs.clone();
-        all.extend(files);
-        let libs = target::classify(&all);
-        if !gate::has_cpu_backend(&libs) {
-            return Ok(());
-        }
+        let Some((pid, libs)) = self.process_with_ggml() else { return Ok(()) };
         let choice = match gate::choose(&libs) {
             Ok(choice) if libs.cpu.is_some() => choice,
             Ok(_) => return Ok(()),
@@ -69,15 +63,23 @@ impl Session<'_> {
             Some(base) => Some(target::op_names(base)?),
             None => None,
         };
-        let held = child.is_some_and(|c| c.signal(libc::SIGSTOP).is_ok());
+        // The loader hold stops `run`'s own process only (its loader, its pid).
+        let own = child.is_some_and(|c| c.pid() == pid);
+        if pid != self.attached.pid {
+            log::info!("pid {pid}, a child of pid {}, loaded ggml: tracing it", self.attached.pid);
+            tracer.add_target(pid)?;
+            self.attached.pid = pid;
+            self.recorder.resolver.follow(pid);
+        }
+        let held = child.is_some() && target::signal(pid, libc::SIGSTOP).is_ok();
         let started = self.start_late_ops(tracer, &libs, names.as_ref(), choice);
         if started.is_ok() {
             let library = libs.cpu.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
-            self.late_attach = Some(LateAttach { library, held: self.hold.armed() });
+            self.late_attach = Some(LateAttach { library, held: own && self.hold.armed() });
             self.hold.disarm(tracer)?;
         }
-        if held && let Some(c) = child {
-            c.signal(libc::SIGCONT)?;
+        if held {
+            target::signal(pid, libc::SIGCONT)?;
         }
         // Found in its maps, gone before its probes were in: the exit ends
         // the trace as any exit does, with this said.
@@ -89,6 +91,56 @@ impl Session<'_> {
             return Ok(());
         }
         started
+    }
+
+    /// ggml's backend loader (`ggml_backend_load_best`, Debian's build)
+    /// opens each CPU variant to score it and keeps only the best, so the
+    /// one the timed scan found may be closed again. Until the first graph,
+    /// a CPU backend that appears later gets the probes too.
+    pub(super) fn follow_cpu_backend(&mut self, tracer: &mut Tracer) -> Result<()> {
+        if self.first_graph_started || !self.attached.has_ops {
+            return Ok(());
+        }
+        let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
+        let mut all = self.spec.libs.clone();
+        all.extend(files);
+        let libs = target::classify(&all);
+        let Some(cpu) = libs.cpu.as_deref() else { return Ok(()) };
+        if self.attached.libraries.iter().any(|l| std::path::Path::new(&l.path) == cpu) {
+            return Ok(());
+        }
+        log::info!("ggml's CPU backend is now {}: attaching to it", cpu.display());
+        let names = match libs.path_of("ggml_op_name") {
+            Some(base) => Some(target::op_names(base)?),
+            None => None,
+        };
+        let before = self.attached.libraries.len();
+        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), &libs, names.as_ref())?;
+        if let Some(late) = self.late_attach.as_mut() {
+            late.library = cpu.display().to_string();
+        }
+        let hooks = Hooks {
+            libraries: self.attached.libraries[before..].to_vec(),
+            op_names: names.as_ref().map(|n| n.ops.clone()).unwrap_or_default(),
+            unary_op_names: names.as_ref().map(|n| n.unary.clone()).unwrap_or_default(),
+            glu_op_names: names.as_ref().map(|n| n.glu.clone()).unwrap_or_default(),
+            build: self.layouts.choice.as_ref().map(|c| c.build.clone()),
+        };
+        self.recorder.writer.hooks(&hooks)?;
+        Ok(())
+    }
+
+    /// The process that loaded a ggml CPU backend, and its libraries: the
+    /// target, or a process it started (`unshare --fork chroot ROOT
+    /// PROGRAM`, as a container runs a program; `sh -c`).
+    fn process_with_ggml(&self) -> Option<(u32, target::HookLibs)> {
+        let pid = self.attached.pid;
+        std::iter::once(pid).chain(target::descendants(pid)).find_map(|pid| {
+            let mut all = self.spec.libs.clone();
+            all.extend(target::mapped_files(pid).ok()?);
+            let libs = target::classify(&all);
+            gate::has_cpu_backend(&libs).then_some((pid, libs))
+        })
     }
 
     /// The kernel stopped the target at a library load: look for ggml

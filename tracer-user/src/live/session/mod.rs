@@ -391,6 +391,8 @@ async fn record_until_stop(
                     if session.attached.has_ops {
                         tick = tokio::time::interval(TICK);
                     }
+                } else {
+                    session.follow_cpu_backend(&mut tracer)?;
                 }
                 session.continue_after_first_graph(child.as_ref(), &mut memory)?;
                 session.sync_watches(&mut tracer)?;
@@ -460,8 +462,9 @@ async fn record_until_stop(
         }
         drop(session);
         bail!(
-            "pid {pid} never loaded a ggml CPU library (no mapped file defines ggml_cpu_extra_compute_forward); \
-             nothing was traced. If it loads ggml from an unusual place, pass it with --lib PATH"
+            "pid {pid} and its child processes never loaded a ggml CPU library (no mapped file defines \
+             ggml_cpu_extra_compute_forward); nothing was traced. If it loads ggml from an unusual place, pass \
+             it with --lib PATH"
         );
     }
     let lost = tracer.lost()?;

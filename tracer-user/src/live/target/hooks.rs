@@ -199,12 +199,34 @@ pub fn mapped_files(pid: u32) -> Result<Vec<PathBuf>, TargetError> {
         }
         if seen.insert(path.to_path_buf()) {
             out.push(match &root {
-                Some(root) => root.join(path.strip_prefix("/").unwrap_or(path)),
+                Some(root) => through_root(root, &vma),
                 None => path.to_path_buf(),
             });
         }
     }
     Ok(out)
+}
+
+/// A path of another mount namespace's file that opens it from here. The
+/// kernel prints a mapping's path from that namespace's root, or, for a
+/// process that is also chroot'ed (`unshare --mount chroot ROOT`), from
+/// the top of its mounts, ROOT included: so the path through
+/// `/proc/PID/root` is taken if it is the mapped file (its inode), else the
+/// path as printed if that is, else `/proc/PID/map_files/START-END`, which
+/// opens the mapped file itself.
+fn through_root(root: &Path, vma: &crate::model::maps::Vma) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let path = vma.path.as_path();
+    let is_mapped = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.ino() == vma.inode);
+    let joined = root.join(path.strip_prefix("/").unwrap_or(path));
+    if is_mapped(&joined) {
+        return joined;
+    }
+    if is_mapped(path) {
+        return path.to_path_buf();
+    }
+    let pid_dir = root.parent().unwrap_or(root);
+    pid_dir.join(format!("map_files/{:x}-{:x}", vma.start, vma.end))
 }
 
 fn other_mount_namespace(pid: u32) -> bool {

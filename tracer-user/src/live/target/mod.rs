@@ -237,6 +237,40 @@ impl MemorySamples {
     }
 }
 
+/// `pid`'s descendants, nearest first (`/proc/PID/task/TID/children`): a
+/// command such as `unshare --fork chroot ROOT PROGRAM` or `sh -c` runs its
+/// program in a child. Processes that are gone on the way are skipped.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut next = vec![pid];
+    while let Some(parent) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else { continue };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else { continue };
+            for child in children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                if !found.contains(&child) && child != pid {
+                    found.push(child);
+                    next.insert(0, child);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Sends `signal` to `pid`; a process already gone is no error.
+pub fn signal(pid: u32, signal: libc::c_int) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: a plain syscall.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
 /// The state letter of /proc/PID/stat (R, S, D, T, Z, ...), if the process exists.
 pub fn process_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
