@@ -8,6 +8,7 @@ mod attach;
 mod export;
 mod overhead;
 mod parts;
+mod programs;
 mod sections;
 mod server;
 mod simulate;

@@ -4,8 +4,8 @@
 //   node generate.mjs MODEL PROMPT N
 //
 // Prints the program's own account of what it evaluated: the prompt's
-// token ids (with the BOS node-llama-cpp prepends) and the tokens it
-// generated. llama.cpp's log (its buffer lines) goes through node-llama-cpp's
+// token ids (with the BOS node-llama-cpp prepends), the tokens it generated
+// and how fast. llama.cpp's log (its buffer lines) goes through node-llama-cpp's
 // logger, at debug level.
 import {getLlama, LlamaCompletion, LlamaLogLevel} from "node-llama-cpp";
 
@@ -15,10 +15,14 @@ const model = await llama.loadModel({modelPath});
 const context = await model.createContext({contextSize: 256, threads: 2});
 const sequence = context.getSequence();
 const completion = new LlamaCompletion({contextSequence: sequence});
+const started = performance.now();
 await completion.generateCompletion(prompt, {maxTokens: Number(maxTokens)});
+const seconds = (performance.now() - started) / 1000;
 const ids = [...(model.tokens.shouldPrependBosToken ? [model.tokens.bos] : []), ...model.tokenize(prompt)];
 console.log(`prompt_ids=${JSON.stringify(ids)}`);
 console.log(`output_tokens=${sequence.tokenMeter.usedOutputTokens}`);
+// The bench's figure: its tokens over the whole completion (the prompt's decode included).
+console.log(`generated_tokens_per_s=${sequence.tokenMeter.usedOutputTokens / seconds}`);
 await context.dispose();
 await model.dispose();
 await llama.dispose();

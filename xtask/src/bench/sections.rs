@@ -7,12 +7,14 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, server, simulate, sweep, values, viewer};
+use super::{Ctx, attach, export, overhead, parts, programs, server, simulate, sweep, values, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     /// Inference overhead (A/B/C/D) and the trace size of its last B run.
     Overhead,
+    /// Overhead on node-llama-cpp and Debian's packaged llama-completion (A/B).
+    Programs,
     /// Ring-buffer ingest throughput (`tracer-user/benches/ingest.rs`).
     Ingest,
     /// Export speed and size: tiny --all-threads and a 1,500-token Gemma trace.
@@ -37,8 +39,9 @@ pub enum Part {
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 11] = [
+    pub const ALL: [Part; 12] = [
         Part::Overhead,
+        Part::Programs,
         Part::Ingest,
         Part::Export,
         Part::Profile,
@@ -55,6 +58,7 @@ impl Part {
     pub fn headings(self) -> &'static [&'static str] {
         match self {
             Part::Overhead => &["Inference overhead", "Trace size"],
+            Part::Programs => &["Overhead on installed programs"],
             Part::Ingest => &["Ingest throughput"],
             Part::Export => &["Export speed"],
             Part::Profile => &["Profile of a traced run"],
@@ -72,6 +76,7 @@ impl Part {
     pub fn csv_parts(self) -> &'static [&'static str] {
         match self {
             Part::Overhead => &["overhead_", "size_"],
+            Part::Programs => &["programs_"],
             Part::Ingest => &["ingest_"],
             Part::Export => &["export_"],
             Part::Profile => &["profile_"],
@@ -97,6 +102,7 @@ impl Part {
                 let size = summary.as_deref().map(|s| parts::size(ctx, s, &trace)).transpose()?;
                 Measured::Overhead(samples, size)
             }
+            Part::Programs => Measured::Programs(programs::run(ctx)?),
             Part::Ingest => Measured::Ingest(parts::ingest(ctx)?),
             Part::Export => Measured::Export(export::run(ctx)?),
             Part::Profile => Measured::Profile(parts::profile(ctx, model)?),
@@ -124,6 +130,7 @@ impl fmt::Display for Part {
 /// What a part measured.
 pub enum Measured {
     Overhead(Vec<overhead::Sample>, Option<parts::Size>),
+    Programs(Vec<programs::Sample>),
     Ingest(parts::Ingest),
     Export(Vec<export::Source>),
     Profile(parts::Profile),
@@ -151,6 +158,7 @@ impl Measured {
             Measured::Attach(samples) => attach::section(md, samples),
             Measured::Viewer(v) => Ok(viewer::section(md, v)?),
             Measured::Values(samples) => values::section(md, ctx, samples),
+            Measured::Programs(samples) => programs::section(md, ctx, samples),
             Measured::Simulate(b) => simulate::section(md, b),
             Measured::Sweep(s) => sweep::section(md, s),
         }
@@ -170,6 +178,7 @@ impl Measured {
             Measured::Attach(samples) => attach::csv(csv, samples),
             Measured::Viewer(v) => Ok(viewer::csv(csv, v)?),
             Measured::Values(samples) => values::csv(csv, samples),
+            Measured::Programs(samples) => programs::csv(csv, samples),
             Measured::Simulate(b) => simulate::csv(csv, b),
             Measured::Sweep(s) => sweep::csv(csv, s),
         }
