@@ -224,6 +224,11 @@ pub mod hooks {
     pub const GRAPH: u32 = 3;
 }
 
+/// `endbr64`, the first instruction of every function a CET build
+/// (distributions' packages) compiles: code is decoded past it, in the
+/// kernel (buffer type names) and in user space (probe sites, layouts).
+pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
 /// One tensor of an op, as the probe saw it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -13,7 +13,7 @@ use aya_ebpf::{
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
-use tracer_common::{BufferEvent, EventKind, MAX_BUFFER_TYPE_NAME, buffer_action};
+use tracer_common::{BufferEvent, ENDBR64, EventKind, MAX_BUFFER_TYPE_NAME, buffer_action};
 
 use crate::{
     layout::{self, ggml},
@@ -104,8 +104,6 @@ fn read_type_name(buft: u64, out: &mut [u8; MAX_BUFFER_TYPE_NAME]) {
     };
 }
 
-/// `endbr64` (F3 0F 1E FA).
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// `lea disp32(%rip), %rax` (REX.W 8D /r, ModRM 00 000 101) and `ret`.
 const LEA_RIP_RAX: [u8; 3] = [0x48, 0x8d, 0x05];
 const RET: u8 = 0xc3;

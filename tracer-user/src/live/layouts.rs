@@ -17,7 +17,6 @@ use crate::{
     live::target::BuildFacts,
 };
 
-mod code;
 pub mod derive;
 mod ubatch;
 

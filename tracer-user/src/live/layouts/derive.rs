@@ -15,11 +15,12 @@ use tracer_common::{
     layout::{ABSENT, BufferLayout, CgraphLayout, TensorLayout, UbatchLayout},
 };
 
-use super::{
+use super::ubatch::UBATCH_FROM;
+use crate::live::target::{
+    TargetError,
     code::{Access, Use, accesses, returned_constant},
-    ubatch::UBATCH_FROM,
+    elf,
 };
-use crate::live::target::{TargetError, elf};
 
 /// Functions whose code gives `ggml_tensor`'s offsets.
 pub const TENSOR_FROM: [&str; 10] = [
@@ -303,7 +304,7 @@ mod tests {
         ];
         let mut map: HashMap<&str, Vec<u8>> = code
             .iter()
-            .map(|(n, c)| (*n, if endbr { [&[0xf3, 0x0f, 0x1e, 0xfa][..], c].concat() } else { c.to_vec() }))
+            .map(|(n, c)| (*n, if endbr { [&tracer_common::ENDBR64[..], c].concat() } else { c.to_vec() }))
             .collect();
         // push %r12; push %rbp; sub $8,%rsp; test %rdi,%rdi; je; mov %esi,0x70(%rdi)
         map.insert(

@@ -11,10 +11,8 @@
 use iced_x86::Register;
 use tracer_common::layout::UbatchLayout;
 
-use super::{
-    code::{Use, accesses_of},
-    derive::{Code, Gap},
-};
+use super::derive::{Code, Gap};
+use crate::live::target::code::{Use, accesses_of};
 
 pub const EMBD_SET_INPUT: &str = "_ZN20llm_graph_input_embd9set_inputEPK12llama_ubatch";
 pub const POS_SET_INPUT: &str = "_ZN19llm_graph_input_pos9set_inputEPK12llama_ubatch";
@@ -97,7 +95,7 @@ mod tests {
             0x48, 0x8b, 0x47, 0x10, 0x8b, 0x5e, 0x04, 0x49, 0x89, 0xf4, 0xe8, 0, 0, 0, 0, 0x49, 0x8b, 0x4c, 0x24,
             output, 0xc3,
         ];
-        let cet = |c: Vec<u8>| if endbr { [vec![0xf3, 0x0f, 0x1e, 0xfa], c].concat() } else { c };
+        let cet = |c: Vec<u8>| if endbr { [tracer_common::ENDBR64.to_vec(), c].concat() } else { c };
         [(EMBD_SET_INPUT, embd), (POS_SET_INPUT, pos), (OUT_IDS_SET_INPUT, out_ids)]
             .into_iter()
             .map(|(name, c)| (name, cet(c)))

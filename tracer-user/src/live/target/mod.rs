@@ -5,6 +5,7 @@
 //! Needs no root except to switch users, create cgroups and drop caches.
 
 pub mod cgroup;
+pub mod code;
 pub(crate) mod elf;
 mod hooks;
 mod ldcache;

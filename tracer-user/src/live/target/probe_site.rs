@@ -7,6 +7,8 @@
 //! (A jump back to that second instruction would hit the probe again; a
 //! dispatch on an argument at a function's entry is no loop head.)
 
+use tracer_common::ENDBR64;
+
 /// Bytes to skip from a function's first instruction so that its probe sits
 /// on one the kernel emulates: the length of a leading register-to-register
 /// `test` or `cmp` when a conditional jump follows (those write only the
@@ -27,7 +29,6 @@ pub fn entry_skip(code: &[u8]) -> u64 {
     if flags_only && jcc { len as u64 } else { 0 }
 }
 
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 #[cfg(test)]
 mod tests {

@@ -69,10 +69,10 @@ impl BuildFacts {
 /// `buffer->usage = usage` once its assertion passed.
 pub const SET_USAGE: &str = "ggml_backend_buffer_set_usage";
 
-/// The displacement of the first `mov %esi, disp8(%rdi)` (`89 77 XX`) in
-/// `code`: every build read so far stores `usage` so (gcc, -O2/-O3).
+/// Where `code` first stores 4 bytes through its first argument (`mov
+/// %esi, 0x70(%rdi)`), decoded, `endbr64` and prologue and all.
 fn usage_store(code: &[u8]) -> Option<u32> {
-    code.windows(3).find(|w| w[0] == 0x89 && w[1] == 0x77).map(|w| u32::from(w[2]))
+    super::code::accesses(code).into_iter().find(|a| a.how == super::code::Use::Write && a.width == 4).map(|a| a.offset)
 }
 
 #[cfg(test)]
