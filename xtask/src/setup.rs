@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer};
+use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer, whisper};
 
 /// Debian packages the tests and benchmarks need (the demo needs none):
 /// bpftool (inspecting loaded programs and links in tests), chromium (the
@@ -18,7 +18,8 @@ use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer};
 /// reads the dataset with Spark in local mode), mount (losetup, mount) and
 /// e2fsprogs (mkfs.ext4) for ext4 file systems on a loop device and the
 /// kernel matrix's test disk; for the matrix also qemu, a static busybox
-/// (its guests' initramfs) and xz/zstd (Debian's compressed modules).
+/// (its guests' initramfs) and xz/zstd (Debian's compressed modules);
+/// espeak-ng speaks the whisper tests' sentence.
 const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "chromium",
@@ -31,6 +32,7 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "xz-utils",
     "zstd",
+    "espeak-ng",
 ];
 /// Node.js with npm builds the viewer. Only installed from Debian when no
 /// `node`/`npm` is on the PATH: a NodeSource nodejs already bundles npm, and
@@ -52,6 +54,8 @@ pub struct Paths {
     pub kernels: Vec<kernels::Prepared>,
     /// Programs users install, from their registries.
     pub node_llama_cpp: programs::NodeLlamaCpp,
+    /// whisper.cpp (pywhispercpp) with its model and speech.
+    pub whisper: whisper::Whisper,
 }
 
 impl Paths {
@@ -66,6 +70,7 @@ impl Paths {
             "models": self.models,
             "llama_portable": self.llama_portable,
             "node_llama_cpp": self.node_llama_cpp,
+            "whisper": self.whisper,
         })
     }
 
@@ -149,8 +154,9 @@ fn full(verbose: bool) -> Result<Paths> {
     let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
     let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
     steps.step("xllamacpp", || programs::ensure_xllamacpp(&venv_python))?;
+    let whisper = steps.step("whisper", || whisper::ensure_whisper(&cache, &venv_python))?;
     steps.done();
-    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels, node_llama_cpp })
+    Ok(Paths { cache, venv_python, llama, llama_versions, models, llama_portable, kernels, node_llama_cpp, whisper })
 }
 
 /// The demo's set-up: no test-only packages, llama.cpp versions, kernels
