@@ -8,6 +8,10 @@ Oracles:
   GGML_SCHED_DEBUG=2 (one line per node that is not a view); whisper.cpp
   logs at debug level only through a logger of the caller's, which
   transcribe.py sets with --ggml-debug;
+- encoder and decoder graphs: whisper.cpp's own timings (`encode time = ...
+  / N runs`, and the decode, batchd and prompt runs: each decoder pass is
+  one of them); each encode computes three graphs (conv, encoder, cross-
+  attention), which GGML_SCHED_DEBUG's print shows first;
 - the transcript under tracing is the untraced one."""
 from __future__ import annotations
 
@@ -60,7 +64,17 @@ def untraced(paths, whisper) -> dict:
             pytest.fail(f"a graph split over backends, which this oracle does not count: {line}")
         elif line.startswith("node #"):
             graphs[-1] += 1
-    return {"transcript": p.stdout, "graphs": graphs}
+    return {"transcript": p.stdout, "graphs": graphs, "runs": timed_runs(log)}
+
+
+def timed_runs(log: str) -> dict[str, int]:
+    """whisper_print_timings' runs per step. It prints max(1, n) runs, so a
+    step that took 0.00 ms ran none."""
+    runs = {}
+    for step, ms, n in re.findall(r"whisper_print_timings: +(\w+) time = +([\d.]+) ms / +(\d+) runs", log):
+        runs[step] = int(n) if float(ms) > 0 else 0
+    assert {"encode", "decode", "batchd", "prompt"} <= set(runs), log[-2000:]
+    return runs
 
 
 def test_converted_model_hears_the_words(untraced, whisper):
@@ -85,4 +99,23 @@ def test_whisper_traced_graph_by_graph(ttrace, paths, whisper, untraced, tmp_pat
     assert a["header"]["build"]["ggml_version"] == "0.13.1", a["header"]["build"]
     graphs = [u["ops"] for u in a["ubatches"]]
     assert graphs == untraced["graphs"], (graphs, untraced["graphs"])
-    assert a["summary"]["ops_outside_graphs"] == 0, a["summary"]
+    s = a["summary"]
+    assert s["ops_outside_graphs"] == 0, s
+
+    runs = untraced["runs"]
+    decoder_passes = runs["decode"] + runs["batchd"] + runs["prompt"]
+    stages = [u.get("stage") for u in a["ubatches"]]
+    assert stages == ["encoder"] * (3 * runs["encode"]) + ["decoder"] * decoder_passes, (stages, runs)
+    assert (s["program"], s["encoder_graphs"], s["decoder_graphs"]) == ("whisper.cpp", 3 * runs["encode"],
+                                                                      decoder_passes), s
+
+    # In whisper's words: no llama.cpp rows or warnings about llama.cpp's structs.
+    text = subprocess.run([ttrace, "report", out], capture_output=True, text=True, check=True).stdout
+    summary = text.split("\n\n")[0]
+    rows = dict(line.split(None, 1) for line in summary.splitlines()[1:] if line.strip())
+    assert "ubatches" not in rows and "llama.cpp" not in rows, summary
+    assert "ggml 0.13.1" in rows["whisper.cpp"], summary
+    assert rows["graphs"].startswith(f"{3 * runs['encode']} encoder "), summary
+    assert f" {decoder_passes} decoder" in rows["graphs"], summary
+    assert "WARNING" not in rows and "per generated token" not in summary, summary
+

@@ -1,5 +1,6 @@
 """pywhispercpp transcribing a WAV, as its users run it: prints the
-transcript (one segment a line) on stdout; whisper.cpp's log on stderr.
+transcript (one segment a line) on stdout; whisper.cpp's log, ending with
+its timings, on stderr.
 
     python transcribe.py MODEL.bin SPEECH.wav [--ggml-debug]
 
@@ -21,6 +22,8 @@ whisper = Model(model, n_threads=2, redirect_whispercpp_logs_to=False, print_pro
                 print_realtime=False)
 for segment in whisper.transcribe(speech):
     print(segment.text.strip())
+# whisper.cpp's own account of the run (encode and decode runs), on stderr.
+whisper.print_timings()
 if debug:
     # Back to whisper.cpp's logger before the interpreter goes: the model's
     # destructor logs, and a Python callback then would have no interpreter.
