@@ -317,12 +317,19 @@ impl Summary {
         };
         rows.push((
             "weights",
-            format!(
-                "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
-                self.distinct_weights,
-                share(self.file_backed_accesses),
-                share(self.copy_accesses)
-            ),
+            if self.program == Program::WhisperCpp && self.distinct_weights == 0 {
+                // Rather than "0 tensors", which reads as "none touched".
+                "not resolved to the model file's tensors: whisper.cpp reads its model into memory instead of \
+                 mapping it, and ttrace does not follow those reads yet"
+                    .to_string()
+            } else {
+                format!(
+                    "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
+                    self.distinct_weights,
+                    share(self.file_backed_accesses),
+                    share(self.copy_accesses)
+                )
+            },
         ));
         let t = &self.trace;
         rows.push((
@@ -404,5 +411,39 @@ impl Summary {
             rows.push(("WARNING", format!("{} kernel records did not decode (layout mismatch)", self.decode_errors)));
         }
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{analyze::Ubatch, format::frames::Library};
+
+    /// A trace whose hooks came from `role`'s library, with graphs of these stages.
+    fn analysis(role: &str, stages: &[Option<Stage>]) -> Analysis {
+        let mut a = Analysis::default();
+        a.header.libraries.push(Library { path: "/lib/x.so".into(), role: role.into(), build_id: None });
+        a.ubatches = stages
+            .iter()
+            .enumerate()
+            .map(|(i, &stage)| Ubatch { stage, ..Ubatch::started(i as u32, 0, None) })
+            .collect();
+        a
+    }
+
+    #[test]
+    fn whisper_graphs_are_counted_by_stage_in_its_words() {
+        let (e, d) = (Some(Stage::Encoder), Some(Stage::Decoder));
+        let s = Summary::new(&analysis("whisper", &[e, e, e, d, d, None]), "t.data", None);
+        assert_eq!((s.program, s.encoder_graphs, s.decoder_graphs), (Program::WhisperCpp, 3, 2));
+        let rows: BTreeMap<_, _> = s.rows().into_iter().collect();
+        assert!(
+            rows["graphs"].starts_with("3 encoder ") && rows["graphs"].ends_with(", 2 decoder, 1 other"),
+            "{rows:?}"
+        );
+        assert!(!rows.contains_key("ubatches") && rows["weights"].starts_with("not resolved"), "{rows:?}");
+        let llama = Summary::new(&analysis("base", &[None]), "t.data", None);
+        assert_eq!(llama.program, Program::LlamaCpp);
+        assert!(llama.rows().iter().any(|(k, _)| *k == "ubatches"));
     }
 }
