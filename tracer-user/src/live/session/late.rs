@@ -91,6 +91,22 @@ impl Session<'_> {
         started
     }
 
+    /// The timed scan for ggml. While the target is held at library loads,
+    /// its maps are read only when it is stopped: a loader still at work
+    /// may have mapped a CPU backend but not yet the base library it needs
+    /// (pywhispercpp's libggml-cpu comes before libggml-base), and layouts
+    /// chosen then have neither base hooks nor ggml's version. A stop seen
+    /// here is a load whose marker the ring lost, or one not drained yet.
+    pub(super) fn scan_on_tick(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
+        if !self.hold.armed() {
+            return self.find_late_hooks(tracer, child);
+        }
+        if target::process_state(self.attached.pid) == Some('T') {
+            return self.on_library_load(tracer, child);
+        }
+        Ok(())
+    }
+
     /// The kernel stopped the target at a library load: look for ggml
     /// while it is still, then let it go on.
     pub(super) fn on_library_load(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {

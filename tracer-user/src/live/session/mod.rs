@@ -387,7 +387,7 @@ async fn record_until_stop(
                     session.on_library_load(&mut tracer, child.as_ref())?;
                 }
                 if !session.attached.has_ops {
-                    session.find_late_hooks(&mut tracer, child.as_ref())?;
+                    session.scan_on_tick(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
                         tick = tokio::time::interval(TICK);
                     }
