@@ -28,3 +28,8 @@ pub const SEQ_RM_CHECK_RETURN: u64 = 22;
 /// run). With [`super::config::HOLD_AT_LIBRARY_LOAD`] set, the target
 /// is stopped here until ttrace has looked for ggml in its maps.
 pub const LIBRARY_LOADED: u64 = 23;
+/// whisper.cpp's `whisper_encode_internal` and `whisper_decode_internal`
+/// (static, in libwhisper's .symtab): the graphs their thread computes
+/// next are the encoder's (conv, encoder, cross) or the decoder's.
+pub const WHISPER_ENCODE: u64 = 24;
+pub const WHISPER_DECODE: u64 = 25;

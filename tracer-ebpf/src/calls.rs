@@ -32,6 +32,8 @@ cookie_copies!(uprobe, ProbeContext, args_with;
     call_args_19 = markers::OUTPUT_RESERVE,
     call_args_21 = markers::SEQ_RM_CHECK,
     call_args_23 = markers::LIBRARY_LOADED,
+    call_args_24 = markers::WHISPER_ENCODE,
+    call_args_25 = markers::WHISPER_DECODE,
 );
 
 #[inline(always)]

@@ -15,6 +15,7 @@ mod shell;
 mod targets;
 mod test;
 mod viewer;
+mod whisper;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

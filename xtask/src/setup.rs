@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer};
+use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer, whisper};
 
 /// Debian packages the tests and benchmarks need (the demo needs none):
 /// bpftool (inspecting loaded programs and links in tests), chromium (the
@@ -18,7 +18,8 @@ use crate::{cache, kernels, llama_versions, programs, shell, targets, viewer};
 /// reads the dataset with Spark in local mode), mount (losetup, mount) and
 /// e2fsprogs (mkfs.ext4) for ext4 file systems on a loop device and the
 /// kernel matrix's test disk; for the matrix also qemu, a static busybox
-/// (its guests' initramfs) and xz/zstd (Debian's compressed modules).
+/// (its guests' initramfs) and xz/zstd (Debian's compressed modules);
+/// espeak-ng speaks the whisper tests' sentence.
 const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "chromium",
@@ -31,6 +32,7 @@ const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "xz-utils",
     "zstd",
+    "espeak-ng",
 ];
 /// Node.js with npm builds the viewer. Only installed from Debian when no
 /// `node`/`npm` is on the PATH: a NodeSource nodejs already bundles npm, and
@@ -54,6 +56,8 @@ pub struct Paths {
     pub node_llama_cpp: programs::NodeLlamaCpp,
     pub skulk_llama_server: programs::SkulkLlamaServer,
     pub debian_llama: programs::DebianLlama,
+    /// whisper.cpp (pywhispercpp) with its model and speech.
+    pub whisper: whisper::Whisper,
 }
 
 impl Paths {
@@ -70,6 +74,7 @@ impl Paths {
             "node_llama_cpp": self.node_llama_cpp,
             "skulk_llama_server": self.skulk_llama_server,
             "debian_llama": self.debian_llama,
+            "whisper": self.whisper,
         })
     }
 
@@ -159,6 +164,7 @@ fn full(verbose: bool) -> Result<Paths> {
         let gemma = models.get("gemma").context("set-up made no `gemma` model")?;
         programs::ensure_debian_llama(&cache, gemma)
     })?;
+    let whisper = steps.step("whisper", || whisper::ensure_whisper(&cache, &venv_python))?;
     steps.done();
     Ok(Paths {
         cache,
@@ -171,6 +177,7 @@ fn full(verbose: bool) -> Result<Paths> {
         node_llama_cpp,
         skulk_llama_server,
         debian_llama,
+        whisper,
     })
 }
 

@@ -43,6 +43,15 @@ pub enum Phase {
     Aux,
 }
 
+/// Which of whisper.cpp's steps computed a graph: its encode step runs the
+/// conv, encoder and cross-attention graphs, its decode step the decoder's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    Encoder,
+    Decoder,
+}
+
 /// How often one ubatch read one weight tensor, and through what memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct WeightUse {
@@ -71,6 +80,9 @@ pub struct Ubatch {
     pub n_tokens: Option<u32>,
     pub token_ids: Vec<i32>,
     pub phase: Phase,
+    /// whisper.cpp's graphs: the step that computed it (`None` elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
     pub ops: u64,
     /// Model-file bytes read from disk while this graph ran, and its faults.
     pub disk_bytes: u64,
@@ -109,6 +121,7 @@ impl Ubatch {
             n_tokens: None,
             token_ids: Vec::new(),
             phase: Phase::Aux,
+            stage: None,
             ops: 0,
             disk_bytes: 0,
             disk_requests: 0,
@@ -303,6 +316,8 @@ pub(crate) struct Boundaries {
     pending: HashMap<u32, sequences::UbatchArrays>,
     /// Threads inside `common_context_can_seq_rm`.
     in_context_check: HashSet<u32>,
+    /// Per thread: the whisper.cpp step it last entered.
+    whisper_stage: HashMap<u32, Stage>,
 }
 
 impl Boundaries {
@@ -314,8 +329,11 @@ impl Boundaries {
                 if let Some(d) = decode {
                     a.decodes[d as usize].ubatches.push(index);
                 }
-                a.ubatches
-                    .push(Ubatch { arrays: self.pending.remove(&m.tid), ..Ubatch::started(index, m.ts_ns, decode) });
+                a.ubatches.push(Ubatch {
+                    arrays: self.pending.remove(&m.tid),
+                    stage: self.whisper_stage.get(&m.tid).copied(),
+                    ..Ubatch::started(index, m.ts_ns, decode)
+                });
                 self.current = Some(index as usize);
             }
             markers::SCHED_GRAPH_COMPUTE_RETURN => {
@@ -339,6 +357,12 @@ impl Boundaries {
                 });
             }
             markers::LLAMA_PERF_RESET => self.decodes_before_reset = a.decodes.len(),
+            markers::WHISPER_ENCODE => {
+                self.whisper_stage.insert(m.tid, Stage::Encoder);
+            }
+            markers::WHISPER_DECODE => {
+                self.whisper_stage.insert(m.tid, Stage::Decoder);
+            }
             markers::SEQ_RM_CHECK => {
                 self.in_context_check.insert(m.tid);
             }

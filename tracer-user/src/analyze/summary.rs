@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{Analysis, Phase};
+use super::{Analysis, Phase, correlate::Stage};
 use crate::{
     format::{Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, WriterStats},
     units::human_bytes,
@@ -15,6 +15,8 @@ use crate::{
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
+    /// Whose graphs these are: the summary speaks its words.
+    pub program: Program,
     pub mode: String,
     pub pid: u32,
     /// The llama.cpp commit the build reports.
@@ -33,6 +35,9 @@ pub struct Summary {
     pub generate_ubatches: usize,
     pub warmup_ubatches: usize,
     pub other_graphs: usize,
+    /// whisper.cpp's graphs by the step that computed them.
+    pub encoder_graphs: usize,
+    pub decoder_graphs: usize,
     /// Prompt and generated tokens per sequence, warm-up apart (traces
     /// with the ubatches' sequence ids).
     pub tokens: Option<super::sequences::TokenCounts>,
@@ -67,6 +72,29 @@ pub struct Summary {
     pub late_attach: Option<LateAttach>,
 }
 
+/// The program traced, as far as the hooks it provided tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Program {
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    /// libwhisper's encode and decode steps were hooked.
+    #[serde(rename = "whisper.cpp")]
+    WhisperCpp,
+}
+
+impl Program {
+    fn of(a: &Analysis) -> Self {
+        if a.header.libraries.iter().any(|l| l.role == "whisper") { Program::WhisperCpp } else { Program::LlamaCpp }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Program::LlamaCpp => "llama.cpp",
+            Program::WhisperCpp => "whisper.cpp",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Stopped {
     pub reason: String,
@@ -83,8 +111,9 @@ pub struct TraceFile {
     pub bytes_per_op_with_descriptors: Option<f64>,
 }
 
-/// `ggml 0.25.3 (0c1e570), llama.cpp 0c1e570 build 1, known as Apr 2026 - Oct 2026 (...)`.
-fn build_row(b: &TargetBuild, commit: Option<&str>) -> String {
+/// `ggml 0.25.3 (0c1e570), llama.cpp 0c1e570 build 1, known as Apr 2026 - Oct 2026 (...)`;
+/// for another program, which llama.cpp's ggml its structs were laid out as.
+fn build_row(b: &TargetBuild, commit: Option<&str>, program: Program) -> String {
     let mut parts = Vec::new();
     match (&b.ggml_version, &b.ggml_commit) {
         (Some(v), Some(c)) => parts.push(format!("ggml {v} ({c})")),
@@ -96,17 +125,28 @@ fn build_row(b: &TargetBuild, commit: Option<&str>) -> String {
         (Some(c), None) => parts.push(format!("commit {c}")),
         _ => {}
     }
-    let known = if b.release == TargetBuild::DERIVED { "" } else { "known as " };
-    format!("{}; {known}{}", parts.join(", "), b.release_text)
+    match program {
+        _ if b.release == TargetBuild::DERIVED => format!("{}; {}", parts.join(", "), b.release_text),
+        Program::LlamaCpp => format!("{}; known as {}", parts.join(", "), b.release_text),
+        // The tables are named after llama.cpp's releases: their dates only.
+        Program::WhisperCpp => {
+            let dates = b.release_text.split(" (").next().unwrap_or_default();
+            format!("{}; its structs laid out as ggml's of {dates}", parts.join(", "))
+        }
+    }
 }
 
 /// The tables used and what the live check passed.
-fn layouts_row(b: &TargetBuild, check: Option<LayoutCheck>) -> String {
+fn layouts_row(b: &TargetBuild, check: Option<LayoutCheck>, program: Program) -> String {
+    let by_name = match program {
+        Program::LlamaCpp => "by their GGUF name",
+        Program::WhisperCpp => "by the model file's names",
+    };
     let tables: Vec<&str> = b.layouts.values().map(String::as_str).collect();
     let checked = match check {
         Some(c) if c.graphs > 0 => {
             format!(
-                "checked on the target: {} tensors ({} weights by their GGUF name), {} graphs, {} ubatches",
+                "checked on the target: {} tensors ({} weights {by_name}), {} graphs, {} ubatches",
                 c.tensors, c.weights, c.graphs, c.ubatches
             )
         }
@@ -137,7 +177,9 @@ impl Summary {
         // Per executed op, whichever frames carried the ops (OP frames with
         // --op-timing; GRAPH and COMPUTE frames with graph capture).
         let per_op = |bytes: u64| if a.ops == 0 { 0.0 } else { bytes as f64 / a.ops as f64 };
+        let stage = |s: Stage| a.ubatches.iter().filter(|u| u.stage == Some(s)).count();
         Summary {
+            program: Program::of(a),
             mode: h.mode.to_string(),
             pid: h.pid,
             commit: h.llama_commit.clone(),
@@ -157,6 +199,8 @@ impl Summary {
             generate_ubatches: count(Phase::Generate),
             warmup_ubatches: count(Phase::Warmup),
             other_graphs: count(Phase::Aux),
+            encoder_graphs: stage(Stage::Encoder),
+            decoder_graphs: stage(Stage::Decoder),
             tokens: a.tokens.clone(),
             ops: a.ops,
             ops_outside_graphs: a.ops_outside_ubatches,
@@ -210,18 +254,30 @@ impl Summary {
                 None => "trace cut short (no end record): read up to its last complete record".to_string(),
             },
         ));
-        rows.push((
-            "ubatches",
-            format!(
-                "{} prompt ({} tokens), {} generate (each request samples one token more than it decodes), \
-                 {} warm-up, {} other graphs",
-                self.prompt_ubatches,
-                self.prompt_tokens,
-                self.generate_ubatches,
-                self.warmup_ubatches,
-                self.other_graphs
+        rows.push(match self.program {
+            Program::LlamaCpp => (
+                "ubatches",
+                format!(
+                    "{} prompt ({} tokens), {} generate (each request samples one token more than it decodes), \
+                     {} warm-up, {} other graphs",
+                    self.prompt_ubatches,
+                    self.prompt_tokens,
+                    self.generate_ubatches,
+                    self.warmup_ubatches,
+                    self.other_graphs
+                ),
             ),
-        ));
+            Program::WhisperCpp => (
+                "graphs",
+                format!(
+                    "{} encoder (its encode step's conv, encoder and cross-attention graphs), {} decoder, {} other",
+                    self.encoder_graphs,
+                    self.decoder_graphs,
+                    (self.prompt_ubatches + self.generate_ubatches + self.warmup_ubatches + self.other_graphs)
+                        .saturating_sub(self.encoder_graphs + self.decoder_graphs)
+                ),
+            ),
+        });
         if let Some(t) = &self.tokens {
             let mut apart = Vec::new();
             if t.warmup_tokens > 0 {
@@ -242,8 +298,8 @@ impl Summary {
         }
         rows.push(("ops", format!("{} recorded ({} outside any graph)", self.ops, self.ops_outside_graphs)));
         if let Some(build) = &self.build {
-            rows.push(("llama.cpp", build_row(build, self.commit.as_deref())));
-            rows.push(("layouts", layouts_row(build, self.layout_check)));
+            rows.push((self.program.name(), build_row(build, self.commit.as_deref(), self.program)));
+            rows.push(("layouts", layouts_row(build, self.layout_check, self.program)));
         }
         for d in &self.disabled {
             rows.push(("WARNING", d.to_string()));
@@ -253,15 +309,27 @@ impl Summary {
         }
         let accesses = self.file_backed_accesses + self.copy_accesses;
         let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };
+        // whisper.cpp generates tokens too, but its decoder reads no KV cache
+        // of llama's kind, and tokens are not counted for it yet.
+        let per_token = match self.program {
+            Program::LlamaCpp => format!("{} per generated token; ", human_bytes(self.weight_bytes_per_token)),
+            Program::WhisperCpp => String::new(),
+        };
         rows.push((
             "weights",
-            format!(
-                "{} distinct tensors touched; {} per generated token; accesses {:.1}% file-backed, {:.1}% copies",
-                self.distinct_weights,
-                human_bytes(self.weight_bytes_per_token),
-                share(self.file_backed_accesses),
-                share(self.copy_accesses)
-            ),
+            if self.program == Program::WhisperCpp && self.distinct_weights == 0 {
+                // Rather than "0 tensors", which reads as "none touched".
+                "not resolved to the model file's tensors: whisper.cpp reads its model into memory instead of \
+                 mapping it, and ttrace does not follow those reads yet"
+                    .to_string()
+            } else {
+                format!(
+                    "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
+                    self.distinct_weights,
+                    share(self.file_backed_accesses),
+                    share(self.copy_accesses)
+                )
+            },
         ));
         let t = &self.trace;
         rows.push((
@@ -343,5 +411,39 @@ impl Summary {
             rows.push(("WARNING", format!("{} kernel records did not decode (layout mismatch)", self.decode_errors)));
         }
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{analyze::Ubatch, format::frames::Library};
+
+    /// A trace whose hooks came from `role`'s library, with graphs of these stages.
+    fn analysis(role: &str, stages: &[Option<Stage>]) -> Analysis {
+        let mut a = Analysis::default();
+        a.header.libraries.push(Library { path: "/lib/x.so".into(), role: role.into(), build_id: None });
+        a.ubatches = stages
+            .iter()
+            .enumerate()
+            .map(|(i, &stage)| Ubatch { stage, ..Ubatch::started(i as u32, 0, None) })
+            .collect();
+        a
+    }
+
+    #[test]
+    fn whisper_graphs_are_counted_by_stage_in_its_words() {
+        let (e, d) = (Some(Stage::Encoder), Some(Stage::Decoder));
+        let s = Summary::new(&analysis("whisper", &[e, e, e, d, d, None]), "t.data", None);
+        assert_eq!((s.program, s.encoder_graphs, s.decoder_graphs), (Program::WhisperCpp, 3, 2));
+        let rows: BTreeMap<_, _> = s.rows().into_iter().collect();
+        assert!(
+            rows["graphs"].starts_with("3 encoder ") && rows["graphs"].ends_with(", 2 decoder, 1 other"),
+            "{rows:?}"
+        );
+        assert!(!rows.contains_key("ubatches") && rows["weights"].starts_with("not resolved"), "{rows:?}");
+        let llama = Summary::new(&analysis("base", &[None]), "t.data", None);
+        assert_eq!(llama.program, Program::LlamaCpp);
+        assert!(llama.rows().iter().any(|(k, _)| *k == "ubatches"));
     }
 }

@@ -15,6 +15,7 @@ use crate::{
     model::{
         Component, FileExtents, Fragment, ModelMap, Tensor, Value,
         gguf::{Array, KeyValue},
+        whisper_bin,
     },
 };
 
@@ -54,11 +55,14 @@ fn shape(t: &Tensor) -> String {
 
 fn table(out: &mut impl Write, model: &ModelMap, extents: Option<&[FileExtents]>) -> io::Result<()> {
     for (i, f) in model.files().iter().enumerate() {
+        let format = match f.version {
+            whisper_bin::LEGACY_VERSION => "whisper.cpp's ggml format".to_string(),
+            v => format!("GGUF v{v}"),
+        };
         write!(
             out,
-            "# file {i}: {} (GGUF v{}, {} bytes, {} tensors, data at {}, alignment {})",
+            "# file {i}: {} ({format}, {} bytes, {} tensors, data at {}, alignment {})",
             f.path.display(),
-            f.version,
             f.size,
             f.n_tensors,
             f.data_offset,

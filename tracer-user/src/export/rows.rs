@@ -147,6 +147,8 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::SEQ_RM_CHECK => "seq_rm_check".into(),
         markers::SEQ_RM_CHECK_RETURN => "seq_rm_check_return".into(),
         markers::LIBRARY_LOADED => "library_loaded".into(),
+        markers::WHISPER_ENCODE => "whisper_encode".into(),
+        markers::WHISPER_DECODE => "whisper_decode".into(),
         other => format!("marker#{other}").into(),
     }
 }

@@ -1,10 +1,11 @@
 //! A model as llama.cpp sees it: one GGUF file or all shards of a split
-//! model, with every tensor classified and indexed by name and file offset.
+//! model, with every tensor classified and indexed by name and file offset;
+//! or whisper.cpp's model, one file in its legacy ggml format.
 
 use std::{
     collections::HashMap,
     fs::File,
-    io::BufReader,
+    io::{BufRead, BufReader},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
@@ -16,6 +17,7 @@ use super::{
     classify::{Component, classify, expert_layout},
     ggml_types::GgmlType,
     gguf::{GgufHeader, KeyValue, ParseError, Value},
+    whisper_bin::{self, WhisperBinError},
 };
 
 // The cause is part of the message (not a `source`), so that anyhow's `{:#}`
@@ -26,6 +28,8 @@ pub enum GgufError {
     Io { path: PathBuf, error: std::io::Error },
     #[error("{}: {error}", path.display())]
     Parse { path: PathBuf, error: ParseError },
+    #[error("{}: whisper.cpp's ggml format: {error}", path.display())]
+    Whisper { path: PathBuf, error: WhisperBinError },
     #[error("{}: split model: {what}", path.display())]
     Split { path: PathBuf, what: String },
 }
@@ -290,8 +294,13 @@ fn read_file(path: &Path) -> Result<OpenedFile, GgufError> {
     if !meta.is_file() {
         return Err(io_err(std::io::Error::other("not a regular file")));
     }
-    let header = GgufHeader::read(BufReader::with_capacity(1 << 16, file), meta.len())
-        .map_err(|error| GgufError::Parse { path: path.to_owned(), error })?;
+    let mut reader = BufReader::with_capacity(1 << 16, file);
+    // whisper.cpp's files begin with ggml's old magic; everything else is read as GGUF.
+    let header = if reader.fill_buf().map_err(io_err)?.starts_with(&whisper_bin::MAGIC) {
+        whisper_bin::read(reader, meta.len()).map_err(|error| GgufError::Whisper { path: path.to_owned(), error })?
+    } else {
+        GgufHeader::read(reader, meta.len()).map_err(|error| GgufError::Parse { path: path.to_owned(), error })?
+    };
     Ok((path.to_owned(), header, (meta.dev(), meta.ino())))
 }
 

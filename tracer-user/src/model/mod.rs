@@ -10,6 +10,7 @@ pub mod gguf_value;
 pub mod gguf_write;
 pub mod map;
 pub mod maps;
+pub mod whisper_bin;
 
 pub use classify::Component;
 pub use extents::{BlockDevice, ExtentError, FileExtents, Fragment};

@@ -39,7 +39,11 @@ pub(super) fn choose(libs: &HookLibs) -> Result<Choice, Refusal> {
     }
     let derived = layouts::needs_code(&facts, tables).then(|| derived(libs)).flatten();
     let ubatch_hook = libs.path_of(PROCESS_UBATCH).is_some();
-    let choice = layouts::choose_from(&facts, ubatch_hook, patch.as_deref(), tables, derived.as_ref())?;
+    let mut choice = layouts::choose_from(&facts, ubatch_hook, patch.as_deref(), tables, derived.as_ref())?;
+    // whisper.cpp has no llama_ubatch to read: nothing is off for it.
+    if libs.llama.is_none() && libs.whisper.is_some() {
+        choice.disabled.retain(|d| d.feature != "sequences");
+    }
     log::info!("{}: llama.cpp {}, layouts {:?}", facts.describe(), choice.build.release_text, choice.build.layouts);
     Ok(choice)
 }

@@ -102,13 +102,18 @@ impl Session<'_> {
             return Ok(());
         }
         let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
+        // A CPU backend probed and still mapped is the one in use (another
+        // mapped beside it is one being scored).
+        let probed = |path: &std::path::Path| {
+            self.attached.libraries.iter().any(|l| l.role == "cpu" && l.path == path.display().to_string())
+        };
+        if files.iter().any(|f| probed(f)) {
+            return Ok(());
+        }
         let mut all = self.spec.libs.clone();
         all.extend(files);
         let libs = target::classify(&all);
         let Some(cpu) = libs.cpu.as_deref() else { return Ok(()) };
-        if self.attached.libraries.iter().any(|l| std::path::Path::new(&l.path) == cpu) {
-            return Ok(());
-        }
         log::info!("ggml's CPU backend is now {}: attaching to it", cpu.display());
         let names = match libs.path_of("ggml_op_name") {
             Some(base) => Some(target::op_names(base)?),
@@ -116,9 +121,6 @@ impl Session<'_> {
         };
         let before = self.attached.libraries.len();
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), &libs, names.as_ref())?;
-        if let Some(late) = self.late_attach.as_mut() {
-            late.library = cpu.display().to_string();
-        }
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),
             op_names: names.as_ref().map(|n| n.ops.clone()).unwrap_or_default(),
@@ -130,6 +132,23 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// At the first graph: of the CPU backends probed, the one still
+    /// mapped is the one in use, which the summary names.
+    pub(super) fn name_cpu_backend_in_use(&mut self) {
+        let Some(late) = self.late_attach.as_mut() else { return };
+        let Ok(files) = target::mapped_files(self.attached.pid) else { return };
+        let in_use = self
+            .attached
+            .libraries
+            .iter()
+            .filter(|l| l.role == "cpu")
+            .map(|l| &l.path)
+            .find(|path| files.iter().any(|f| f.display().to_string() == **path));
+        if let Some(path) = in_use {
+            late.library = path.clone();
+        }
+    }
+
     /// The process that loaded a ggml CPU backend, and its libraries: the
     /// target, or a process it started (`unshare --fork chroot ROOT
     /// PROGRAM`, as a container runs a program; `sh -c`).
@@ -139,8 +158,31 @@ impl Session<'_> {
             let mut all = self.spec.libs.clone();
             all.extend(target::mapped_files(pid).ok()?);
             let libs = target::classify(&all);
-            gate::has_cpu_backend(&libs).then_some((pid, libs))
+            // A CPU backend mapped before the base library it needs is a
+            // load still at work: its layouts would lack ggml's version.
+            (gate::has_cpu_backend(&libs) && libs.path_of("ggml_op_name").is_some()).then_some((pid, libs))
         })
+    }
+
+    /// The timed scan for ggml. While the target is held at library loads,
+    /// its maps are read only when it is stopped: a loader still at work
+    /// may have mapped a CPU backend but not yet the base library it needs
+    /// (pywhispercpp's libggml-cpu comes before libggml-base), and layouts
+    /// chosen then have neither base hooks nor ggml's version. A stop seen
+    /// here is a load whose marker the ring lost, or one not drained yet.
+    /// Processes the hold does not reach (the target's children) are
+    /// scanned all the same.
+    pub(super) fn scan_on_tick(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
+        if !self.hold.armed() {
+            return self.find_late_hooks(tracer, child);
+        }
+        if target::process_state(self.attached.pid) == Some('T') {
+            return self.on_library_load(tracer, child);
+        }
+        if !target::descendants(self.attached.pid).is_empty() {
+            return self.find_late_hooks(tracer, child);
+        }
+        Ok(())
     }
 
     /// The kernel stopped the target at a library load: look for ggml

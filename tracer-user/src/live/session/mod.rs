@@ -387,7 +387,7 @@ async fn record_until_stop(
                     session.on_library_load(&mut tracer, child.as_ref())?;
                 }
                 if !session.attached.has_ops {
-                    session.find_late_hooks(&mut tracer, child.as_ref())?;
+                    session.scan_on_tick(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
                         tick = tokio::time::interval(TICK);
                     }
@@ -548,8 +548,10 @@ impl Session<'_> {
         self.hold.on_event(&event);
         if let Event::Call(call) = &event
             && call.cookie == tracer_common::markers::SCHED_GRAPH_COMPUTE
+            && !self.first_graph_started
         {
             self.first_graph_started = true;
+            self.name_cpu_backend_in_use();
         }
         if error.is_none()
             && let Err(e) = self.layouts.take(&mut self.recorder, &mut self.tap, event)

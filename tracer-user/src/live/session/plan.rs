@@ -23,7 +23,7 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 20] = [
+pub(super) const HOOKS: [(&str, &str, u64); 22] = [
     // Backend buffers (a handful per run): before anything allocates one.
     (target::BUFFER_INIT, programs::BUFFER_CREATED, 0),
     (target::SET_USAGE, programs::BUFFER_CHANGED, buffer_action::SET_USAGE as u64),
@@ -44,6 +44,9 @@ pub(super) const HOOKS: [(&str, &str, u64); 20] = [
     // Each ubatch: its tokens' sequence ids, positions and output flags.
     (target::PROCESS_UBATCH, programs::UBATCH, 0),
     ("llama_process", programs::CALL_ARGS, markers::LLAMA_PROCESS),
+    // whisper.cpp: whose graphs follow, the encoder's or the decoder's.
+    (target::WHISPER_ENCODE, programs::CALL_ARGS, markers::WHISPER_ENCODE),
+    (target::WHISPER_DECODE, programs::CALL_ARGS, markers::WHISPER_DECODE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
     ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),
@@ -152,7 +155,7 @@ impl Attached {
             log::debug!("uprobe {program} on {symbol} attached in {:?}", t.elapsed());
             added += 1;
             self.has_ops |= program == programs::GGML_OP || program == programs::GRAPH_COMPUTE;
-            let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama)]
+            let role = [("cpu", &libs.cpu), ("base", &libs.base), ("llama", &libs.llama), ("whisper", &libs.whisper)]
                 .into_iter()
                 .find(|(_, p)| p.as_deref() == Some(path))
                 .map_or("other", |(role, _)| role);
@@ -177,12 +180,13 @@ impl Attached {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::target::{BASE_HOOKS, CPU_HOOKS, LLAMA_HOOKS};
+    use crate::live::target::{BASE_HOOKS, CPU_HOOKS, LLAMA_HOOKS, WHISPER_HOOKS};
 
     #[test]
     fn every_probed_symbol_is_one_the_library_search_knows() {
         for (symbol, _, _) in HOOKS {
-            let known = CPU_HOOKS.iter().chain(&BASE_HOOKS).chain(&LLAMA_HOOKS).any(|&s| s == symbol);
+            let known =
+                CPU_HOOKS.iter().chain(&BASE_HOOKS).chain(&LLAMA_HOOKS).chain(&WHISPER_HOOKS).any(|&s| s == symbol);
             assert!(known, "{symbol} is probed but target::hooks never looks for it");
         }
     }

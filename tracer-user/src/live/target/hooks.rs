@@ -47,6 +47,13 @@ pub const OUTPUT_RESERVE: &str = "_ZN13llama_context14output_reserveEi";
 /// signature is another symbol; then tokens are counted without them.
 pub const PROCESS_UBATCH: &str =
     "_ZN13llama_context14process_ubatchERK12llama_ubatch14llm_graph_typeP22llama_memory_context_iR11ggml_status";
+/// whisper.cpp's encode and decode steps (static functions, so found in
+/// .symtab of an unstripped libwhisper; the names hold whisper.cpp 1.8's
+/// signatures): which of its graphs is the encoder's and which the decoder's.
+pub const WHISPER_ENCODE: &str = "_ZL23whisper_encode_internalR15whisper_contextR13whisper_stateiiPFbPvES3_";
+pub const WHISPER_DECODE: &str =
+    "_ZL23whisper_decode_internalR15whisper_contextR13whisper_stateRK13whisper_batchibPFbPvES6_";
+pub const WHISPER_HOOKS: [&str; 2] = [WHISPER_ENCODE, WHISPER_DECODE];
 /// What a build says about itself (`target::version`): ggml's version and
 /// commit functions, and the build info llama.cpp's common code links in.
 pub const VERSION_SYMBOLS: [&str; 4] = ["ggml_version", "ggml_commit", "LLAMA_COMMIT", "LLAMA_BUILD_NUMBER"];
@@ -64,6 +71,8 @@ pub struct HookLibs {
     pub base: Option<PathBuf>,
     /// Defines llama_decode or llama_process (libllama).
     pub llama: Option<PathBuf>,
+    /// Defines whisper.cpp's encode and decode steps (libwhisper).
+    pub whisper: Option<PathBuf>,
     /// Every known hook symbol found, with its file.
     pub symbols: BTreeMap<&'static str, PathBuf>,
 }
@@ -114,6 +123,8 @@ fn role_of(symbol: &str) -> &'static str {
         "a ggml CPU backend (libggml-cpu.so)"
     } else if BASE_HOOKS.contains(&symbol) {
         "ggml's core library (libggml-base.so)"
+    } else if WHISPER_HOOKS.contains(&symbol) {
+        "whisper.cpp's library (libwhisper.so)"
     } else {
         "llama.cpp's library (libllama.so)"
     }
@@ -132,7 +143,8 @@ pub fn missing_hooks(libs: &HookLibs) -> Vec<&'static str> {
 /// which hook symbols it defines. Unreadable and non-ELF files are skipped.
 pub fn classify(paths: &[PathBuf]) -> HookLibs {
     // The layout tables' fingerprints too: one symbol pass per file.
-    let mut all: Vec<&'static str> = CPU_HOOKS.into_iter().chain(BASE_HOOKS).chain(LLAMA_HOOKS).collect();
+    let mut all: Vec<&'static str> =
+        CPU_HOOKS.into_iter().chain(BASE_HOOKS).chain(LLAMA_HOOKS).chain(WHISPER_HOOKS).collect();
     all.extend(VERSION_SYMBOLS.into_iter().chain(tracer_common::layout::known::fingerprint_symbols()));
     all.sort_unstable();
     all.dedup();
@@ -164,6 +176,7 @@ pub fn classify(paths: &[PathBuf]) -> HookLibs {
     libs.cpu = first(&["ggml_cpu_extra_compute_forward"]);
     libs.base = first(&["ggml_backend_sched_graph_compute_async", "ggml_op_name"]);
     libs.llama = first(&["llama_decode", "llama_process"]);
+    libs.whisper = first(&WHISPER_HOOKS);
     libs
 }
 

@@ -25,7 +25,8 @@ pub use elf::{
 };
 pub use hooks::{
     BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, LOADER_HOOK, OUTPUT_RESERVE,
-    PROCESS_UBATCH, REQUIRED_HOOKS, SEQ_RM_CHECK, VERSION_SYMBOLS, classify, mapped_files, missing_hooks, running,
+    PROCESS_UBATCH, REQUIRED_HOOKS, SEQ_RM_CHECK, VERSION_SYMBOLS, WHISPER_DECODE, WHISPER_ENCODE, WHISPER_HOOKS,
+    classify, mapped_files, missing_hooks, running,
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};

@@ -29,7 +29,6 @@ pub fn entry_skip(code: &[u8]) -> u64 {
     if flags_only && jcc { len as u64 } else { 0 }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::entry_skip;
