@@ -43,6 +43,20 @@ impl MemoryMap {
                 }
             }
             let io = |m: Metric| -> u64 { self.events_in(m, x).map(|(_, e)| overlap(e.y0, e.len)).sum() };
+            // Bytes, not events: a page filled twice (evicted and read
+            // again in a cold run) is one byte loaded and never used.
+            let bytes_of = |m: Metric| -> u64 {
+                let mut spans: Vec<(u64, u64)> =
+                    self.events_in(m, x).map(|(_, e)| (e.y0.max(lo), (e.y0 + e.len).min(hi))).collect();
+                spans.retain(|(a, b)| a < b);
+                spans.sort_unstable();
+                let (mut total, mut end) = (0u64, 0u64);
+                for (a, b) in spans {
+                    total += b.saturating_sub(a.max(end));
+                    end = end.max(b);
+                }
+                total
+            };
             let report: u64 = ubatches
                 .iter()
                 .filter_map(|&u| a.ubatches.get(u as usize)?.weights.get(&(t.model, t.index)))
@@ -62,7 +76,7 @@ impl MemoryMap {
                 "ubatches": ubatches.len(), "first_ubatch": ubatches.first(), "tokens": tokens,
                 "disk_bytes": io(Metric::BlockRead), "faults_major": io(Metric::FaultMajor) / 4096,
                 "faults_minor": io(Metric::FaultMinor) / 4096, "cache_fill_bytes": io(Metric::CacheFill),
-                "unused_bytes": io(Metric::Unused),
+                "unused_bytes": bytes_of(Metric::Unused),
             }));
         }
         json!({ "tensors": out })
