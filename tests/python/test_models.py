@@ -52,8 +52,8 @@ def field(reader, key):
 
 
 def test_manifest_lists_every_spec(models):
-    # Every generated model, and the real one set-up fetches.
-    assert sorted(models) == sorted([*ALL, "gemma"])
+    # Every generated model, the real ones set-up fetches, and SmolLM2 in F16.
+    assert sorted(models) == sorted([*ALL, "gemma", "smollm2", "smollm2-f16"])
 
 
 @pytest.mark.parametrize("name", ALL)
