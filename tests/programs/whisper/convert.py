@@ -132,6 +132,16 @@ def whisper_tensors(v: dict[str, np.ndarray], n_audio_layer: int, n_text_layer: 
         yield f"{prefix}.value.weight", w[val]
         yield f"{prefix}.value.bias", b[val]
 
+    def self_attention(dst, src):
+        yield from qkv(f"{dst}.attn", f"{src}/self_attention/linear_0")
+        yield from linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
+        yield from ln(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
+
+    def mlp(dst, src):
+        yield from linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
+        yield from linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
+        yield from ln(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
+
     yield "encoder.positional_embedding", v["encoder/position_encodings/encodings"]
     yield "encoder.conv1.weight", v["encoder/conv1/weight"]
     yield "encoder.conv1.bias", v["encoder/conv1/bias"]
@@ -139,20 +149,14 @@ def whisper_tensors(v: dict[str, np.ndarray], n_audio_layer: int, n_text_layer: 
     yield "encoder.conv2.bias", v["encoder/conv2/bias"]
     for i in range(n_audio_layer):
         src, dst = f"encoder/layer_{i}", f"encoder.blocks.{i}"
-        yield from qkv(f"{dst}.attn", f"{src}/self_attention/linear_0")
-        yield from linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
-        yield from ln(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
-        yield from linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
-        yield from linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
-        yield from ln(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
+        yield from self_attention(dst, src)
+        yield from mlp(dst, src)
     yield from ln("encoder.ln_post", "encoder/layer_norm")
     yield "decoder.positional_embedding", v["decoder/position_encodings/encodings"]
     yield "decoder.token_embedding.weight", v["decoder/embeddings/weight"]
     for i in range(n_text_layer):
         src, dst = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        yield from qkv(f"{dst}.attn", f"{src}/self_attention/linear_0")
-        yield from linear(f"{dst}.attn.out", f"{src}/self_attention/linear_1")
-        yield from ln(f"{dst}.attn_ln", f"{src}/self_attention/layer_norm")
+        yield from self_attention(dst, src)
         kv_w, kv_b = v[f"{src}/attention/linear_1/weight"], v[f"{src}/attention/linear_1/bias"]
         yield from linear(f"{dst}.cross_attn.query", f"{src}/attention/linear_0")
         yield f"{dst}.cross_attn.key.weight", kv_w[:n_state]
@@ -160,9 +164,7 @@ def whisper_tensors(v: dict[str, np.ndarray], n_audio_layer: int, n_text_layer: 
         yield f"{dst}.cross_attn.value.bias", kv_b[n_state:]
         yield from linear(f"{dst}.cross_attn.out", f"{src}/attention/linear_2")
         yield from ln(f"{dst}.cross_attn_ln", f"{src}/attention/layer_norm")
-        yield from linear(f"{dst}.mlp.0", f"{src}/ffn/linear_0")
-        yield from linear(f"{dst}.mlp.2", f"{src}/ffn/linear_1")
-        yield from ln(f"{dst}.mlp_ln", f"{src}/ffn/layer_norm")
+        yield from mlp(dst, src)
     yield from ln("decoder.ln", "decoder/layer_norm")
 
 

@@ -31,7 +31,7 @@ use crate::{events::Event, format::LayoutCheck, model::GgmlType};
 
 mod ubatch;
 
-use ubatch::{TokenInput, UbatchSeen, ints};
+use ubatch::{TokenInput, UbatchSeen};
 
 /// The model file's tensor a record's data starts, if any.
 pub type GgufName<'a> = dyn FnMut(&TensorRecord) -> Option<GgufTensor> + 'a;
@@ -227,7 +227,7 @@ impl Checker {
             Event::Batch(b) => self.ubatch.on_batch(b),
             Event::Input(input) => {
                 if let Some(graph) = self.graph.as_mut().filter(|g| g.uid == input.uid) {
-                    graph.inputs.insert(input.tensor, ints(&input.data));
+                    graph.inputs.insert(input.tensor, input.i32s());
                 }
             }
             Event::Graph(g) if g.flags & graph::DONE == 0 => {

@@ -38,7 +38,7 @@ impl UbatchSeen {
             *self =
                 Self { ts_ns: b.header.ts_ns, n_tokens: u32::try_from(b.uid).unwrap_or(u32::MAX), ..Self::default() };
         }
-        let values = Some(ints(&b.data));
+        let values = Some(b.i32s());
         match b.tensor {
             batch::TOKEN => self.token = values,
             batch::POS => self.pos = values,
@@ -87,11 +87,6 @@ fn consecutive_per_sequence(pos: &[i32], seq: &[i32]) -> bool {
         last.insert(s, p);
         fits
     })
-}
-
-/// Little-endian i32s.
-pub fn ints(bytes: &[u8]) -> Vec<i32> {
-    bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 fn head(values: &[i32]) -> &[i32] {

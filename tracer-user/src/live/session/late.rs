@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::{Session, gate, op_options, plan, values};
 use crate::{
-    format::{Hooks, LateAttach},
+    format::{Hooks, LateAttach, TargetBuild},
     live::{
         layouts::Choice,
         load::Tracer,
@@ -35,6 +35,11 @@ impl Session<'_> {
         if self.spec.values.is_some() {
             values::start(tracer, libs, names, self.attached.pid)?;
         }
+        self.announce_hooks(before, names, build)
+    }
+
+    /// The HOOKS frame for the libraries attached since `before`.
+    fn announce_hooks(&mut self, before: usize, names: Option<&OpNames>, build: TargetBuild) -> Result<()> {
         let hooks = Hooks {
             libraries: self.attached.libraries[before..].to_vec(),
             op_names: names.map(|n| n.ops.clone()).unwrap_or_default(),
@@ -44,6 +49,13 @@ impl Session<'_> {
         };
         self.recorder.writer.hooks(&hooks)?;
         Ok(())
+    }
+
+    /// The hook libraries of a process mapping `files`, with `--lib`'s.
+    fn libs_of(&self, files: Vec<std::path::PathBuf>) -> HookLibs {
+        let mut all = self.spec.libs.clone();
+        all.extend(files);
+        target::classify(&all)
     }
 
     /// dlopen'ed libraries (the Python client) appear in the maps later. The
@@ -59,10 +71,7 @@ impl Session<'_> {
                 return Ok(());
             }
         };
-        let names = match libs.path_of("ggml_op_name") {
-            Some(base) => Some(target::op_names(base)?),
-            None => None,
-        };
+        let names = op_names_of(&libs)?;
         // The loader hold stops `run`'s own process only (its loader, its pid).
         let own = child.is_some_and(|c| c.pid() == pid);
         if pid != self.attached.pid {
@@ -98,7 +107,8 @@ impl Session<'_> {
     /// one the timed scan found may be closed again. Until the first graph,
     /// a CPU backend that appears later gets the probes too.
     pub(super) fn follow_cpu_backend(&mut self, tracer: &mut Tracer) -> Result<()> {
-        if self.first_graph_started || !self.attached.has_ops {
+        // Only a backend loaded at run time (found late) can be swapped.
+        if self.first_graph_started || !self.attached.has_ops || self.late_attach.is_none() {
             return Ok(());
         }
         let Ok(files) = target::mapped_files(self.attached.pid) else { return Ok(()) };
@@ -110,26 +120,16 @@ impl Session<'_> {
         if files.iter().any(|f| probed(f)) {
             return Ok(());
         }
-        let mut all = self.spec.libs.clone();
-        all.extend(files);
-        let libs = target::classify(&all);
-        let Some(cpu) = libs.cpu.as_deref() else { return Ok(()) };
-        log::info!("ggml's CPU backend is now {}: attaching to it", cpu.display());
-        let names = match libs.path_of("ggml_op_name") {
-            Some(base) => Some(target::op_names(base)?),
-            None => None,
+        let libs = self.libs_of(files);
+        let (Some(cpu), Some(build)) = (libs.cpu.as_deref(), self.layouts.choice.as_ref().map(|c| c.build.clone()))
+        else {
+            return Ok(());
         };
+        log::info!("ggml's CPU backend is now {}: attaching to it", cpu.display());
+        let names = op_names_of(&libs)?;
         let before = self.attached.libraries.len();
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), &libs, names.as_ref())?;
-        let hooks = Hooks {
-            libraries: self.attached.libraries[before..].to_vec(),
-            op_names: names.as_ref().map(|n| n.ops.clone()).unwrap_or_default(),
-            unary_op_names: names.as_ref().map(|n| n.unary.clone()).unwrap_or_default(),
-            glu_op_names: names.as_ref().map(|n| n.glu.clone()).unwrap_or_default(),
-            build: self.layouts.choice.as_ref().map(|c| c.build.clone()),
-        };
-        self.recorder.writer.hooks(&hooks)?;
-        Ok(())
+        self.announce_hooks(before, names.as_ref(), build)
     }
 
     /// At the first graph: of the CPU backends probed, the one still
@@ -155,9 +155,7 @@ impl Session<'_> {
     fn process_with_ggml(&self) -> Option<(u32, target::HookLibs)> {
         let pid = self.attached.pid;
         std::iter::once(pid).chain(target::descendants(pid)).find_map(|pid| {
-            let mut all = self.spec.libs.clone();
-            all.extend(target::mapped_files(pid).ok()?);
-            let libs = target::classify(&all);
+            let libs = self.libs_of(target::mapped_files(pid).ok()?);
             // A CPU backend mapped before the base library it needs is a
             // load still at work: its layouts would lack ggml's version.
             (gate::has_cpu_backend(&libs) && libs.path_of("ggml_op_name").is_some()).then_some((pid, libs))
@@ -196,4 +194,12 @@ impl Session<'_> {
         }
         Ok(())
     }
+}
+
+/// ggml's op names, from the library that defines `ggml_op_name`.
+fn op_names_of(libs: &HookLibs) -> Result<Option<OpNames>> {
+    Ok(match libs.path_of("ggml_op_name") {
+        Some(base) => Some(target::op_names(base)?),
+        None => None,
+    })
 }

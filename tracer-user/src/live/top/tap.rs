@@ -165,7 +165,7 @@ impl Collector {
         if array == BatchArray::Token {
             self.finish_ubatch(tid);
         }
-        let values = b.data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let values = b.i32s();
         let batch = Batch { ts_ns: b.header.ts_ns, tid, array, n_tokens: b.uid as u32, values };
         self.pending.entry(tid).or_default().set(batch);
         if array == BatchArray::Output {
