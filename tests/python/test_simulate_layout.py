@@ -13,6 +13,7 @@ runs")."""
 from __future__ import annotations
 
 import json
+import random
 import statistics
 
 from conftest import DEFAULT_READ_AHEAD_KB
@@ -35,6 +36,31 @@ TOKENS, CTX = 24, 256
 BUDGETS = ["16M", "22M"]
 RUNS = 7
 TOLERANCE = 0.20
+# The measured ratio is itself an estimate: at 22M a run reads 2-4 MiB per
+# token (8-16 read-around windows), so one window more or less moves a run by
+# 8 %, and medians of 7 runs moved the ratio from 0.67 to 0.57 between two CI
+# runs of the same code. The model is held to TOLERANCE of the interval of
+# ratios the runs support (a seeded bootstrap, so a failure reproduces from
+# its printed runs), not of one draw from it (docs/SIMULATE.md, "The measured
+# ratio's own spread").
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+
+
+def median_ratio_interval(original: list[float], chain: list[float]) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(chain) / median(original)."""
+    draw = random.Random(0)
+    ratios = sorted(statistics.median(draw.choices(chain, k=len(chain)))
+                    / statistics.median(draw.choices(original, k=len(original)))
+                    for _ in range(RESAMPLES))
+    tail = (1 - CONFIDENCE) / 2
+    return ratios[int(tail * RESAMPLES)], ratios[int((1 - tail) * RESAMPLES) - 1]
+
+
+def distance_from(interval: tuple[float, float], ratio: float) -> float:
+    """How far `ratio` lies outside `interval`, relative to its nearer end (0 inside)."""
+    low, high = interval
+    return max(0.0, ratio / high - 1, low / ratio - 1)
 
 
 def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_completion, models,
@@ -77,7 +103,7 @@ def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_
     lines = [f"moe, chain layout vs original: generation's disk MiB per generated token, {RUNS} cold runs each, "
              f"readahead {before['readahead']['window_bytes'] // 1024} KiB, anon {before['anon_bytes'] / MIB:.1f} MiB",
              f"{'budget':>6} {'original (runs)':>32} {'chain (runs)':>32} {'measured':>9} {'2q':>14} {'lru':>14}"
-             f" {'2q/measured':>11}"]
+             f" {'2q/measured':>11} {f'{CONFIDENCE:.0%} interval':>14}"]
     failures = []
     for budget in BUDGETS:
         b = parse_size(budget)
@@ -86,6 +112,7 @@ def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_
             failures.append(f"{budget}: the original reads nothing (runs {runs['original']}): no change to predict")
             continue
         ratio = statistics.median(runs["chain"]) / statistics.median(runs["original"])
+        supported = median_ratio_interval(runs["original"], runs["chain"])
         two = predicted[("chain", b, "2q")] / predicted[("original", b, "2q")]
 
         def change(p: str) -> str:
@@ -94,10 +121,12 @@ def test_chain_layout_change_predicted_within_tolerance(ttrace, tmp_path, llama_
 
         lines.append(f"{budget:>6} {', '.join(f'{m / MIB:.1f}' for m in runs['original']):>32} "
                      f"{', '.join(f'{m / MIB:.1f}' for m in runs['chain']):>32} {ratio - 1:>+9.0%} "
-                     f"{change('2q'):>14} {change('lru'):>14} {two / ratio:>11.2f}")
+                     f"{change('2q'):>14} {change('lru'):>14} {two / ratio:>11.2f} "
+                     f"{f'{supported[0]:.2f}-{supported[1]:.2f}':>14}")
         if (two < 1) != (ratio < 1):
             failures.append(f"{budget}: 2q predicts a change of {two - 1:+.0%}, the runs measure {ratio - 1:+.0%}")
-        elif abs(two / ratio - 1) > TOLERANCE:
-            failures.append(f"{budget}: predicted ratio {two:.2f} not within {TOLERANCE:.0%} of measured {ratio:.2f}")
+        elif distance_from(supported, two) > TOLERANCE:
+            failures.append(f"{budget}: predicted ratio {two:.2f} not within {TOLERANCE:.0%} of the measured "
+                            f"{ratio:.2f} ({CONFIDENCE:.0%} interval {supported[0]:.2f}-{supported[1]:.2f})")
     print("\n" + "\n".join(lines))
     assert not failures, "\n".join(failures + lines)
