@@ -87,15 +87,29 @@ def test_converted_model_hears_the_words(untraced, whisper):
     assert "quick brown fox" in " ".join(heard), untraced["transcript"]
 
 
-def test_whisper_traced_graph_by_graph(ttrace, paths, whisper, untraced, tmp_path):
-    out = tmp_path / "t.data"
+@pytest.fixture(scope="module")
+def traced(ttrace, paths, whisper, tmp_path_factory) -> dict:
+    """One traced run: its stdout, `report --json`, the text summary and the op rows."""
+    out = tmp_path_factory.mktemp("whisper") / "t.data"
     argv = [ttrace, "run", "-o", out, "--", paths["venv_python"], TRANSCRIBE, whisper["model"], whisper["speech"]]
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=600)
     assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    assert proc.stdout == untraced["transcript"], (proc.stdout, untraced["transcript"])
+    report = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    text = subprocess.run([ttrace, "report", out], capture_output=True, text=True, check=True).stdout
+    rows = out.with_suffix(".jsonl")
+    subprocess.run([ttrace, "export", out, "--format", "jsonl", "-o", rows], capture_output=True, check=True)
+    ops = [r for r in map(json.loads, rows.read_text().splitlines()) if r["kind"] == "op"]
+    return {"stdout": proc.stdout, "report": report, "summary": text.split("\n\n")[0], "ops": ops}
 
-    a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
-                                  check=True).stdout)
+
+def summary_rows(summary: str) -> dict[str, str]:
+    return dict(line.split(None, 1) for line in summary.splitlines()[1:] if line.strip())
+
+
+def test_whisper_traced_graph_by_graph(traced, untraced):
+    assert traced["stdout"] == untraced["transcript"], (traced["stdout"], untraced["transcript"])
+    a = traced["report"]
     assert a["header"]["build"]["ggml_version"] == "0.13.1", a["header"]["build"]
     graphs = [u["ops"] for u in a["ubatches"]]
     assert graphs == untraced["graphs"], (graphs, untraced["graphs"])
@@ -110,16 +124,76 @@ def test_whisper_traced_graph_by_graph(ttrace, paths, whisper, untraced, tmp_pat
                                                                       decoder_passes), s
 
     # In whisper's words: no llama.cpp rows or warnings about llama.cpp's structs.
-    text = subprocess.run([ttrace, "report", out], capture_output=True, text=True, check=True).stdout
-    summary = text.split("\n\n")[0]
-    rows = dict(line.split(None, 1) for line in summary.splitlines()[1:] if line.strip())
+    summary = traced["summary"]
+    rows = summary_rows(summary)
     assert "ubatches" not in rows and "llama.cpp" not in rows, summary
     assert "ggml 0.13.1" in rows["whisper.cpp"], summary
     assert rows["graphs"].startswith(f"{3 * runs['encode']} encoder "), summary
     assert f" {decoder_passes} decoder" in rows["graphs"], summary
     assert "WARNING" not in rows and "per generated token" not in summary, summary
-    # Not yet: weights are read into memory, not mapped, and not followed.
-    assert rows["weights"].startswith("not resolved to the model file's tensors"), summary
+
+
+def stage_of(name: str) -> str:
+    """The graph of whisper.cpp's that reads a weight (whisper_build_graph_conv,
+    _encoder, _cross and _decoder): the cross-attention's keys and values are
+    computed once per encode, from the encoder's output."""
+    if name.startswith("encoder.conv"):
+        return "conv"
+    if name.startswith("encoder."):
+        return "encoder"
+    if ".cross_attn.key." in name or ".cross_attn.value." in name:
+        return "cross"
+    return "decoder"
+
+
+def test_whisper_weights_resolve_to_the_model_files_tensors(traced, whisper):
+    """whisper.cpp reads its weights into memory and names none of them
+    (`leaf_N`); ttrace learns the file at whisper_init and matches each
+    weight to the file's tensor by its bytes. Oracles: whisper.cpp's graph
+    builders (which graph reads which tensor, layers in order, each bias
+    added to its own matrix's product), the file's own table."""
+    a, summary = traced["report"], traced["summary"]
+    (model,) = a["models"]
+    assert model["files"] == [str(Path(whisper["model"]).resolve())], model["files"]
+    tensors = model["tensors"]
+    assert summary_rows(summary)["weights"] == (
+        f"{len(tensors)} of the {len(tensors)} tensors of {model['files'][0]} touched: "
+        "read into memory, matched to the file by their bytes"), summary
+
+    # Each graph reads the tensors its builder names, and nothing else.
+    kinds = ["conv", "encoder", "cross"] + ["decoder"] * (len(a["ubatches"]) - 3)
+    for u, kind in zip(a["ubatches"], kinds):
+        read = {tensors[w["tensor"]]["name"] for w in u["weights"]}
+        assert all(w["copy"] and not w["file_backed"] for w in u["weights"]), u["weights"][:3]
+        assert read == {t["name"] for t in tensors if stage_of(t["name"]) == kind}, (u["index"], kind, sorted(read))
+
+    ops = traced["ops"]
+    by_graph = [[op for op in ops if op["ubatch"] == u["index"]] for u in a["ubatches"]]
+    # Layers in order: six weight products per encoder block (query, key,
+    # value, out, two MLP), two per cross block, eight per decoder block and
+    # the logits' product with the (tied) token embedding.
+    n_audio = 1 + max(t["layer"] for t in tensors if t["name"].startswith("encoder.blocks."))
+    n_text = 1 + max(t["layer"] for t in tensors if t["name"].startswith("decoder.blocks."))
+    for graph, per_block, blocks, tail in ((1, 6, n_audio, []), (2, 2, n_text, []), (3, 8, n_text, [None])):
+        layers = [op["layer"] for op in by_graph[graph] if op["name"] == "MUL_MAT" and op["weights_copy"]]
+        assert layers == [b for b in range(blocks) for _ in range(per_block)] + tail, (graph, layers)
+
+    # Each bias is added to the product of its own matrix: two independent
+    # matches (a 384×384 matrix among 48 of that shape, a 384-float bias
+    # among dozens) that must agree.
+    pairs = 0
+    for graph in by_graph:
+        products = {op["dst"]: op["srcs"].split(";")[0] for op in graph if op["name"] == "MUL_MAT"}
+        for op in graph:
+            srcs = op["srcs"].split(";")
+            if op["name"] == "ADD" and len(srcs) == 2 and srcs[0] in products and srcs[1].endswith(".bias"):
+                weight = products[srcs[0]]
+                if weight.endswith(".weight"):
+                    assert srcs[1] == weight.removesuffix(".weight") + ".bias", (op, weight)
+                    pairs += 1
+    # encoder: query, value, out, MLP×2 per block; decoder: query, value,
+    # out, cross query and out, MLP×2; cross: value (key has no bias).
+    assert pairs == 5 * n_audio + n_text + 7 * n_text * (len(by_graph) - 3), pairs
 
 
 def whisper_tensor_count(hp: dict[str, int]) -> int:

@@ -33,3 +33,8 @@ pub const LIBRARY_LOADED: u64 = 23;
 /// next are the encoder's (conv, encoder, cross) or the decoder's.
 pub const WHISPER_ENCODE: u64 = 24;
 pub const WHISPER_DECODE: u64 = 25;
+/// whisper.cpp's `whisper_init_from_file_with_params_no_state(path, ...)`,
+/// which every from-file init goes through: its first argument names the
+/// model file it reads into memory (the reader reads the string at once,
+/// while the loader still runs).
+pub const WHISPER_INIT: u64 = 26;

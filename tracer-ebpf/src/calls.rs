@@ -34,6 +34,7 @@ cookie_copies!(uprobe, ProbeContext, args_with;
     call_args_23 = markers::LIBRARY_LOADED,
     call_args_24 = markers::WHISPER_ENCODE,
     call_args_25 = markers::WHISPER_DECODE,
+    call_args_26 = markers::WHISPER_INIT,
 );
 
 #[inline(always)]
@@ -49,7 +50,10 @@ fn args_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     // A library loaded before ggml was found: hold the target while ttrace
     // looks for ggml in its maps, so no graph runs unprobed.
     let held = cookie == markers::LIBRARY_LOADED && hold_at_library_load();
-    let flags = if first || held { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
+    // whisper.cpp's model path is read from its memory by the reader, while
+    // the loader runs: wake it at once (once per model loaded).
+    let now = first || held || cookie == markers::WHISPER_INIT;
+    let flags = if now { u64::from(BPF_RB_FORCE_WAKEUP) } else { submit_flags() };
     emit_with(
         EventKind::Call,
         CallEvent {

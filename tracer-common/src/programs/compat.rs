@@ -18,6 +18,7 @@ pub const COOKIE_COPIES: &[(&str, u64, &str)] = &[
     (CALL_ARGS, markers::LIBRARY_LOADED, "call_args_23"),
     (CALL_ARGS, markers::WHISPER_ENCODE, "call_args_24"),
     (CALL_ARGS, markers::WHISPER_DECODE, "call_args_25"),
+    (CALL_ARGS, markers::WHISPER_INIT, "call_args_26"),
     (CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN, "call_return_2"),
     (CALL_RETURN, markers::GRAPH_COMPUTE_RETURN, "call_return_6"),
     (CALL_RETURN, markers::OUTPUT_RESERVE_RETURN, "call_return_20"),

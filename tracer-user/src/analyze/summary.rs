@@ -44,6 +44,9 @@ pub struct Summary {
     pub ops: u64,
     pub ops_outside_graphs: u64,
     pub distinct_weights: usize,
+    /// The model files recorded, and their tensors.
+    pub model_files: Vec<String>,
+    pub model_tensors: usize,
     /// Weight bytes read per generated token, as the report's per-token
     /// table counts them (the embedding lookup reads one row per token).
     pub weight_bytes_per_token: u64,
@@ -205,6 +208,8 @@ impl Summary {
             ops: a.ops,
             ops_outside_graphs: a.ops_outside_ubatches,
             distinct_weights: distinct.len(),
+            model_files: a.models.iter().flat_map(|m| m.files.iter().cloned()).collect(),
+            model_tensors: a.models.iter().map(|m| m.tensors.len()).sum(),
             weight_bytes_per_token: per_token as u64,
             file_backed_accesses: file,
             copy_accesses: copy,
@@ -224,6 +229,26 @@ impl Summary {
             layout_check: a.trailer.as_ref().and_then(|t| t.layout_check),
             disabled: a.trailer.as_ref().map(|t| t.disabled.clone()).unwrap_or_default(),
             late_attach: a.trailer.as_ref().and_then(|t| t.late_attach.clone()),
+        }
+    }
+
+    /// whisper.cpp reads its model into memory: its weights are copies,
+    /// matched to the file's tensors by their bytes (`live::copies`).
+    fn whisper_weights(&self) -> String {
+        let files = self.model_files.join(", ");
+        match (self.distinct_weights, self.model_files.is_empty()) {
+            // Rather than "0 tensors", which reads as "none touched".
+            (0, true) => "not resolved: the model file whisper.cpp read was not seen (ttrace learns it when \
+                          whisper.cpp loads it, before an `attach` to a running program)"
+                .to_string(),
+            (0, false) => format!(
+                "not resolved: no weight in a WEIGHTS buffer made while traced holds the bytes of a tensor of {files}"
+            ),
+            (n, false) => format!(
+                "{n} of the {} tensors of {files} touched: read into memory, matched to the file by their bytes",
+                self.model_tensors
+            ),
+            (n, true) => format!("{n} tensors touched"),
         }
     }
 
@@ -317,11 +342,8 @@ impl Summary {
         };
         rows.push((
             "weights",
-            if self.program == Program::WhisperCpp && self.distinct_weights == 0 {
-                // Rather than "0 tensors", which reads as "none touched".
-                "not resolved to the model file's tensors: whisper.cpp reads its model into memory instead of \
-                 mapping it, and ttrace does not follow those reads yet"
-                    .to_string()
+            if self.program == Program::WhisperCpp {
+                self.whisper_weights()
             } else {
                 format!(
                     "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
@@ -441,7 +463,10 @@ mod tests {
             rows["graphs"].starts_with("3 encoder ") && rows["graphs"].ends_with(", 2 decoder, 1 other"),
             "{rows:?}"
         );
-        assert!(!rows.contains_key("ubatches") && rows["weights"].starts_with("not resolved"), "{rows:?}");
+        assert!(
+            !rows.contains_key("ubatches") && rows["weights"].starts_with("not resolved: the model file"),
+            "{rows:?}"
+        );
         let llama = Summary::new(&analysis("base", &[None]), "t.data", None);
         assert_eq!(llama.program, Program::LlamaCpp);
         assert!(llama.rows().iter().any(|(k, _)| *k == "ubatches"));

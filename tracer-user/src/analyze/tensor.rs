@@ -49,6 +49,17 @@ pub fn weight_of(d: &Descriptor) -> Option<WeightRef> {
     }
 }
 
+/// A tensor's name for people: a weight the program left unnamed (ggml
+/// calls a nameless leaf `leaf_N`; whisper.cpp names none of its weights)
+/// goes by its model tensor's name.
+pub fn display_name<'a>(models: &'a [ModelTable], d: &'a Descriptor) -> &'a str {
+    let unnamed = d.name.strip_prefix("leaf_").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    match weight_of(d) {
+        Some(w) if unnamed => model_tensor(models, w.model, w.tensor).map_or(&d.name, |t| &t.name),
+        _ => &d.name,
+    }
+}
+
 pub fn model_tensor(models: &[ModelTable], model: u32, tensor: u32) -> Option<&ModelTensor> {
     models.get(model as usize)?.tensors.get(tensor as usize)
 }

@@ -254,7 +254,8 @@ pub struct TraceArgs {
     pub ring_bytes: u32,
     /// A GGUF model whose page-cache fills and disk reads are watched from
     /// the start (repeatable). `run` also takes the command's own `-m` /
-    /// `--model`; models the target maps later are found in its maps.
+    /// `--model`; models the target maps later are found in its maps, and
+    /// the file whisper.cpp's loader is given when it runs.
     #[arg(long, value_name = "GGUF")]
     pub model: Vec<std::path::PathBuf>,
     /// Trace only ops: no page faults, page-cache or block events.

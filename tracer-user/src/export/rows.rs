@@ -15,7 +15,7 @@ use serde::Serialize;
 use tracer_common::{PAGE_SIZE, ggml::MAX_SRC, markers};
 
 use crate::analyze::{
-    tensor::{memory_class, model_tensor, op_layer},
+    tensor::{display_name, memory_class, model_tensor, op_layer},
     walk::{Event, OpEvent, Tables},
 };
 use crate::{analyze::Phase, format::Descriptor};
@@ -149,6 +149,7 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::LIBRARY_LOADED => "library_loaded".into(),
         markers::WHISPER_ENCODE => "whisper_encode".into(),
         markers::WHISPER_DECODE => "whisper_decode".into(),
+        markers::WHISPER_INIT => "whisper_init".into(),
         other => format!("marker#{other}").into(),
     }
 }
@@ -278,7 +279,7 @@ pub fn op_shape<'a>(e: &OpEvent, t: &Tables<'a>, c: &mut Cells<'a>) -> ShapeScop
     let mut names = Srcs { len: n, ..Default::default() };
     for (i, &(slot, id)) in e.op.srcs.iter().take(n).enumerate() {
         let d = t.descriptor(id);
-        (srcs[i], slotted[i], names.names[i]) = (d, (slot, d), &d.name);
+        (srcs[i], slotted[i], names.names[i]) = (d, (slot, d), display_name(t.models, d));
     }
     let (srcs, slotted) = (&srcs[..n], &slotted[..n]);
     c.name = t.op_name_ref(&e.op);

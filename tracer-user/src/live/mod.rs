@@ -8,6 +8,7 @@
 pub mod btf_index;
 pub mod check;
 pub mod collect;
+pub mod copies;
 pub mod features;
 pub mod graphs;
 pub mod kernel_btf;

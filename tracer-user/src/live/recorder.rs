@@ -8,13 +8,18 @@ use std::{
     collections::HashSet,
     fs::File,
     io::{self, Read, Write},
+    os::unix::ffi::OsStringExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use tracer_common::{BlockKind, FileKey, TensorRecord, markers};
 
-use super::graphs::{GraphAssembler, Ready};
+use super::{
+    copies::CopyFinder,
+    graphs::{GraphAssembler, Ready},
+    target::memory::{TargetMemory, path_seen_by},
+};
 use crate::{
     events::Event,
     format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor, TraceWriter},
@@ -61,6 +66,10 @@ pub struct Resolver {
     maps_text: String,
     maps_due: bool,
     mapped_models: HashSet<PathBuf>,
+    /// Weights read into memory (whisper.cpp), matched to their model by content.
+    pub copies: CopyFinder,
+    /// Model files a loader was seen opening, read once its graphs start.
+    named_models: Vec<PathBuf>,
 }
 
 impl Resolver {
@@ -79,6 +88,8 @@ impl Resolver {
             maps_text: String::new(),
             maps_due: false,
             mapped_models: HashSet::new(),
+            copies: CopyFinder::default(),
+            named_models: Vec::new(),
         }
     }
 
@@ -93,6 +104,30 @@ impl Resolver {
             self.push_model(model);
         }
         Ok(())
+    }
+
+    /// The model file a program names to its loader (whisper.cpp's path
+    /// argument, `path_at` in process `pid`'s memory), as the process opens
+    /// it. The string is read while the loader runs; the file's table only
+    /// at the first graph, when the loader has read the file into the page
+    /// cache: reading a cold whisper file's table (a header before each
+    /// tensor) would fill pages the loader's reads then find. A failure
+    /// leaves the weights unnamed, with a warning.
+    pub fn model_named_at(&mut self, pid: u32, path_at: u64) {
+        match TargetMemory::open(pid).and_then(|m| m.c_string(path_at)) {
+            Ok(bytes) => self.named_models.push(path_seen_by(pid, Path::new(&std::ffi::OsString::from_vec(bytes)))),
+            Err(e) => {
+                log::warn!("pid {pid} loads a model, but its path could not be read ({e}): its weights stay unnamed")
+            }
+        }
+    }
+
+    fn open_named_models(&mut self) {
+        for path in std::mem::take(&mut self.named_models) {
+            if let Err(e) = self.add_model(&path) {
+                log::warn!("the target loads {}, which ttrace cannot read as a model: {e}", path.display());
+            }
+        }
     }
 
     fn push_model(&mut self, model: ModelMap) {
@@ -204,6 +239,7 @@ impl Resolver {
     /// At a graph's start: re-read the maps until they show a model mapped
     /// (at most once a second for a target that never maps one).
     pub fn refresh_for_graph(&mut self) {
+        self.open_named_models();
         if self.mapped_models.is_empty() && self.last_refresh.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
             self.refresh();
         }
@@ -243,7 +279,10 @@ impl Resolver {
             };
         }
         match self.space.resolve(record.data) {
-            Resolution::Anon { .. } => Memory::Anon,
+            Resolution::Anon { .. } => match self.copies.find(self.pid, &self.models, record) {
+                Some((model, tensor)) => Memory::Copy { model, tensor },
+                None => Memory::Anon,
+            },
             // Inside a model file but not in a tensor (its header): no tensor to name.
             Resolution::OtherFile { .. } | Resolution::ModelFile { .. } => Memory::OtherFile,
             Resolution::Unmapped => Memory::Unmapped,
@@ -336,6 +375,9 @@ impl<W: Write> Recorder<W> {
                     self.resolver.refresh_for_graph();
                     self.flush_models()?;
                 }
+                if call.cookie == markers::WHISPER_INIT {
+                    self.resolver.model_named_at(call.header.tgid, call.args[0]);
+                }
                 self.writer.marker(call)
             }
             Event::PageFault(fault) => {
@@ -353,7 +395,10 @@ impl<W: Write> Recorder<W> {
             }
             Event::Routing(routing) => self.writer.routing(routing),
             Event::Batch(batch) => self.writer.batch(batch),
-            Event::Buffer(buffer) => self.writer.buffer(buffer),
+            Event::Buffer(buffer) => {
+                self.resolver.copies.on_buffer(buffer);
+                self.writer.buffer(buffer)
+            }
             Event::Block(event) => {
                 if self.resolver.block_in_model(event.dev, event.sector, event.nr_sector) {
                     self.track_request(event);
@@ -415,7 +460,6 @@ pub fn tensor_name(record: &TensorRecord) -> &str {
     std::str::from_utf8(tracer_common::c_str(&record.name)).unwrap_or("")
 }
 
-/// Whether `path` starts with the GGUF magic.
 fn same_inode(path: &Path, inode: u64) -> bool {
     use std::os::unix::fs::MetadataExt;
     let same = std::fs::metadata(path).is_ok_and(|m| m.ino() == inode);
@@ -425,6 +469,7 @@ fn same_inode(path: &Path, inode: u64) -> bool {
     same
 }
 
+/// Whether `path` starts with the GGUF magic.
 pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == b"GGUF"

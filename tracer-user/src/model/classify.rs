@@ -103,7 +103,8 @@ pub struct Classification {
     pub component: Component,
 }
 
-/// Classifies a tensor name such as `blk.3.ffn_up_exps.weight`.
+/// Classifies a tensor name such as `blk.3.ffn_up_exps.weight` (whisper.cpp's
+/// `encoder.blocks.3.mlp.0.weight` has a layer and no llama.cpp component).
 pub fn classify(name: &str) -> Classification {
     let (layer, rest) = match split_layer(name) {
         Some((layer, rest)) => (Some(layer), rest),
@@ -116,7 +117,7 @@ pub fn classify(name: &str) -> Classification {
 }
 
 fn split_layer(name: &str) -> Option<(u32, &str)> {
-    let rest = name.strip_prefix("blk.")?;
+    let rest = ["blk.", "encoder.blocks.", "decoder.blocks."].iter().find_map(|p| name.strip_prefix(p))?;
     let (num, rest) = rest.split_once('.')?;
     if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -153,6 +154,9 @@ mod tests {
         assert_eq!(classify("blk.0.ffn_up_shexp.weight").component, Component::FfnUpShexp);
         assert_eq!(classify("rope_freqs.weight").component, Component::RopeFreqs);
         assert_eq!(classify("blk.x.attn_q.weight"), Classification { layer: None, component: Component::Other });
+        let whisper = classify("decoder.blocks.3.cross_attn.query.weight");
+        assert_eq!(whisper, Classification { layer: Some(3), component: Component::Other });
+        assert_eq!(classify("encoder.conv1.weight").layer, None);
         assert_eq!(classify("blk.99999999999.attn_q.weight").layer, None);
         assert_eq!(classify("blk.1.attn_q_norm.weight").component, Component::Other);
         assert_eq!(classify("").component, Component::Other);

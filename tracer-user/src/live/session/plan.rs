@@ -23,7 +23,7 @@ use crate::{
 /// process attached while running never has op probes without them. The
 /// graph-compute hook gets both an entry and a return probe: its return
 /// closes the ubatch.
-pub(super) const HOOKS: [(&str, &str, u64); 22] = [
+pub(super) const HOOKS: [(&str, &str, u64); 23] = [
     // Backend buffers (a handful per run): before anything allocates one.
     (target::BUFFER_INIT, programs::BUFFER_CREATED, 0),
     (target::SET_USAGE, programs::BUFFER_CHANGED, buffer_action::SET_USAGE as u64),
@@ -47,6 +47,8 @@ pub(super) const HOOKS: [(&str, &str, u64); 22] = [
     // whisper.cpp: whose graphs follow, the encoder's or the decoder's.
     (target::WHISPER_ENCODE, programs::CALL_ARGS, markers::WHISPER_ENCODE),
     (target::WHISPER_DECODE, programs::CALL_ARGS, markers::WHISPER_DECODE),
+    // whisper.cpp: the model file it reads, for matching its weights.
+    (target::WHISPER_INIT, programs::CALL_ARGS, markers::WHISPER_INIT),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_ARGS, markers::SCHED_GRAPH_COMPUTE),
     ("ggml_backend_sched_graph_compute_async", programs::CALL_RETURN, markers::SCHED_GRAPH_COMPUTE_RETURN),
     ("ggml_cpu_extra_compute_forward", programs::GGML_OP, hooks::EXTRA as u64),

@@ -53,7 +53,9 @@ pub const PROCESS_UBATCH: &str =
 pub const WHISPER_ENCODE: &str = "_ZL23whisper_encode_internalR15whisper_contextR13whisper_stateiiPFbPvES3_";
 pub const WHISPER_DECODE: &str =
     "_ZL23whisper_decode_internalR15whisper_contextR13whisper_stateRK13whisper_batchibPFbPvES6_";
-pub const WHISPER_HOOKS: [&str; 2] = [WHISPER_ENCODE, WHISPER_DECODE];
+/// Exported: the model file whisper.cpp reads (`markers::WHISPER_INIT`).
+pub const WHISPER_INIT: &str = "whisper_init_from_file_with_params_no_state";
+pub const WHISPER_HOOKS: [&str; 3] = [WHISPER_ENCODE, WHISPER_DECODE, WHISPER_INIT];
 /// What a build says about itself (`target::version`): ggml's version and
 /// commit functions, and the build info llama.cpp's common code links in.
 pub const VERSION_SYMBOLS: [&str; 4] = ["ggml_version", "ggml_commit", "LLAMA_COMMIT", "LLAMA_BUILD_NUMBER"];

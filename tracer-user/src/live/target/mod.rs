@@ -10,6 +10,7 @@ pub(crate) mod elf;
 mod hooks;
 mod ldcache;
 mod libs;
+pub mod memory;
 mod probe_site;
 mod residency;
 mod spawn;
@@ -26,7 +27,7 @@ pub use elf::{
 pub use hooks::{
     BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, LOADER_HOOK, OUTPUT_RESERVE,
     PROCESS_UBATCH, REQUIRED_HOOKS, SEQ_RM_CHECK, VERSION_SYMBOLS, WHISPER_DECODE, WHISPER_ENCODE, WHISPER_HOOKS,
-    classify, mapped_files, missing_hooks, running,
+    WHISPER_INIT, classify, mapped_files, missing_hooks, running,
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
