@@ -53,6 +53,12 @@ def run_traced(ttrace, model: Path, threads: int, trace: Path, prompt: str = "he
     proc = subprocess.run([ttrace, "run", "--values", "-o", trace, "--", *oracle_args(model, threads, None, prompt)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    report = subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    # The recorder's own count of computed nodes no barrier read: a partial
+    # run is said in the trace, and here there is none.
+    missing = json.loads(report.stdout)["summary"]["values_missing"]
+    assert missing["nodes"] == 0 and missing["runs_checked"] > 0, missing
     rows = export(ttrace, trace, "values-jsonl", trace.with_suffix(".jsonl"))
     return [json.loads(line) for line in rows.read_text().splitlines()]
 

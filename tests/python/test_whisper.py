@@ -159,6 +159,8 @@ def test_whisper_weights_resolve_to_the_model_files_tensors(traced, whisper):
     assert summary_rows(summary)["weights"] == (
         f"{len(tensors)} of the {len(tensors)} tensors of {model['files'][0]} touched: "
         "read into memory, matched to the file by their bytes"), summary
+    # Each weight compared once, each named: none left to identical tensors or changed bytes.
+    assert a["summary"]["copies"] == {"matched": len(tensors), "ambiguous": 0, "unmatched": 0}, a["summary"]["copies"]
 
     # Each graph reads the tensors its builder names, and nothing else.
     kinds = ["conv", "encoder", "cross"] + ["decoder"] * (len(a["ubatches"]) - 3)

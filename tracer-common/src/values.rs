@@ -83,6 +83,11 @@ pub const VALUE_HEAD_BYTES: usize = VALUE_EVENT_FIXED + core::mem::size_of::<Ten
 /// Teams larger than this are not read (flagged by user space).
 pub const MAX_TEAM: usize = 64;
 
+/// Slots of the per-thread task array: a thread's slot is its tid masked.
+/// An array, not a hash map: a lookup cannot miss and a write cannot fail
+/// (a missed arrival used to cost the rest of a run, see `on_barrier`).
+pub const TASK_SLOTS: u32 = 1 << 14;
+
 /// Per thread, what it computes now (set at each node's entry).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -93,20 +98,40 @@ pub struct ValueTask {
     /// threads in every barrier).
     pub ith: u32,
     pub nth: u32,
-    /// The run its barrier count belongs to, and that count.
-    pub run: u64,
+    /// `tgid << 32 | tid` of the thread that owns the slot: two threads
+    /// whose tids share a slot make each other's barriers count as lost.
+    pub owner: u64,
+    /// Barriers entered since the node started (ops barrier inside too).
     pub barriers: u64,
+    /// Since the thread's first node: nodes it started and barriers it
+    /// entered. Every team member enters the same ones, so user space can
+    /// tell a probe run missed in one thread from a read not made.
+    pub nodes_total: u64,
+    pub barriers_total: u64,
 }
 
-/// Per process: graph runs so far, and per team member the barriers it has
-/// entered in this run. No atomics (the BPF target has no fetch-add): each
-/// thread writes its own slot, and whoever sees every slot at the current
-/// barrier knows all threads are done with the node.
+/// Map names user space reads at the end.
+pub const MAP_VALUE_TASKS: &str = "VALUE_TASKS";
+
+/// Where one team member last arrived: which node, and `run << 16 |
+/// barrier` within it. Another member is at the same barrier exactly when
+/// both words equal ours; an earlier arrival differs in one of them.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ValueArrival {
+    pub node: u64,
+    pub mark: u64,
+}
+
+/// Per process: graph runs so far, and per team member its last arrival.
+/// Each thread writes only its own slot, the last word with a locked add
+/// (the BPF target has no fetch-add before 5.12): a full fence, so of two
+/// threads arriving together the second sees the first.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ValuePool {
     pub run: u64,
-    pub arrived: [u64; MAX_TEAM],
+    pub arrivals: [ValueArrival; MAX_TEAM],
 }
 
 const _: () = {

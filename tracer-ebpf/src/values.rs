@@ -3,10 +3,13 @@
 //! `ggml_barrier`; the last thread to arrive has all the others waiting
 //! inside, and its uprobe runs before it enters, so the node's bytes are
 //! final and nothing overwrites them (ggml-alloc reuses buffers in place)
-//! until this handler returns. Arrivals are counted at every barrier (ops
-//! barrier internally too), and only barriers called from the node loop
-//! (`ggml_graph_compute_thread`) are read; an op inlined there may barrier
-//! mid-node, so user space keeps the last read of each node.
+//! until this handler returns. Each thread marks where it arrived (node,
+//! run, barrier within the node: ops barrier internally too), and only
+//! barriers called from the node loop (`ggml_graph_compute_thread`) are
+//! read; an op inlined there may barrier mid-node, so user space keeps the
+//! last read of each node. The marks restart at every node, so an arrival
+//! the probes miss costs that node alone (counted as a lost value), never
+//! the rest of the run.
 
 use core::{
     ffi::c_void,
@@ -24,7 +27,10 @@ use aya_ebpf::{
 };
 use tracer_common::{
     EventKind, TensorRecord, hooks,
-    values::{MAX_TEAM, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags, part},
+    values::{
+        MAX_TEAM, TASK_SLOTS, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags,
+        part,
+    },
 };
 
 use crate::{
@@ -37,11 +43,11 @@ use crate::{
 #[map]
 static VALUE_CONFIG: Array<u64> = Array::with_max_entries(config::SLOTS, 0);
 
-/// tid → the node it computes.
+/// tid (masked) → the node it computes.
 #[map]
-static VALUE_TASKS: HashMap<u32, ValueTask> = HashMap::with_max_entries(4096, 0);
+static VALUE_TASKS: Array<ValueTask> = Array::with_max_entries(TASK_SLOTS, 0);
 
-/// tgid → its run count and barrier arrivals.
+/// tgid → its run count and team arrivals (inserted once, at its first run).
 #[map]
 static VALUE_POOLS: HashMap<u32, ValuePool> = HashMap::with_max_entries(256, 0);
 
@@ -65,21 +71,22 @@ static VALUE_POOL_ZERO: PerCpuArray<ValuePool> = PerCpuArray::with_max_entries(1
 #[uprobe]
 pub fn value_graph(_ctx: ProbeContext) -> u32 {
     let Some((tgid, _)) = traced_task() else { return 0 };
-    // No worker is in a barrier between runs (OpenMP joins them), so the
-    // counts restart cleanly even when attached mid-barrier.
+    // No worker is in a barrier between runs, and the arrival marks carry
+    // the run: the last run's marks need no reset.
     if let Some(pool) = VALUE_POOLS.get_ptr_mut(tgid) {
         // SAFETY: a map value; workers read it only inside a run.
-        unsafe {
-            (*pool).run += 1;
-            (*pool).arrived = [0; MAX_TEAM];
-        }
+        unsafe { (*pool).run += 1 };
         return 0;
     }
     let Some(zero) = VALUE_POOL_ZERO.get_ptr(0) else { return 0 };
     // SAFETY: a map value of the right type (all zero: never written).
     // By reference: 520 bytes would not fit the BPF stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    let _ = VALUE_POOLS.insert(tgid, unsafe { &*zero }, 0);
+    if VALUE_POOLS.insert(tgid, unsafe { &*zero }, 0).is_err() {
+        // Every barrier of this run will count as lost; the next run retries.
+        count_lost(EventKind::Value);
+        return 0;
+    }
     if let Some(pool) = VALUE_POOLS.get_ptr_mut(tgid) {
         // SAFETY: as above.
         unsafe { (*pool).run = 1 };
@@ -105,7 +112,7 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
         let r = regs(ctx);
         (read_volatile(&cookie) as u32, read_volatile(&(*r).rdi), read_volatile(&(*r).rsi), read_volatile(&(*r).rdx))
     };
-    let Some((_, tid)) = traced_task() else { return 0 };
+    let Some((tgid, tid)) = traced_task() else { return 0 };
     if !layout::valid() {
         return 0;
     }
@@ -115,14 +122,20 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
         return 0;
     }
     let (node, fused) = if hook == hooks::FUSED_MUL { (third, second) } else { (second, 0) };
-    let (run, barriers) = match VALUE_TASKS.get_ptr(tid) {
-        // SAFETY: the thread's own entry.
-        Some(t) => unsafe { ((*t).run, (*t).barriers) },
-        None => (0, 0),
-    };
-    let task = ValueTask { node, fused, ith: thread[0], nth: thread[1], run, barriers };
-    let _ = VALUE_TASKS.insert(tid, task, 0);
+    let Some(slot) = VALUE_TASKS.get_ptr_mut(tid & (TASK_SLOTS - 1)) else { return 0 };
+    let owner = owner(tgid, tid);
+    // SAFETY: an array slot only this thread writes (an owner sharing it is caught at the barrier).
+    let (nodes_total, barriers_total) =
+        unsafe { if (*slot).owner == owner { ((*slot).nodes_total, (*slot).barriers_total) } else { (0, 0) } };
+    let (ith, nth) = (thread[0], thread[1]);
+    let task = ValueTask { node, fused, ith, nth, owner, barriers: 0, nodes_total: nodes_total + 1, barriers_total };
+    unsafe { *slot = task };
     0
+}
+
+#[inline(always)]
+fn owner(tgid: u32, tid: u32) -> u64 {
+    u64::from(tgid) << 32 | u64::from(tid)
 }
 
 #[uprobe]
@@ -154,38 +167,50 @@ fn barrier_with<const BOUNDED: bool>(ctx: &ProbeContext) -> u32 {
 
 fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     let task = traced_task().ok_or(())?;
-    let state = VALUE_TASKS.get_ptr_mut(task.1).ok_or(())?;
-    let pool = VALUE_POOLS.get_ptr_mut(task.0).ok_or(())?;
-    // SAFETY: map values: the thread's own entry, and its own slot of the
+    let (Some(state), Some(pool)) =
+        (VALUE_TASKS.get_ptr_mut(task.1 & (TASK_SLOTS - 1)), VALUE_POOLS.get_ptr_mut(task.0))
+    else {
+        // No run started (attached mid-run) or its pool not made: nothing
+        // to read against. User space counts the nodes left without values.
+        return Err(());
+    };
+    // SAFETY: map values: the thread's own slot, and its own slot of the
     // process's pool (other slots are only read).
     let (state, pool) = unsafe { (&mut *state, &mut *pool) };
-    let run = unsafe { read_volatile(&pool.run) };
-    if state.run != run {
-        state.run = run;
-        state.barriers = 0;
+    if state.owner != owner(task.0, task.1) {
+        // Not at a node yet, or another thread's tid shares the slot (its
+        // nodes are then counted without values by user space).
+        return Err(());
     }
+    let run = unsafe { read_volatile(&pool.run) };
     state.barriers += 1;
+    state.barriers_total += 1;
     let (ith, nth) = (state.ith as usize, state.nth as usize);
     if ith >= MAX_TEAM || nth > MAX_TEAM {
         // A team this large is not followed: every barrier counts as a lost value.
         count_lost(EventKind::Value);
         return Err(());
     }
-    let k = state.barriers;
-    // Our slot goes from k - 1 to k with a locked add: a full fence, so the
-    // reads below cannot pass it. With plain stores two threads arriving
-    // together could each miss the other's (store-load reordering on x86),
-    // and neither would read the node.
-    arrive(&mut pool.arrived[ith]);
+    let mark = run << 16 | state.barriers.min(0xffff);
+    // Our mark is stored one short and completed with a locked add: a full
+    // fence, so the reads below cannot pass it. With plain stores two
+    // threads arriving together could each miss the other's (store-load
+    // reordering on x86), and neither would read the node.
+    let me = &mut pool.arrivals[ith];
+    me.node = state.node;
+    me.mark = mark - 1;
+    arrive(&mut me.mark);
     for j in 0..MAX_TEAM {
         // `nth` read at every step: with a bound it could hoist, LLVM
         // counts the loop down from `nth`, and 6.1's verifier cannot follow
-        // that counter to its end (it reads past `arrived`).
+        // that counter to its end (it reads past `arrivals`).
         if j as u32 >= unsafe { read_volatile(&state.nth) } {
             break;
         }
-        // A thread behind is still computing its share of the node.
-        if unsafe { read_volatile(&pool.arrived[j]) } < k {
+        // A thread not at this barrier is still computing its share of the
+        // node: its mark is from an earlier barrier, node or run.
+        let other = &pool.arrivals[j];
+        if unsafe { read_volatile(&other.node) } != state.node || unsafe { read_volatile(&other.mark) } != mark {
             return Ok(());
         }
     }

@@ -281,7 +281,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             Record::Batch(b) => bounds.on_batch(b),
             Record::Buffer(b) => a.buffers.on_record(&b),
             Record::Lost(lost) => a.lost = lost,
-            Record::End(trailer) => a.trailer = Some(trailer),
+            Record::End(trailer) => a.trailer = Some(*trailer),
             Record::Model(m) => io.on_model(m, &reader.models()[m as usize]),
             // Node values are read by `analyze::values`, on demand.
             Record::Value(_) => {}

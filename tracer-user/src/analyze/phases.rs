@@ -45,7 +45,7 @@ fn scan_noting_routing<R: Read>(mut reader: TraceReader<R>) -> Result<(Analysis,
             }
             Record::Fault(_) => a.faults += 1,
             Record::Lost(lost) => a.lost = lost,
-            Record::End(trailer) => a.trailer = Some(trailer),
+            Record::End(trailer) => a.trailer = Some(*trailer),
             Record::Routing(_) => routed = true,
             Record::Batch(b) => bounds.on_batch(b),
             Record::PageCache(_) | Record::Block(_) | Record::Model(_) | Record::Buffer(_) | Record::Value(_) => {}

@@ -9,7 +9,10 @@ use serde::Serialize;
 
 use super::{Analysis, Phase, correlate::Stage};
 use crate::{
-    format::{Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, WriterStats},
+    format::{
+        CopyMatches, Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, ValueThread, ValuesMissing,
+        WriterStats,
+    },
     units::human_bytes,
 };
 
@@ -73,6 +76,12 @@ pub struct Summary {
     pub disabled: Vec<Disabled>,
     /// ggml found after the target started (a library it loaded with dlopen).
     pub late_attach: Option<LateAttach>,
+    /// `--values`: computed nodes left without an output record.
+    pub values_missing: Option<ValuesMissing>,
+    /// Weights in memory compared with the model file's tensors.
+    pub copies: Option<CopyMatches>,
+    /// `--values`: the team's per-thread node and barrier counts.
+    pub value_threads: Vec<ValueThread>,
 }
 
 /// The program traced, as far as the hooks it provided tell.
@@ -229,6 +238,9 @@ impl Summary {
             layout_check: a.trailer.as_ref().and_then(|t| t.layout_check),
             disabled: a.trailer.as_ref().map(|t| t.disabled.clone()).unwrap_or_default(),
             late_attach: a.trailer.as_ref().and_then(|t| t.late_attach.clone()),
+            values_missing: a.trailer.as_ref().and_then(|t| t.values_missing),
+            copies: a.trailer.as_ref().and_then(|t| t.copies),
+            value_threads: a.trailer.as_ref().map(|t| t.value_threads.clone()).unwrap_or_default(),
         }
     }
 
@@ -245,8 +257,9 @@ impl Summary {
                 "not resolved: no weight in a WEIGHTS buffer made while traced holds the bytes of a tensor of {files}"
             ),
             (n, false) => format!(
-                "{n} of the {} tensors of {files} touched: read into memory, matched to the file by their bytes",
-                self.model_tensors
+                "{n} of the {} tensors of {files} touched: read into memory, matched to the file by their bytes{}",
+                self.model_tensors,
+                self.copies.map(unnamed_copies).unwrap_or_default()
             ),
             (n, true) => format!("{n} tensors touched"),
         }
@@ -331,6 +344,23 @@ impl Summary {
         }
         if let Some(late) = &self.late_attach {
             rows.push((if late.held { "ggml loaded" } else { "LATE START" }, late.to_string()));
+        }
+        if let Some(m) = self.values_missing {
+            rows.push(if m.nodes == 0 {
+                ("values", format!("every computed node of {} graph runs read", m.runs_checked))
+            } else {
+                (
+                    "VALUES MISSING",
+                    format!(
+                        "{} computed nodes in {} of {} graph runs have no output record: no barrier after them was \
+                         read (attached mid-run, or an arrival the probes did not see){}",
+                        m.nodes,
+                        m.runs,
+                        m.runs_checked,
+                        team_counts(&self.value_threads)
+                    ),
+                )
+            });
         }
         let accesses = self.file_backed_accesses + self.copy_accesses;
         let share = |n: u64| if accesses == 0 { 0.0 } else { 100.0 * n as f64 / accesses as f64 };
@@ -434,6 +464,30 @@ impl Summary {
         }
         rows
     }
+}
+
+/// The threads' node and barrier counts, when they differ (a probe run
+/// missed in one of them).
+fn team_counts(threads: &[ValueThread]) -> String {
+    let counts = |t: &&ValueThread| (t.nodes, t.barriers);
+    if threads.iter().map(|t| counts(&t)).collect::<BTreeSet<_>>().len() <= 1 {
+        return String::new();
+    }
+    let each: Vec<String> =
+        threads.iter().map(|t| format!("tid {} {} nodes, {} barriers", t.tid, t.nodes, t.barriers)).collect();
+    format!("; the team's counts differ: {}", each.join("; "))
+}
+
+/// The copies left unnamed, and why; nothing when every one was named.
+fn unnamed_copies(c: CopyMatches) -> String {
+    let mut why = Vec::new();
+    if c.ambiguous > 0 {
+        why.push(format!("{} hold the bytes of several file tensors", c.ambiguous));
+    }
+    if c.unmatched > 0 {
+        why.push(format!("{} hold none's (changed after loading, or evicted)", c.unmatched));
+    }
+    if why.is_empty() { String::new() } else { format!("; left unnamed: {}", why.join(", ")) }
 }
 
 #[cfg(test)]

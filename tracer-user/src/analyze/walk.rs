@@ -245,7 +245,7 @@ pub fn walk<S: Sink + ?Sized>(
                 for ended in clock.unfinished() {
                     emit(Event::Op(ended.into_op()), &reader)?;
                 }
-                emit(Event::End(trailer), &reader)?;
+                emit(Event::End(*trailer), &reader)?;
             }
             _ => {}
         }

@@ -507,6 +507,45 @@ pub struct Trailer {
     /// older traces.
     #[serde(default)]
     pub late_attach: Option<LateAttach>,
+    /// `--values`: computed nodes that no barrier read; `None` without
+    /// `--values` and in older traces.
+    #[serde(default)]
+    pub values_missing: Option<ValuesMissing>,
+    /// Weights read into memory (whisper.cpp), matched to the file's
+    /// tensors by their bytes; `None` when none was compared.
+    #[serde(default)]
+    pub copies: Option<CopyMatches>,
+    /// `--values`: per thread of the team, the nodes it started and the
+    /// barriers it entered (equal in every member when no probe run was
+    /// missed); empty without `--values` and in older traces.
+    #[serde(default)]
+    pub value_threads: Vec<ValueThread>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueThread {
+    pub tid: u32,
+    pub nodes: u64,
+    pub barriers: u64,
+}
+
+/// Tensors of WEIGHTS buffers compared with the model file's: named (one
+/// file tensor's bytes), left unnamed because several file tensors hold
+/// the same bytes, or because none does (changed since loading, evicted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyMatches {
+    pub matched: u64,
+    pub ambiguous: u64,
+    pub unmatched: u64,
+}
+
+/// Nodes of graph runs that `--values` left without an output record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValuesMissing {
+    pub nodes: u64,
+    /// Runs with at least one such node, and runs whose graph was known.
+    pub runs: u64,
+    pub runs_checked: u64,
 }
 
 /// How ggml's probes reached a library the target loaded while traced.

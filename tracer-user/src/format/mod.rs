@@ -10,8 +10,9 @@ pub mod values;
 pub mod writer;
 
 pub use frames::{
-    CgroupMemory, Descriptor, Disabled, FileExtent, FileInfo, FilePos, Header, Hooks, LateAttach, LayoutCheck, Lost,
-    Memory, Mode, ModelTable, ModelTensor, StopReason, TargetBuild, Tracepoints, Trailer,
+    CgroupMemory, CopyMatches, Descriptor, Disabled, FileExtent, FileInfo, FilePos, Header, Hooks, LateAttach,
+    LayoutCheck, Lost, Memory, Mode, ModelTable, ModelTensor, StopReason, TargetBuild, Tracepoints, Trailer,
+    ValueThread, ValuesMissing,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
 pub use writer::{GraphDefinition, TraceWriter, WriterStats};

@@ -505,7 +505,7 @@ impl<R: Read> TraceReader<R> {
             FrameKind::End => {
                 let trailer: Trailer = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 self.ended = true;
-                Ok(Some(Record::End(trailer)))
+                Ok(Some(Record::End(Box::new(trailer))))
             }
         }
     }

@@ -151,5 +151,5 @@ pub enum Record {
     /// A model table was defined; its index in [`TraceReader::models`].
     Model(u32),
     Lost(Lost),
-    End(Trailer),
+    End(Box<Trailer>),
 }

@@ -26,7 +26,10 @@ use std::{
 use tracer_common::{BufferEvent, PAGE_SIZE as PAGE, TensorRecord, buffer_action};
 
 use super::target::{Residency, memory::TargetMemory};
-use crate::model::{ModelMap, Tensor};
+use crate::{
+    format::CopyMatches,
+    model::{ModelMap, Tensor},
+};
 
 /// ggml's `GGML_BACKEND_BUFFER_USAGE_WEIGHTS`.
 const USAGE_WEIGHTS: u32 = 1;
@@ -49,9 +52,8 @@ pub struct CopyFinder {
     found: HashMap<u64, Option<TensorId>>,
     memory: Option<(u32, TargetMemory)>,
     files: HashMap<PathBuf, CachedFile>,
-    /// Tensors matched, and tensors two or more candidates matched.
-    pub matched: u64,
-    pub ambiguous: u64,
+    /// What the byte matches came to, for the trailer.
+    pub counts: CopyMatches,
 }
 
 impl CopyFinder {
@@ -129,12 +131,15 @@ impl CopyFinder {
         self.memory = Some((pid, memory));
         match survivors[..] {
             [one] => {
-                self.matched += 1;
+                self.counts.matched += 1;
                 Some(one)
             }
-            [] => None,
+            [] => {
+                self.counts.unmatched += 1;
+                None
+            }
             _ => {
-                self.ambiguous += 1;
+                self.counts.ambiguous += 1;
                 log::debug!("the tensor at {start:#x} holds the bytes of {} model tensors", survivors.len());
                 None
             }
@@ -316,7 +321,7 @@ mod tests {
         let mut view = leaf(at(intact) + 4 * 4096, [1024, 2, 1, 1]);
         (view.op, view.view_src, view.view_offs) = (29, 0x2000, 4 * 4096);
         assert_eq!(finder.find(pid, &models, &view), Some((0, 3)));
-        assert_eq!(finder.matched, 2);
+        assert_eq!(finder.counts.matched, 2);
 
         // Two tensors of the file with the same bytes: neither is named.
         let c = models[0].tensors()[2].clone();
@@ -327,7 +332,7 @@ mod tests {
         let mut finder = CopyFinder::default();
         finder.on_buffer(&weights_buffer(&memory));
         assert_eq!(finder.find(pid, &models, &leaf(at(0), [64, 16, 1, 1])), None, "b or c");
-        assert_eq!(finder.ambiguous, 1);
+        assert_eq!(finder.counts.ambiguous, 1);
         // A freed buffer's answers go with it.
         finder.on_buffer(&BufferEvent { action: buffer_action::FREED, ..weights_buffer(&memory) });
         assert!(finder.found.is_empty() && finder.weights.is_empty());

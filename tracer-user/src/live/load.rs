@@ -345,6 +345,24 @@ impl Tracer {
         Ok(lost)
     }
 
+    /// `--values`: each thread of process `tgid` that computed a node, with
+    /// the nodes it started and barriers it entered (empty without the map).
+    pub fn value_threads(&self, tgid: u32) -> Result<Vec<crate::format::ValueThread>, LoadError> {
+        use tracer_common::values::{MAP_VALUE_TASKS, ValueTask};
+        let Some(map) = self.ebpf.map(MAP_VALUE_TASKS) else { return Ok(Vec::new()) };
+        let tasks: Array<_, ValueTask> =
+            Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_VALUE_TASKS, error: Box::new(source) })?;
+        let mut threads = Vec::new();
+        for task in tasks.iter() {
+            let task = task.map_err(|source| LoadError::Map { map: MAP_VALUE_TASKS, error: Box::new(source) })?;
+            if task.owner >> 32 == u64::from(tgid) {
+                let (tid, nodes, barriers) = (task.owner as u32, task.nodes_total, task.barriers_total);
+                threads.push(crate::format::ValueThread { tid, nodes, barriers });
+            }
+        }
+        Ok(threads)
+    }
+
     /// Hand the event ring buffer to the collector (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(MAP_EVENTS).ok_or(LoadError::Missing { what: "map", name: MAP_EVENTS })?;

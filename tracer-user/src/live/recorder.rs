@@ -418,6 +418,13 @@ impl<W: Write> Recorder<W> {
         done.into_iter().try_for_each(|d| self.write_value(d))
     }
 
+    /// The trace ends: write the last node outputs; what `--values` missed.
+    pub fn close_values(&mut self) -> io::Result<Option<crate::format::ValuesMissing>> {
+        let Some((done, missing)) = self.values.as_mut().map(|v| v.close()) else { return Ok(None) };
+        done.into_iter().try_for_each(|d| self.write_value(d))?;
+        Ok(Some(missing))
+    }
+
     fn write_value(&mut self, d: super::values::Finished) -> io::Result<()> {
         let resolver = &mut self.resolver;
         let fused = d.fused.as_ref();

@@ -4,7 +4,7 @@
 //! after it is always later), fingerprint it and hand it to the writer with
 //! its place in the graph being run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use regex_lite::Regex;
 use tracer_common::{TensorRecord, values::flags};
@@ -12,9 +12,15 @@ use tracer_common::{TensorRecord, values::flags};
 use super::values_fingerprint::{Element, fingerprint};
 use crate::{
     events::ValueRecord,
-    format::values::{Fingerprint, encode_tail, user_flags},
-    live::graphs::Definition,
+    format::{
+        ValuesMissing,
+        values::{Fingerprint, encode_tail, user_flags},
+    },
+    live::{graphs::Definition, target::OpNames},
 };
+
+/// Ops ggml-cpu does not compute (`ggml_op_is_empty`): no barrier reads them.
+const NOT_COMPUTED: [&str; 5] = ["NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"];
 
 /// A node's bytes as they arrive.
 struct Capture {
@@ -50,13 +56,40 @@ pub struct ValueRecorder {
     graphs: HashMap<u32, HashMap<u64, (u32, TensorRecord)>>,
     /// The graph whose run is the latest written.
     current: Option<u32>,
+    /// Node indices of `current`'s run that were read.
+    read_in_run: HashSet<u32>,
+    /// The target's ids of [`NOT_COMPUTED`] ops; `None` until its op names
+    /// are known (nothing is counted missing without them).
+    not_computed: Option<Vec<i32>>,
     /// Nodes left out by `--values-filter`.
     pub filtered: u64,
+    /// Computed nodes no barrier read, over the runs so far.
+    pub missing: ValuesMissing,
 }
 
 impl ValueRecorder {
     pub fn new(filter: Option<Regex>) -> Self {
-        Self { filter, open: HashMap::new(), graphs: HashMap::new(), current: None, filtered: 0 }
+        Self {
+            filter,
+            open: HashMap::new(),
+            graphs: HashMap::new(),
+            current: None,
+            read_in_run: HashSet::new(),
+            not_computed: None,
+            filtered: 0,
+            missing: ValuesMissing::default(),
+        }
+    }
+
+    pub fn set_op_names(&mut self, names: Option<&OpNames>) {
+        self.not_computed = names.map(|n| {
+            n.ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| NOT_COMPUTED.contains(&o.as_str()))
+                .map(|(i, _)| i as i32)
+                .collect()
+        });
     }
 
     pub fn on_definition(&mut self, definition: &Definition) {
@@ -64,8 +97,34 @@ impl ValueRecorder {
         self.graphs.insert(definition.id, nodes);
     }
 
+    /// A run starts: the one before has ended (its last node was flushed
+    /// at the graph event that brought this run).
     pub fn on_run(&mut self, graph: u32) {
+        self.close_run();
         self.current = Some(graph);
+    }
+
+    /// The trace ends: the last run's nodes, then what was missed in all.
+    pub fn close(&mut self) -> (Vec<Finished>, ValuesMissing) {
+        let done = self.flush();
+        self.close_run();
+        (done, self.missing)
+    }
+
+    /// Count the nodes of the run that ended that no read reached, so a
+    /// partial run is said, not silent. A node with no op is never computed.
+    fn close_run(&mut self) {
+        let (Some(nodes), Some(skip)) = (self.current.and_then(|g| self.graphs.get(&g)), &self.not_computed) else {
+            return;
+        };
+        let read = &self.read_in_run;
+        let missed = nodes.values().filter(|(i, r)| !skip.contains(&r.op) && !read.contains(i)).count() as u64;
+        if missed > 0 {
+            self.missing.nodes += missed;
+            self.missing.runs += 1;
+        }
+        self.missing.runs_checked += 1;
+        self.read_in_run.clear();
     }
 
     /// A head or chunk; a head of another node finishes the one before.
@@ -113,6 +172,11 @@ impl ValueRecorder {
     }
 
     fn finish(&mut self, c: Capture) -> Option<Finished> {
+        if let Some(nodes) = self.current.and_then(|g| self.graphs.get(&g)) {
+            // A norm fused into its MUL is never written: the pair's read covers it.
+            let read = [c.node, c.fused].into_iter().filter_map(|a| nodes.get(&a)).map(|&(i, _)| i);
+            self.read_in_run.extend(read);
+        }
         let name = crate::live::recorder::tensor_name(&c.tensor);
         if self.filter.as_ref().is_some_and(|f| !f.is_match(name)) {
             self.filtered += 1;
@@ -137,5 +201,63 @@ impl ValueRecorder {
         let mut tail = Vec::with_capacity(400);
         encode_tail(&mut tail, c.site, bits, c.superseded, fp.as_ref());
         Some(Finished { ts_tid: (c.ts_ns, c.tid), graph, node_index, tensor: c.tensor, fused, tail })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::EventHeader;
+
+    use super::*;
+
+    fn node(address: u64, op: i32) -> TensorRecord {
+        // SAFETY: plain old data; all zero is a valid record.
+        let zero: TensorRecord = unsafe { std::mem::zeroed() };
+        TensorRecord { tensor: address, op, ..zero }
+    }
+
+    fn head(run: u64, node: u64, fused: u64) -> ValueRecord {
+        // SET_ROWS: a head with no bytes to follow.
+        let (header, tensor) = (EventHeader::default(), Some(self::node(node, 1)));
+        ValueRecord { header, run, node, site: 0, fused, offset: 0, flags: flags::SET_ROWS, tensor, data: vec![] }
+    }
+
+    /// Nodes 0x10 (ADD), 0x20 (VIEW: not computed), 0x30 (RMS_NORM fused into
+    /// 0x40), 0x40 (MUL), 0x50 (ADD).
+    fn recorder() -> ValueRecorder {
+        let names = OpNames {
+            ops: ["NONE", "ADD", "MUL", "VIEW", "RMS_NORM"].map(String::from).to_vec(),
+            unary: vec![],
+            glu: vec![],
+        };
+        let mut values = ValueRecorder::new(None);
+        values.set_op_names(Some(&names));
+        let records = vec![node(0x10, 1), node(0x20, 3), node(0x30, 4), node(0x40, 2), node(0x50, 1)];
+        let definition = Definition { id: 7, records, n_nodes: 5, sources: vec![], source_ends: vec![0; 5] };
+        values.on_definition(&definition);
+        values
+    }
+
+    #[test]
+    fn a_run_read_whole_misses_nothing_and_one_cut_short_is_counted() {
+        let mut values = recorder();
+        values.on_run(7);
+        for (address, fused) in [(0x10, 0), (0x40, 0x30), (0x50, 0)] {
+            values.on_event(&head(1, address, fused));
+        }
+        values.flush();
+        // The second run's reads stop after its first node.
+        values.on_run(7);
+        values.on_event(&head(2, 0x10, 0));
+        let (_, missing) = values.close();
+        assert_eq!(missing, ValuesMissing { nodes: 3, runs: 1, runs_checked: 2 });
+    }
+
+    #[test]
+    fn without_op_names_nothing_is_counted() {
+        let mut values = recorder();
+        values.set_op_names(None);
+        values.on_run(7);
+        assert_eq!(values.close().1, ValuesMissing::default());
     }
 }

@@ -34,6 +34,7 @@ impl Session<'_> {
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
         if self.spec.values.is_some() {
             values::start(tracer, libs, names, self.attached.pid)?;
+            self.recorder.values.iter_mut().for_each(|v| v.set_op_names(names));
         }
         self.announce_hooks(before, names, build)
     }

@@ -262,6 +262,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
     }
     let mut recorder = Recorder::new(writer, resolver);
     recorder.values = spec.values.as_ref().map(|v| crate::live::values::ValueRecorder::new(v.filter.clone()));
+    recorder.values.iter_mut().for_each(|v| v.set_op_names(names.as_ref()));
     if let Some(layout) = recorder_layout {
         recorder.graphs.set_layout(layout);
     }
@@ -473,7 +474,15 @@ async fn record_until_stop(
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
-    recorder.flush_values()?;
+    let values_missing = recorder.close_values()?;
+    if let Some(missing) = values_missing.filter(|m| m.nodes > 0) {
+        log::warn!(
+            "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
+            missing.nodes,
+            missing.runs,
+            missing.runs_checked
+        );
+    }
     if recorder.graphs.incomplete > 0 {
         log::warn!("{} graphs were not recorded whole (ring buffer full)", recorder.graphs.incomplete);
     }
@@ -494,6 +503,9 @@ async fn record_until_stop(
         cgroup_peak: memory.cgroup_peak(),
         fault_around_bytes: Some(crate::live::target::fault_around_bytes()),
         late_attach: session.late_attach.take(),
+        values_missing,
+        copies: Some(recorder.resolver.copies.counts).filter(|c| *c != Default::default()),
+        value_threads: if spec.values.is_some() { tracer.value_threads(session.attached.pid)? } else { Vec::new() },
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
