@@ -101,6 +101,11 @@ pub struct ValueTask {
     /// `tgid << 32 | tid` of the thread that owns the slot: two threads
     /// whose tids share a slot make each other's barriers count as lost.
     pub owner: u64,
+    /// The `ggml_compute_params` the node was computed with: one per
+    /// thread and compute call.
+    pub params: u64,
+    /// The run of the thread's last barrier.
+    pub run: u64,
     /// Barriers entered since the node started (ops barrier inside too).
     pub barriers: u64,
     /// Since the thread's first node: nodes it started and barriers it
@@ -112,6 +117,21 @@ pub struct ValueTask {
 
 /// Map names user space reads at the end.
 pub const MAP_VALUE_TASKS: &str = "VALUE_TASKS";
+pub const MAP_VALUE_UNREAD: &str = "VALUE_UNREAD";
+
+/// Slots of [`MAP_VALUE_UNREAD`] (per CPU): nodes no barrier could read
+/// because a read of the target's memory failed (a nofault read fails on a
+/// page being migrated, for one).
+pub mod unread {
+    pub const SLOTS: u32 = 3;
+    /// The thread's `ith, nth` at a node's entry, with no earlier read of
+    /// the same compute call to fall back on.
+    pub const PARAMS: u32 = 0;
+    /// The barrier's return address (which barrier it is).
+    pub const SITE: u32 = 1;
+    /// A run whose process state could not be made (a failed map insert).
+    pub const POOL: u32 = 2;
+}
 
 /// Where one team member last arrived: which node, and `run << 16 |
 /// barrier` within it. Another member is at the same barrier exactly when

@@ -29,7 +29,7 @@ use tracer_common::{
     EventKind, TensorRecord, hooks,
     values::{
         MAX_TEAM, TASK_SLOTS, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags,
-        part,
+        part, unread,
     },
 };
 
@@ -83,8 +83,8 @@ pub fn value_graph(_ctx: ProbeContext) -> u32 {
     // By reference: 520 bytes would not fit the BPF stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
     if VALUE_POOLS.insert(tgid, unsafe { &*zero }, 0).is_err() {
-        // Every barrier of this run will count as lost; the next run retries.
-        count_lost(EventKind::Value);
+        // This run goes unread; the next one retries.
+        count_unread(unread::POOL);
         return 0;
     }
     if let Some(pool) = VALUE_POOLS.get_ptr_mut(tgid) {
@@ -116,21 +116,52 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     if !layout::valid() {
         return 0;
     }
-    // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
-    let mut thread = [0u32; 2];
-    if read_user(&mut thread, params + u64::from(ggml!(params.ith))).is_err() {
-        return 0;
-    }
     let (node, fused) = if hook == hooks::FUSED_MUL { (third, second) } else { (second, 0) };
     let Some(slot) = VALUE_TASKS.get_ptr_mut(tid & (TASK_SLOTS - 1)) else { return 0 };
     let owner = owner(tgid, tid);
     // SAFETY: an array slot only this thread writes (an owner sharing it is caught at the barrier).
-    let (nodes_total, barriers_total) =
-        unsafe { if (*slot).owner == owner { ((*slot).nodes_total, (*slot).barriers_total) } else { (0, 0) } };
-    let (ith, nth) = (thread[0], thread[1]);
-    let task = ValueTask { node, fused, ith, nth, owner, barriers: 0, nodes_total: nodes_total + 1, barriers_total };
+    let last = unsafe { *slot };
+    let last = (last.owner == owner).then_some(last);
+    // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
+    let mut thread = [0u32; 2];
+    let (ith, nth) = if read_user(&mut thread, params + u64::from(ggml!(params.ith))).is_ok() {
+        (thread[0], thread[1])
+    } else if let Some(last) = last.filter(|l| l.params == params && l.run == current_run(tgid)) {
+        // A nofault read can fail on a present page (one being migrated).
+        // The same `params` in the same run is the same compute call, whose
+        // team is known (a later call may reuse the stack slot, with
+        // another team size).
+        (last.ith, last.nth)
+    } else {
+        // The node goes unread (its barriers cannot be matched), and is said.
+        count_unread(unread::PARAMS);
+        return 0;
+    };
+    let (run, nodes_total, barriers_total) = last.map_or((0, 0, 0), |l| (l.run, l.nodes_total, l.barriers_total));
+    let nodes_total = nodes_total + 1;
+    let task = ValueTask { node, fused, ith, nth, owner, params, run, barriers: 0, nodes_total, barriers_total };
     unsafe { *slot = task };
     0
+}
+
+/// Nodes left unread because a user-memory read failed, by [`unread`] slot.
+#[map]
+static VALUE_UNREAD: PerCpuArray<u64> = PerCpuArray::with_max_entries(unread::SLOTS, 0);
+
+#[inline(always)]
+fn count_unread(slot: u32) {
+    if let Some(n) = VALUE_UNREAD.get_ptr_mut(slot) {
+        // SAFETY: this CPU's slot (a uprobe program does not migrate; an
+        // increment is lost only to a preemption mid-add: a count, not a figure).
+        unsafe { *n += 1 };
+    }
+}
+
+/// The process's run count (0 before its first).
+#[inline(always)]
+fn current_run(tgid: u32) -> u64 {
+    // SAFETY: a map value, read once.
+    VALUE_POOLS.get_ptr(tgid).map_or(0, |pool| unsafe { read_volatile(&(*pool).run) })
 }
 
 #[inline(always)]
@@ -183,6 +214,7 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
         return Err(());
     }
     let run = unsafe { read_volatile(&pool.run) };
+    state.run = run;
     state.barriers += 1;
     state.barriers_total += 1;
     let (ith, nth) = (state.ith as usize, state.nth as usize);
@@ -217,7 +249,11 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     // Every thread has arrived, and none can leave until we enter. Two
     // arriving at once may both read: user space keeps one.
     let mut ret = 0u64;
-    read_user(&mut ret, rsp)?;
+    if read_user(&mut ret, rsp).is_err() {
+        // Which barrier this is cannot be told: not read, and said.
+        count_unread(unread::SITE);
+        return Err(());
+    }
     // The uprobe's address (or one past it) is in the same page as the
     // symbol's, and the library is mapped at a page-aligned bias.
     let barrier = setting(config::BARRIER_VADDR);

@@ -12,6 +12,7 @@ mod programs;
 mod sections;
 mod server;
 mod simulate;
+mod stopper;
 mod sweep;
 mod thesis_webui;
 mod values;

@@ -353,10 +353,11 @@ impl Summary {
                     "VALUES MISSING",
                     format!(
                         "{} computed nodes in {} of {} graph runs have no output record: no barrier after them was \
-                         read (attached mid-run, or an arrival the probes did not see){}",
+                         read ({}){}",
                         m.nodes,
                         m.runs,
                         m.runs_checked,
+                        unread_reasons(m),
                         team_counts(&self.value_threads)
                     ),
                 )
@@ -464,6 +465,17 @@ impl Summary {
         }
         rows
     }
+}
+
+/// Why the kernel read no barrier, where it knew.
+fn unread_reasons(m: ValuesMissing) -> String {
+    let known = [
+        (m.unread_params, "nodes whose thread's place in the team could not be read"),
+        (m.unread_site, "barriers whose return address could not be read"),
+        (m.unread_runs, "runs whose state could not be made"),
+    ];
+    let said: Vec<String> = known.iter().filter(|(n, _)| *n > 0).map(|(n, why)| format!("{n} {why}")).collect();
+    if said.is_empty() { "attached mid-run, or an arrival the probes did not see".to_string() } else { said.join("; ") }
 }
 
 /// The threads' node and barrier counts, when they differ (a probe run

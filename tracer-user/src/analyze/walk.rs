@@ -58,7 +58,7 @@ pub enum Event {
     /// A block request issued or completed on a watched device.
     Block(Context, Block),
     Lost(Lost),
-    End(Trailer),
+    End(Box<Trailer>),
 }
 
 /// What a sink may look up while handling an event.
@@ -245,7 +245,7 @@ pub fn walk<S: Sink + ?Sized>(
                 for ended in clock.unfinished() {
                     emit(Event::Op(ended.into_op()), &reader)?;
                 }
-                emit(Event::End(*trailer), &reader)?;
+                emit(Event::End(trailer), &reader)?;
             }
             _ => {}
         }

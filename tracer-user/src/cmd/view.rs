@@ -70,13 +70,29 @@ pub fn run(args: ViewArgs) -> Result<()> {
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");
     });
-    runtime.block_on(async move {
+    let cut_short = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, server::router(index, token)).with_graceful_shutdown(stop.wait()).await
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let signalled = stopping.clone();
+        let serve = axum::serve(listener, server::router(index, token)).with_graceful_shutdown(async move {
+            stop.wait().await;
+            signalled.notify_one();
+        });
+        // A graceful stop waits for the requests in flight, and a simulation
+        // of a long trace can take minutes: they get a moment, not more.
+        tokio::select! {
+            served = serve => served.map(|()| false),
+            () = async { stopping.notified().await; tokio::time::sleep(STOP_GRACE).await } => Ok(true),
+        }
     })?;
-    eprintln!("ttrace: view stopped");
+    // Nor does the runtime wait for the computations still running.
+    runtime.shutdown_timeout(std::time::Duration::ZERO);
+    eprintln!("ttrace: view stopped{}", if cut_short { " (a request still computing was dropped)" } else { "" });
     Ok(())
 }
+
+/// How long requests in flight may finish after Ctrl-C or SIGTERM.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Ctrl-C or SIGTERM, caught from when it is made.
 struct Stop {

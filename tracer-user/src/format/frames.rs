@@ -546,6 +546,15 @@ pub struct ValuesMissing {
     /// Runs with at least one such node, and runs whose graph was known.
     pub runs: u64,
     pub runs_checked: u64,
+    /// Why, where the kernel knew: a failed read of the thread's
+    /// `ith, nth` (nodes), of a barrier's return address (nodes), a run
+    /// whose state could not be made (runs).
+    #[serde(default)]
+    pub unread_params: u64,
+    #[serde(default)]
+    pub unread_site: u64,
+    #[serde(default)]
+    pub unread_runs: u64,
 }
 
 /// How ggml's probes reached a library the target loaded while traced.

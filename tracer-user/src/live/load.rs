@@ -363,6 +363,20 @@ impl Tracer {
         Ok(threads)
     }
 
+    /// `--values`: nodes and runs the kernel could not read, by reason
+    /// (`tracer_common::values::unread`); zeros without the map.
+    pub fn values_unread(&self) -> Result<[u64; 3], LoadError> {
+        use tracer_common::values::{MAP_VALUE_UNREAD, unread};
+        let Some(map) = self.ebpf.map(MAP_VALUE_UNREAD) else { return Ok([0; 3]) };
+        let error = |source| LoadError::Map { map: MAP_VALUE_UNREAD, error: Box::new(source) };
+        let per_cpu: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(error)?;
+        let mut counts = [0u64; 3];
+        for (slot, count) in [unread::PARAMS, unread::SITE, unread::POOL].into_iter().zip(&mut counts) {
+            *count = per_cpu.get(&slot, 0).map_err(error)?.iter().sum();
+        }
+        Ok(counts)
+    }
+
     /// Hand the event ring buffer to the collector (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, LoadError> {
         let map = self.ebpf.take_map(MAP_EVENTS).ok_or(LoadError::Missing { what: "map", name: MAP_EVENTS })?;

@@ -250,7 +250,7 @@ mod tests {
         values.on_run(7);
         values.on_event(&head(2, 0x10, 0));
         let (_, missing) = values.close();
-        assert_eq!(missing, ValuesMissing { nodes: 3, runs: 1, runs_checked: 2 });
+        assert_eq!(missing, ValuesMissing { nodes: 3, runs: 1, runs_checked: 2, ..Default::default() });
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{Ctx, median, median_ci95, min_max};
+use super::{Ctx, median, median_ci95, min_max, stopper::StopOnDrop};
 
 pub const CLIENTS: usize = 4;
 /// Waves of [`CLIENTS`] requests timed per round, and tokens each generates.
@@ -122,18 +122,17 @@ fn wave(port: u16) -> Result<()> {
     Ok(())
 }
 
-fn stop(mut child: Child) -> Result<()> {
-    // SIGINT: llama-server exits, and `ttrace run` stops it and writes the trace.
-    Command::new("kill").args(["-INT", &child.id().to_string()]).status()?;
-    child.wait()?;
-    Ok(())
+/// SIGINT: llama-server exits, and `ttrace run` stops it and writes the
+/// trace (what dropping the guard does, also on an error or a panic).
+fn stop(child: StopOnDrop) {
+    drop(child);
 }
 
 /// A server up and warmed (the first requests pay for lazy set-up), and
 /// what was measured over its timed waves so far.
 struct Served {
     variant: &'static str,
-    child: Child,
+    child: StopOnDrop,
     port: u16,
     /// The tracer's pid (B, C): its BPF programs and CPU time are read.
     tracer: Option<u32>,
@@ -145,14 +144,14 @@ struct Served {
 impl Served {
     fn start(ctx: &Ctx, variant: &'static str, model: &Path) -> Result<Self> {
         let port = free_port()?;
-        let mut child = start(ctx, variant, model, port)?;
-        let ready = wait_healthy(port, &mut child).and_then(|()| wave(port));
+        let mut child = StopOnDrop::new(start(ctx, variant, model, port)?);
+        let ready = wait_healthy(port, child.child()).and_then(|()| wave(port));
         let tracer = (variant != "A").then(|| child.id());
         let served = Self { variant, child, port, tracer, secs: 0.0, programs: Default::default(), tracer_cpu_ns: 0 };
         match ready {
             Ok(()) => Ok(served),
             Err(e) => {
-                let _ = stop(served.child);
+                stop(served.child);
                 Err(e)
             }
         }
@@ -178,7 +177,7 @@ impl Served {
 
     fn sample(self, round: usize) -> Result<ServerSample> {
         let Self { variant, child, secs, programs, tracer_cpu_ns, .. } = self;
-        stop(child)?;
+        stop(child);
         Ok(ServerSample {
             round,
             variant,
@@ -199,7 +198,7 @@ fn run_round(ctx: &Ctx, traced: &'static str, round: usize, model: &Path) -> Res
     let mut two = match Served::start(ctx, second, model) {
         Ok(two) => two,
         Err(e) => {
-            let _ = stop(one.child);
+            stop(one.child);
             return Err(e);
         }
     };

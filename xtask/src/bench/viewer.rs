@@ -108,7 +108,7 @@ pub fn long_trace(ctx: &Ctx, model: &Path) -> Result<(std::path::PathBuf, u32)> 
 fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     let load = super::attach::load_average();
     let started = Instant::now();
-    let mut child = Command::new(&ctx.ttrace)
+    let child = Command::new(&ctx.ttrace)
         .arg("view")
         .arg(trace)
         .args(["--port", "0", "--no-open"])
@@ -116,10 +116,11 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting ttrace view")?;
+    // Stopped as Ctrl-C stops it, also when a query below fails.
+    let mut server = super::stopper::StopOnDrop::new(child);
     let mut line = String::new();
-    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    BufReader::new(server.child().stdout.take().context("stdout")?).read_line(&mut line)?;
     let Some(port) = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()) else {
-        let _ = child.kill();
         bail!("ttrace view printed no URL: {line:?}");
     };
     let addr = format!("127.0.0.1:{port}");
@@ -132,15 +133,13 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     let simulate_s = simulating.elapsed().as_secs_f64();
     let result = queries(&addr, &meta);
     let frames = front_end(ctx, &addr);
-    let peak_rss_kib = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+    let peak_rss_kib = std::fs::read_to_string(format!("/proc/{}/status", server.id()))
         .ok()
         .and_then(|s| {
             s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0);
-    // Stopped as Ctrl-C stops it.
-    let _ = Command::new("kill").args(["-INT", &child.id().to_string()]).status();
-    let _ = child.wait();
+    drop(server);
     Ok(Viewer {
         trace_bytes: std::fs::metadata(trace)?.len(),
         ops: meta["counts"]["ops"].as_u64().unwrap_or(0),

@@ -44,7 +44,7 @@ use self::{
 use crate::{
     cli::TracepointChoice,
     events::Event,
-    format::{Lost, Mode, StopReason, Trailer, WriterStats},
+    format::{Lost, Mode, StopReason, Trailer, ValuesMissing, WriterStats},
     live::collect::{EventStream, spawn_logger},
     live::layouts::Refusal,
     live::load::{LoadOptions, Tracer},
@@ -474,7 +474,9 @@ async fn record_until_stop(
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
-    let values_missing = recorder.close_values()?;
+    let [unread_params, unread_site, unread_runs] = tracer.values_unread()?;
+    let values_missing =
+        recorder.close_values()?.map(|missing| ValuesMissing { unread_params, unread_site, unread_runs, ..missing });
     if let Some(missing) = values_missing.filter(|m| m.nodes > 0) {
         log::warn!(
             "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
