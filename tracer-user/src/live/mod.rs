@@ -16,6 +16,7 @@ pub mod layouts;
 pub mod load;
 pub mod privileges;
 pub mod recorder;
+pub mod resolver;
 pub mod selftest;
 pub mod session;
 pub mod target;

@@ -64,7 +64,7 @@ pub struct ValueRecorder {
     /// Nodes left out by `--values-filter`.
     pub filtered: u64,
     /// Computed nodes no barrier read, over the runs so far.
-    pub missing: ValuesMissing,
+    missing: ValuesMissing,
 }
 
 impl ValueRecorder {
@@ -104,11 +104,10 @@ impl ValueRecorder {
         self.current = Some(graph);
     }
 
-    /// The trace ends: the last run's nodes, then what was missed in all.
-    pub fn close(&mut self) -> (Vec<Finished>, ValuesMissing) {
-        let done = self.flush();
+    /// The trace ends (its open nodes flushed): what was missed in all.
+    pub fn close(&mut self) -> ValuesMissing {
         self.close_run();
-        (done, self.missing)
+        self.missing
     }
 
     /// Count the nodes of the run that ended that no read reached, so a
@@ -249,7 +248,8 @@ mod tests {
         // The second run's reads stop after its first node.
         values.on_run(7);
         values.on_event(&head(2, 0x10, 0));
-        let (_, missing) = values.close();
+        values.flush();
+        let missing = values.close();
         assert_eq!(missing, ValuesMissing { nodes: 3, runs: 1, runs_checked: 2, ..Default::default() });
     }
 
@@ -258,6 +258,6 @@ mod tests {
         let mut values = recorder();
         values.set_op_names(None);
         values.on_run(7);
-        assert_eq!(values.close().1, ValuesMissing::default());
+        assert_eq!(values.close(), ValuesMissing::default());
     }
 }

@@ -44,7 +44,7 @@ use self::{
 use crate::{
     cli::TracepointChoice,
     events::Event,
-    format::{Lost, Mode, StopReason, Trailer, ValuesMissing, WriterStats},
+    format::{Lost, Mode, StopReason, Trailer, WriterStats},
     live::collect::{EventStream, spawn_logger},
     live::layouts::Refusal,
     live::load::{LoadOptions, Tracer},
@@ -474,17 +474,7 @@ async fn record_until_stop(
     let mut recorder = session.recorder;
     let ready = recorder.graphs.settle();
     recorder.write_graphs(ready)?;
-    let [unread_params, unread_site, unread_runs] = tracer.values_unread()?;
-    let values_missing =
-        recorder.close_values()?.map(|missing| ValuesMissing { unread_params, unread_site, unread_runs, ..missing });
-    if let Some(missing) = values_missing.filter(|m| m.nodes > 0) {
-        log::warn!(
-            "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
-            missing.nodes,
-            missing.runs,
-            missing.runs_checked
-        );
-    }
+    let (values_missing, value_threads) = values::finish(&tracer, &mut recorder, session.attached.pid)?;
     if recorder.graphs.incomplete > 0 {
         log::warn!("{} graphs were not recorded whole (ring buffer full)", recorder.graphs.incomplete);
     }
@@ -507,7 +497,7 @@ async fn record_until_stop(
         late_attach: session.late_attach.take(),
         values_missing,
         copies: Some(recorder.resolver.copies.counts).filter(|c| *c != Default::default()),
-        value_threads: if spec.values.is_some() { tracer.value_threads(session.attached.pid)? } else { Vec::new() },
+        value_threads,
     };
     let stats = recorder.writer.stats;
     let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;

@@ -9,9 +9,13 @@ use tracer_common::{
     values::{config, programs},
 };
 
-use crate::live::{
-    load::Tracer,
-    target::{self, HookLibs, OpNames},
+use crate::{
+    format::{ValueThread, ValuesMissing},
+    live::{
+        load::Tracer,
+        recorder::Recorder,
+        target::{self, HookLibs, OpNames},
+    },
 };
 
 /// The node loop (a static function, maybe a compiler clone of it).
@@ -65,4 +69,26 @@ pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames
         tracer.attach_uprobe(program, path, symbol, Some(pid), u64::from(cookie))?;
     }
     Ok(())
+}
+
+/// The trace ends: the last node outputs written, the nodes no barrier
+/// read (with the kernel's reasons) and the team's counts, for the
+/// trailer; nothing without `--values`.
+pub(super) fn finish<W: std::io::Write>(
+    tracer: &Tracer,
+    recorder: &mut Recorder<W>,
+    pid: u32,
+) -> Result<(Option<ValuesMissing>, Vec<ValueThread>)> {
+    let Some(missing) = recorder.close_values()? else { return Ok((None, Vec::new())) };
+    let [unread_params, unread_site, unread_runs] = tracer.values_unread()?;
+    let missing = ValuesMissing { unread_params, unread_site, unread_runs, ..missing };
+    if missing.nodes > 0 {
+        log::warn!(
+            "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
+            missing.nodes,
+            missing.runs,
+            missing.runs_checked
+        );
+    }
+    Ok((Some(missing), tracer.value_threads(pid)?))
 }
