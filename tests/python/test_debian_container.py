@@ -69,6 +69,9 @@ def test_debian_llama_completion_in_its_own_namespaces(ttrace, debian, models, l
     assert_derived_build(a, debian)
     # Found in the chroot'ed child, the CPU variant ggml's loader kept.
     assert "/ggml/backends" in s["late_attach"]["library"], s["late_attach"]
+    # Held at the library load, with its loader (the root's) hooked at its exec.
+    assert s["late_attach"]["held"], proc.stderr[-3000:]
+    assert "ggml loaded" in proc.stderr and "LATE START" not in proc.stderr, proc.stderr[-3000:]
     prompts = [u for u in a["ubatches"] if u["phase"] == "prompt"]
     assert [t for u in prompts for t in u["token_ids"]] == prompt_ids(llama_tokenize, models["gemma"])
     assert s["prompt_tokens"] == int(prompt[0]), (s, prompt)

@@ -20,8 +20,16 @@ pub const MAP_EVENTS: &str = "EVENTS";
 /// Per-CPU `u64` array, indexed by [`EventKind`]: events dropped because the
 /// ring buffer was full. The ring buffer keeps no such count itself.
 pub const MAP_LOST: &str = "LOST";
-/// Hash `u32 tgid -> u8`: the processes whose events are recorded.
+/// Hash `u32 tgid -> u8` (a [`traced`] value): the processes whose events
+/// are recorded.
 pub const MAP_TARGET_TGIDS: &str = "TARGET_TGIDS";
+/// LRU hash `u32 pid -> u8`: tasks a traced process created (a process or a
+/// thread: the fork tracepoint cannot tell) while the library hold is on.
+/// One that execs becomes a [`traced::FOLLOWED`] process.
+pub const MAP_NEW_CHILDREN: &str = "NEW_CHILDREN";
+/// Capacity of [`MAP_NEW_CHILDREN`]: threads the target starts between a
+/// fork and its exec push the oldest entries out.
+pub const MAX_NEW_CHILDREN: u32 = 1024;
 /// Array `u64`, indexed by the `config` constants: settings from user space.
 pub const MAP_CONFIG: &str = "CONFIG";
 /// Hash [`FileKey`] -> `u8`: the model files whose page-cache events are recorded.
@@ -34,7 +42,7 @@ pub const MAX_MODEL_FILES: u32 = 256;
 
 /// Slots of [`MAP_CONFIG`].
 pub mod config {
-    pub const SLOTS: u32 = 5;
+    pub const SLOTS: u32 = 6;
     /// Bit set: see `FLAG_*`.
     pub const FLAGS: u32 = 0;
     /// The target's `GGML_OP_GET_ROWS` value (op ids differ across ggml
@@ -53,6 +61,12 @@ pub mod config {
     /// probes (`run` of a program that loads ggml with `dlopen`). ttrace
     /// continues it and clears this.
     pub const HOLD_AT_LIBRARY_LOAD: u32 = 4;
+    /// Byte offset of `child_pid` in this kernel's `sched:sched_process_fork`
+    /// record (it moved when the comms became `__data_loc` strings), read
+    /// from its format file; 0 (unset): children are not followed. While
+    /// [`HOLD_AT_LIBRARY_LOAD`] is on, a process a traced one starts is
+    /// traced from its exec, and held there ([`super::markers::PROCESS_EXEC`]).
+    pub const FORK_CHILD_PID: u32 = 5;
     /// Record every worker thread's op calls, not only `ith == 0`.
     pub const FLAG_ALL_THREADS: u64 = 1;
 }
@@ -61,6 +75,14 @@ pub mod config {
 pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
 /// Capacity of [`MAP_TARGET_TGIDS`].
 pub const MAX_TARGET_TGIDS: u32 = 64;
+
+/// Values of [`MAP_TARGET_TGIDS`]: how a process came to be traced.
+pub mod traced {
+    /// Named by user space: `run`'s child, `attach`'s pid, one found later.
+    pub const NAMED: u8 = 1;
+    /// Followed by the kernel: a process a traced one started, from its exec.
+    pub const FOLLOWED: u8 = 2;
+}
 
 pub mod programs;
 

@@ -38,3 +38,8 @@ pub const WHISPER_DECODE: u64 = 25;
 /// model file it reads into memory (the reader reads the string at once,
 /// while the loader still runs).
 pub const WHISPER_INIT: u64 = 26;
+/// `sched:sched_process_exec` of a process a traced one started (or one
+/// such process exec'ing again), while the library hold is on: it is traced
+/// from here, and stopped until ttrace has hooked the loader it runs with
+/// (`unshare --fork chroot ROOT PROGRAM`, `sh -c`). No arguments.
+pub const PROCESS_EXEC: u64 = 27;

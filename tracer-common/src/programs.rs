@@ -63,5 +63,12 @@ pub const BUFFER_CREATED: &str = "buffer_created";
 /// [`crate::buffer_action`].
 pub const BUFFER_CHANGED: &str = "buffer_changed";
 
+/// `sched:sched_process_fork` and `sched:sched_process_exec` (perf-event
+/// tracepoints, on every kernel): while the library hold is on, a process
+/// a traced one starts is traced from its exec and held there
+/// ([`crate::markers::PROCESS_EXEC`]).
+pub const PROCESS_FORK: &str = "process_fork";
+pub const PROCESS_EXEC: &str = "process_exec";
+
 /// Stand-ins for kernels that lack a helper a program calls.
 pub mod compat;

@@ -123,7 +123,7 @@ pub const MAP_VALUE_UNREAD: &str = "VALUE_UNREAD";
 /// because a read of the target's memory failed (a nofault read fails on a
 /// page being migrated, for one).
 pub mod unread {
-    pub const SLOTS: u32 = 3;
+    pub const SLOTS: u32 = 4;
     /// The thread's `ith, nth` at a node's entry, with no earlier read of
     /// the same compute call to fall back on.
     pub const PARAMS: u32 = 0;
@@ -131,6 +131,12 @@ pub mod unread {
     pub const SITE: u32 = 1;
     /// A run whose process state could not be made (a failed map insert).
     pub const POOL: u32 = 2;
+    /// A read this CPU skipped because it was already in the middle of
+    /// one: a program preempted mid-copy (uprobes run preemptible on
+    /// PREEMPT_LAZY kernels, 6.18 on) and another team thread's, on the
+    /// same CPU, arriving last at the same barrier too. The first reads the
+    /// node; the per-CPU scratch both copy through is not shared.
+    pub const BUSY: u32 = 3;
 }
 
 /// Where one team member last arrived: which node, and `run << 16 |

@@ -262,8 +262,23 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     if site < setting(config::LOOP_START) || site >= setting(config::LOOP_END) {
         return Ok(());
     }
-    send::<BOUNDED>(task, run, *state, site)
+    // One read per CPU at a time: the scratch it copies through is per CPU,
+    // and a preempted read must not have it overwritten.
+    let busy = VALUE_BUSY.get_ptr_mut(0).ok_or(())?;
+    // SAFETY: this CPU's slot; a uprobe program does not migrate.
+    if unsafe { read_volatile(busy) } != 0 {
+        count_unread(unread::BUSY);
+        return Err(());
+    }
+    unsafe { *busy = 1 };
+    let sent = send::<BOUNDED>(task, run, *state, site);
+    unsafe { *busy = 0 };
+    sent
 }
+
+/// Non-zero while this CPU sends a node (see [`unread::BUSY`]).
+#[map]
+static VALUE_BUSY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[cfg(target_arch = "bpf")]
 #[inline(always)]

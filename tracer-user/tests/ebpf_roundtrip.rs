@@ -129,10 +129,17 @@ fn tracepoint_offsets_match_this_kernel() {
 fn object_defines_every_shared_map_and_program() {
     // No root needed: parse the embedded object.
     let obj = aya_obj_names();
-    for name in [tracer_common::MAP_EVENTS, tracer_common::MAP_LOST, tracer_common::MAP_TARGET_TGIDS] {
+    let maps = [
+        tracer_common::MAP_EVENTS,
+        tracer_common::MAP_LOST,
+        tracer_common::MAP_TARGET_TGIDS,
+        tracer_common::MAP_NEW_CHILDREN,
+    ];
+    for name in maps {
         assert!(obj.contains(&name.to_string()), "map {name} missing from the eBPF object");
     }
-    for name in [tracer_common::programs::CALL_ARGS, tracer_common::programs::PAGE_FAULT_USER] {
+    use tracer_common::programs;
+    for name in [programs::CALL_ARGS, programs::PAGE_FAULT_USER, programs::PROCESS_FORK, programs::PROCESS_EXEC] {
         assert!(obj.contains(&name.to_string()), "program {name} missing from the eBPF object");
     }
     // The stand-ins of older kernels, named in tracer-common and built by a

@@ -473,6 +473,7 @@ fn unread_reasons(m: ValuesMissing) -> String {
         (m.unread_params, "nodes whose thread's place in the team could not be read"),
         (m.unread_site, "barriers whose return address could not be read"),
         (m.unread_runs, "runs whose state could not be made"),
+        (m.unread_busy, "reads skipped while their CPU was mid-way through another (a preempted probe)"),
     ];
     let said: Vec<String> = known.iter().filter(|(n, _)| *n > 0).map(|(n, why)| format!("{n} {why}")).collect();
     if said.is_empty() { "attached mid-run, or an arrival the probes did not see".to_string() } else { said.join("; ") }

@@ -150,6 +150,7 @@ fn marker_name_ref(cookie: u64) -> Cow<'static, str> {
         markers::WHISPER_ENCODE => "whisper_encode".into(),
         markers::WHISPER_DECODE => "whisper_decode".into(),
         markers::WHISPER_INIT => "whisper_init".into(),
+        markers::PROCESS_EXEC => "process_exec".into(),
         other => format!("marker#{other}").into(),
     }
 }

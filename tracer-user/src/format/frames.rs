@@ -555,6 +555,11 @@ pub struct ValuesMissing {
     pub unread_site: u64,
     #[serde(default)]
     pub unread_runs: u64,
+    /// Reads skipped because their CPU was mid-way through another (see
+    /// `tracer_common::values::unread::BUSY`): the other read the node,
+    /// unless a node is missing beside it.
+    #[serde(default)]
+    pub unread_busy: u64,
 }
 
 /// How ggml's probes reached a library the target loaded while traced.

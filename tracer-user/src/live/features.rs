@@ -89,6 +89,13 @@ pub fn check(tracer: &mut Tracer) -> Vec<Checked> {
         };
         out.push(Checked { what, status });
     }
+    // `run` of a command with no ggml linked follows the processes it starts.
+    let status = match tracer.verify_process_tracepoints() {
+        Ok(()) => Status::Available(Some("perf-event tracepoint".into())),
+        Err(e) => Status::Missing(why(&e)),
+    };
+    let what = "processes a command starts, held at exec (sched_process_fork, sched_process_exec)";
+    out.push(Checked { what: what.into(), status });
     for io in tracer.verify_io() {
         let status = match (&io.source, io.loaded) {
             (IoSource::Unavailable(why), _) => Status::Missing(why.clone()),

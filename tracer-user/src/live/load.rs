@@ -37,6 +37,7 @@ use crate::{
 };
 
 mod io;
+mod processes;
 mod support;
 
 use io::{Io, kind_of, plan_io};
@@ -365,13 +366,13 @@ impl Tracer {
 
     /// `--values`: nodes and runs the kernel could not read, by reason
     /// (`tracer_common::values::unread`); zeros without the map.
-    pub fn values_unread(&self) -> Result<[u64; 3], LoadError> {
+    pub fn values_unread(&self) -> Result<[u64; 4], LoadError> {
         use tracer_common::values::{MAP_VALUE_UNREAD, unread};
-        let Some(map) = self.ebpf.map(MAP_VALUE_UNREAD) else { return Ok([0; 3]) };
+        let Some(map) = self.ebpf.map(MAP_VALUE_UNREAD) else { return Ok([0; 4]) };
         let error = |source| LoadError::Map { map: MAP_VALUE_UNREAD, error: Box::new(source) };
         let per_cpu: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(error)?;
-        let mut counts = [0u64; 3];
-        for (slot, count) in [unread::PARAMS, unread::SITE, unread::POOL].into_iter().zip(&mut counts) {
+        let mut counts = [0u64; 4];
+        for (slot, count) in [unread::PARAMS, unread::SITE, unread::POOL, unread::BUSY].into_iter().zip(&mut counts) {
             *count = per_cpu.get(&slot, 0).map_err(error)?.iter().sum();
         }
         Ok(counts)

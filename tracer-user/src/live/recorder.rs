@@ -88,6 +88,10 @@ impl<W: Write> Recorder<W> {
                 }
                 self.writer.marker(call)
             }
+            Event::PageFault(fault) if fault.header.tgid != self.resolver.pid() => {
+                self.resolver.faults_elsewhere += 1;
+                Ok(())
+            }
             Event::PageFault(fault) => {
                 let (memory, file) = self.resolver.resolve_fault(fault.address);
                 self.flush_models()?;

@@ -60,6 +60,10 @@ pub struct Resolver {
     pub maps_errors: u64,
     /// Block requests on watched devices outside every model file.
     pub blocks_elsewhere: u64,
+    /// Page faults of traced processes other than the one followed (a
+    /// container's `unshare`, a program the command started that has not
+    /// loaded ggml): this one's maps cannot name their addresses.
+    pub faults_elsewhere: u64,
     /// The last maps text read, and whether it is worth a MAPS frame: the
     /// first read, or the first to show a model file mapped.
     maps_text: String,
@@ -84,6 +88,7 @@ impl Resolver {
             new_watched: Vec::new(),
             maps_errors: 0,
             blocks_elsewhere: 0,
+            faults_elsewhere: 0,
             maps_text: String::new(),
             maps_due: false,
             mapped_models: HashSet::new(),
@@ -183,6 +188,11 @@ impl Resolver {
     /// Re-read the target's maps, opening any GGUF file it maps for the first time.
     /// The process to read maps of: `run`'s child, or the process of its
     /// that loaded ggml.
+    /// The process whose maps resolve addresses.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     pub fn follow(&mut self, pid: u32) {
         if pid != self.pid {
             self.pid = pid;

@@ -41,6 +41,9 @@ enum Run {
     /// The same, its tmp kept in the job directory: a failing case's trace
     /// survives the guest (for a case that has failed rarely, unexplained).
     PytestKept(&'static str),
+    /// A pytest node that repeats its run `TTRACE_TEST_RUNS` times, fewer
+    /// here than on the host (the guest's CPU is emulated).
+    PytestRuns(&'static str, u32),
     /// One test of a Rust integration-test binary of tracer-user.
     Rust { binary: &'static str, test: &'static str },
     /// A shell command (`$TTRACE_BIN`, `$LLAMA` and `$TINY` are set).
@@ -65,6 +68,12 @@ const CASES: &[(&str, Run)] = &[
     ),
     ("--values", Run::PytestKept("test_values.py::test_values_match_the_eval_callback[tiny]")),
     ("top --json", Run::Pytest("test_top.py::test_moe_expert_grid_equals_the_traces_routing")),
+    // The library hold following a command's children to their exec (the
+    // fork record's layout differs between kernels).
+    (
+        "dlopen grandchild",
+        Run::PytestRuns("test_dlopen_start.py::test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph", 3),
+    ),
 ];
 
 /// `check` where stand-ins load: it passes, naming them as fallbacks with
@@ -220,6 +229,10 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
             Run::PytestKept(node) => format!(
                 "\"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider --basetemp=/job/pytest-{} {}",
                 file_name(name),
+                shell_quote(&repo.join("tests/python").join(node).display().to_string())
+            ),
+            Run::PytestRuns(node, runs) => format!(
+                "TTRACE_TEST_RUNS={runs} \"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider {}",
                 shell_quote(&repo.join("tests/python").join(node).display().to_string())
             ),
             Run::Rust { binary, test } => {

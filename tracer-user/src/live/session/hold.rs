@@ -12,7 +12,10 @@
 //! constructors run. The kernel stops the target there (SIGSTOP) and wakes
 //! ttrace, which looks for ggml, attaches, and continues it.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
@@ -31,19 +34,33 @@ use crate::{
 pub(super) struct LibraryHold {
     /// The kernel stops the target at library loads.
     armed: bool,
-    /// A library load was seen since the last [`LibraryHold::take_load`].
-    loaded: bool,
+    /// Processes whose loader is hooked: `run`'s child, and those it
+    /// started that exec'd while the hold was on.
+    hooked: BTreeSet<u32>,
+    /// Processes the kernel stopped (a library load, an exec) since the
+    /// last [`LibraryHold::take_stopped`].
+    stopped: BTreeSet<u32>,
+    /// Of those, the ones stopped at an exec: their loader is not hooked yet.
+    exec_stopped: BTreeSet<u32>,
 }
 
 impl LibraryHold {
     /// Hook the loader `exe` runs with (its PT_INTERP; a script's
     /// interpreter's) and stop `pid` at each load. A program without a
     /// loader, or a loader without the hook, is left to the timed scan.
+    /// The processes `pid` starts are followed to their exec (a container's
+    /// program is a grandchild with a loader of its own).
     pub fn arm(tracer: &mut Tracer, exe: &Path, pid: u32) -> Self {
         match hook_loader(tracer, exe, pid) {
             Ok(loader) => {
                 log::info!("holding pid {pid} at each library load ({LOADER_HOOK} in {})", loader.display());
-                LibraryHold { armed: true, loaded: false }
+                if let Err(e) = tracer.follow_children() {
+                    log::warn!(
+                        "cannot follow the processes pid {pid} starts ({e}): if one of them loads ggml with dlopen, \
+                         its first graphs may run before ttrace finds the library"
+                    );
+                }
+                LibraryHold { armed: true, hooked: BTreeSet::from([pid]), ..Default::default() }
             }
             Err(e) => {
                 log::warn!(
@@ -59,20 +76,79 @@ impl LibraryHold {
         self.armed
     }
 
+    /// Whether the hold stops `pid` at its library loads.
+    pub fn reaches(&self, pid: u32) -> bool {
+        self.armed && self.hooked.contains(&pid)
+    }
+
     pub fn on_event(&mut self, event: &Event) {
-        if let Event::Call(call) = event
-            && call.cookie == markers::LIBRARY_LOADED
-        {
-            self.loaded = true;
+        let Event::Call(call) = event else { return };
+        let pid = call.header.tgid;
+        match call.cookie {
+            markers::LIBRARY_LOADED => {
+                self.stopped.insert(pid);
+            }
+            markers::PROCESS_EXEC => {
+                self.stopped.insert(pid);
+                self.exec_stopped.insert(pid);
+            }
+            _ => {}
         }
     }
 
-    /// Whether a library load stopped the target since the last call.
-    pub fn take_load(&mut self) -> bool {
-        std::mem::take(&mut self.loaded) && self.armed
+    /// A stop whose marker the ring lost, or one not drained yet: a hooked
+    /// process seen stopped, or one of `root`'s descendants (stopped at an
+    /// exec: the kernel follows them from there).
+    pub fn find_stops(&mut self, root: u32) {
+        if !self.armed {
+            return;
+        }
+        for &pid in &self.hooked {
+            if target::process_state(pid) == Some('T') {
+                self.stopped.insert(pid);
+            }
+        }
+        for pid in target::descendants(root) {
+            if !self.hooked.contains(&pid) && target::process_state(pid) == Some('T') {
+                self.stopped.insert(pid);
+                self.exec_stopped.insert(pid);
+            }
+        }
     }
 
-    /// ggml's probes are in: later loads run freely.
+    /// Whether the kernel holds `pid` at a library load now (not an exec).
+    pub fn stopped_at_load(&self, pid: u32) -> bool {
+        self.armed && self.hooked.contains(&pid) && self.stopped.contains(&pid)
+    }
+
+    /// Whether the kernel stopped a process since the last call.
+    pub fn has_stops(&self) -> bool {
+        !self.stopped.is_empty()
+    }
+
+    /// Hook the loader of each process stopped at an exec, for it alone.
+    pub fn hook_exec_stopped(&mut self, tracer: &mut Tracer) {
+        for pid in std::mem::take(&mut self.exec_stopped) {
+            let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+            match hook_loader(tracer, &exe, pid) {
+                Ok(loader) => {
+                    log::info!("pid {pid} exec'd: holding it at each library load too ({})", loader.display());
+                    self.hooked.insert(pid);
+                }
+                Err(e) => log::warn!(
+                    "cannot hold pid {pid}, which the target started, at library loads ({e:#}): if it loads ggml \
+                     with dlopen, its first graphs may run before ttrace finds the library"
+                ),
+            }
+        }
+    }
+
+    /// The processes stopped since the last call, to be continued.
+    pub fn take_stopped(&mut self) -> BTreeSet<u32> {
+        std::mem::take(&mut self.stopped)
+    }
+
+    /// ggml's probes are in: later loads and execs run freely.
     pub fn disarm(&mut self, tracer: &mut Tracer) -> Result<()> {
         if self.armed {
             tracer.hold_at_library_load(false)?;
@@ -82,17 +158,31 @@ impl LibraryHold {
     }
 }
 
+/// Hook `_dl_debug_state` in the loader of `exe`, for `pid` alone. The
+/// loader's path is the program's PT_INTERP as `pid` sees it: through
+/// `/proc/PID/root` (a chroot, another mount namespace).
 fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> Result<PathBuf> {
     let image = target::program_image(exe)?;
     // `ld.so PROGRAM`: the loader is the executable itself.
     let loader = match target::interpreter(&image)? {
-        Some(loader) => loader,
+        Some(loader) => seen_by(pid, &loader),
         None if target::has_symbols(&image, &[LOADER_HOOK])?[0] => image,
         None => anyhow::bail!("{} is statically linked (no PT_INTERP)", image.display()),
     };
     tracer.attach_uprobe(programs::CALL_ARGS, &loader, LOADER_HOOK, Some(pid), markers::LIBRARY_LOADED)?;
     tracer.hold_at_library_load(true)?;
     Ok(loader)
+}
+
+/// `path` as process `pid` opens it, when its root or mounts are not ours.
+fn seen_by(pid: u32, path: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let file = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let mounts = |p: String| std::fs::read_link(p).ok();
+    let ours = file(&root).is_some_and(|r| Some(r) == file(Path::new("/")))
+        && mounts(format!("/proc/{pid}/ns/mnt")) == mounts("/proc/self/ns/mnt".into());
+    if ours { path.to_path_buf() } else { root.join(path.strip_prefix("/").unwrap_or(path)) }
 }
 
 impl Session<'_> {

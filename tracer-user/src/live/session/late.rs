@@ -73,8 +73,9 @@ impl Session<'_> {
             }
         };
         let names = op_names_of(&libs)?;
-        // The loader hold stops `run`'s own process only (its loader, its pid).
-        let own = child.is_some_and(|c| c.pid() == pid);
+        // Found while the kernel held it at a library load: before it ran
+        // anything of ggml's.
+        let held_at_load = self.hold.stopped_at_load(pid);
         if pid != self.attached.pid {
             log::info!("pid {pid}, a child of pid {}, loaded ggml: tracing it", self.attached.pid);
             tracer.add_target(pid)?;
@@ -85,7 +86,7 @@ impl Session<'_> {
         let started = self.start_late_ops(tracer, &libs, names.as_ref(), choice);
         if started.is_ok() {
             let library = libs.cpu.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
-            self.late_attach = Some(LateAttach { library, held: own && self.hold.armed() });
+            self.late_attach = Some(LateAttach { library, held: held_at_load });
             self.hold.disarm(tracer)?;
         }
         if held {
@@ -164,36 +165,40 @@ impl Session<'_> {
     }
 
     /// The timed scan for ggml. While the target is held at library loads,
-    /// its maps are read only when it is stopped: a loader still at work
-    /// may have mapped a CPU backend but not yet the base library it needs
-    /// (pywhispercpp's libggml-cpu comes before libggml-base), and layouts
-    /// chosen then have neither base hooks nor ggml's version. A stop seen
-    /// here is a load whose marker the ring lost, or one not drained yet.
-    /// Processes the hold does not reach (the target's children) are
-    /// scanned all the same.
+    /// a process the hold reaches is read only when it is stopped: a loader
+    /// still at work may have mapped a CPU backend but not yet the base
+    /// library it needs (pywhispercpp's libggml-cpu comes before
+    /// libggml-base), and layouts chosen then have neither base hooks nor
+    /// ggml's version. A stop seen here is a load or exec whose marker the
+    /// ring lost, or one not drained yet. Processes the hold does not reach
+    /// (a child whose loader could not be hooked) are scanned all the same.
     pub(super) fn scan_on_tick(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
         if !self.hold.armed() {
             return self.find_late_hooks(tracer, child);
         }
-        if target::process_state(self.attached.pid) == Some('T') {
+        self.hold.find_stops(self.attached.pid);
+        if self.hold.has_stops() {
             return self.on_library_load(tracer, child);
         }
-        if !target::descendants(self.attached.pid).is_empty() {
+        if target::descendants(self.attached.pid).iter().any(|&pid| !self.hold.reaches(pid)) {
             return self.find_late_hooks(tracer, child);
         }
         Ok(())
     }
 
-    /// The kernel stopped the target at a library load: look for ggml
-    /// while it is still, then let it go on.
+    /// The kernel stopped processes at a library load or an exec: hook the
+    /// loaders of those that exec'd, look for ggml while they are still,
+    /// then let them go on (also when attaching failed).
     pub(super) fn on_library_load(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
-        if !self.attached.has_ops {
-            self.find_late_hooks(tracer, child)?;
+        self.hold.hook_exec_stopped(tracer);
+        let found = if self.attached.has_ops { Ok(()) } else { self.find_late_hooks(tracer, child) };
+        for pid in self.hold.take_stopped() {
+            match child {
+                Some(c) if c.pid() == pid => c.signal(libc::SIGCONT)?,
+                _ => target::signal(pid, libc::SIGCONT)?,
+            }
         }
-        if let Some(c) = child {
-            c.signal(libc::SIGCONT)?;
-        }
-        Ok(())
+        found
     }
 }
 

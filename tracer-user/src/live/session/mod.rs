@@ -384,7 +384,7 @@ async fn record_until_stop(
             _ = tick.tick() => {
                 memory.sample();
                 stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
-                if session.hold.take_load() {
+                if session.hold.has_stops() {
                     session.on_library_load(&mut tracer, child.as_ref())?;
                 }
                 if !session.attached.has_ops {
@@ -409,7 +409,7 @@ async fn record_until_stop(
             ready = stream.readable() => {
                 ready?;
                 stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
-                if session.hold.take_load() {
+                if session.hold.has_stops() {
                     session.on_library_load(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
                         tick = tokio::time::interval(TICK);

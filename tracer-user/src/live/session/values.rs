@@ -80,8 +80,8 @@ pub(super) fn finish<W: std::io::Write>(
     pid: u32,
 ) -> Result<(Option<ValuesMissing>, Vec<ValueThread>)> {
     let Some(missing) = recorder.close_values()? else { return Ok((None, Vec::new())) };
-    let [unread_params, unread_site, unread_runs] = tracer.values_unread()?;
-    let missing = ValuesMissing { unread_params, unread_site, unread_runs, ..missing };
+    let [unread_params, unread_site, unread_runs, unread_busy] = tracer.values_unread()?;
+    let missing = ValuesMissing { unread_params, unread_site, unread_runs, unread_busy, ..missing };
     if missing.nodes > 0 {
         log::warn!(
             "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
