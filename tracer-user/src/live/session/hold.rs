@@ -42,6 +42,18 @@ pub(super) struct LibraryHold {
     stopped: BTreeSet<u32>,
     /// Of those, the ones stopped at an exec: their loader is not hooked yet.
     exec_stopped: BTreeSet<u32>,
+    /// The command's own program file: a child running it again is a
+    /// helper of the program (node-llama-cpp tests its addon in a child
+    /// node), not the one to trace, and is not held.
+    command_image: Option<FileId>,
+}
+
+/// A file's (device, inode).
+type FileId = (u64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 impl LibraryHold {
@@ -60,7 +72,8 @@ impl LibraryHold {
                          its first graphs may run before ttrace finds the library"
                     );
                 }
-                LibraryHold { armed: true, hooked: BTreeSet::from([pid]), ..Default::default() }
+                let command_image = target::program_image(exe).ok().and_then(|image| file_id(&image));
+                LibraryHold { armed: true, hooked: BTreeSet::from([pid]), command_image, ..Default::default() }
             }
             Err(e) => {
                 log::warn!(
@@ -130,6 +143,10 @@ impl LibraryHold {
     pub fn hook_exec_stopped(&mut self, tracer: &mut Tracer) {
         for pid in std::mem::take(&mut self.exec_stopped) {
             let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+            if self.command_image.is_some() && file_id(&exe) == self.command_image {
+                log::debug!("pid {pid} runs the command's own program again (a helper of it): not held");
+                continue;
+            }
             match hook_loader(tracer, &exe, pid) {
                 Ok(loader) => {
                     log::info!("pid {pid} exec'd: holding it at each library load too ({})", loader.display());
@@ -176,11 +193,9 @@ fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> Result<PathBuf> {
 
 /// `path` as process `pid` opens it, when its root or mounts are not ours.
 fn seen_by(pid: u32, path: &Path) -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
     let root = PathBuf::from(format!("/proc/{pid}/root"));
-    let file = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let mounts = |p: String| std::fs::read_link(p).ok();
-    let ours = file(&root).is_some_and(|r| Some(r) == file(Path::new("/")))
+    let ours = file_id(&root).is_some_and(|r| Some(r) == file_id(Path::new("/")))
         && mounts(format!("/proc/{pid}/ns/mnt")) == mounts("/proc/self/ns/mnt".into());
     if ours { path.to_path_buf() } else { root.join(path.strip_prefix("/").unwrap_or(path)) }
 }
