@@ -100,5 +100,7 @@ def test_program_run_by_the_loader(ttrace, llama_completion, models, flush_log_p
     a = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
                                   check=True).stdout)
     s = a["summary"]
-    assert s["late_attach"]["held"], proc.stderr[-2000:]
+    # A run without the row (seen once, under load, not reproduced in 30
+    # runs since) says what it printed.
+    assert (s["late_attach"] or {}).get("held"), (s["late_attach"], proc.stderr[-3000:])
     assert s["prompt_tokens"] == int(prompt.group(1)) and s["generate_ubatches"] == int(runs.group(1)), s
