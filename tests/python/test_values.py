@@ -59,9 +59,12 @@ def run_traced(ttrace, model: Path, threads: int, trace: Path, prompt: str = "he
     # run is said in the trace, and here there is none.
     summary = json.loads(report.stdout)["summary"]
     missing = summary["values_missing"]
-    # The team's counts tell a probe run missed in one thread from a read not made.
+    # The team's counts tell a probe run missed in one thread from a read not
+    # made; the kernel's skipped runs (recursion misses) say whether it
+    # skipped one.
     assert missing["nodes"] == 0 and missing["runs_checked"] > 0, json.dumps(
-        {"values_missing": missing, "value_threads": summary["value_threads"]})
+        {"values_missing": missing, "value_threads": summary["value_threads"],
+         "recursion_misses": summary["recursion_misses"], "skipped": summary["skipped"]})
     rows = export(ttrace, trace, "values-jsonl", trace.with_suffix(".jsonl"))
     return [json.loads(line) for line in rows.read_text().splitlines()]
 
