@@ -63,23 +63,18 @@ impl LibraryHold {
     /// The processes `pid` starts are followed to their exec (a container's
     /// program is a grandchild with a loader of its own).
     pub fn arm(tracer: &mut Tracer, exe: &Path, pid: u32) -> Self {
-        match hook_loader(tracer, exe, pid) {
-            Ok(loader) => {
+        let hooked = hook_loader(tracer, exe, pid).and_then(|hook| Ok((hook, tracer.hold_at_library_load(true)?)));
+        match hooked {
+            Ok(((loader, image), ())) => {
                 log::info!("holding pid {pid} at each library load ({LOADER_HOOK} in {})", loader.display());
                 if let Err(e) = tracer.follow_children() {
-                    log::warn!(
-                        "cannot follow the processes pid {pid} starts ({e}): if one of them loads ggml with dlopen, \
-                         its first graphs may run before ttrace finds the library"
-                    );
+                    log::warn!("cannot follow the processes pid {pid} starts ({e}): if one of them {UNHELD}");
                 }
-                let command_image = target::program_image(exe).ok().and_then(|image| file_id(&image));
+                let command_image = file_id(&image);
                 LibraryHold { armed: true, hooked: BTreeSet::from([pid]), command_image, ..Default::default() }
             }
             Err(e) => {
-                log::warn!(
-                    "cannot hold the target at library loads ({e:#}): if it loads ggml with dlopen, its first \
-                     graphs may run before ttrace finds the library"
-                );
+                log::warn!("cannot hold the target at library loads ({e:#}): if it {UNHELD}");
                 LibraryHold::default()
             }
         }
@@ -148,14 +143,15 @@ impl LibraryHold {
                 continue;
             }
             match hook_loader(tracer, &exe, pid) {
-                Ok(loader) => {
+                Ok((loader, _)) => {
                     log::info!("pid {pid} exec'd: holding it at each library load too ({})", loader.display());
                     self.hooked.insert(pid);
                 }
-                Err(e) => log::warn!(
-                    "cannot hold pid {pid}, which the target started, at library loads ({e:#}): if it loads ggml \
-                     with dlopen, its first graphs may run before ttrace finds the library"
-                ),
+                Err(e) => {
+                    log::warn!(
+                        "cannot hold pid {pid}, which the target started, at library loads ({e:#}): if it {UNHELD}"
+                    )
+                }
             }
         }
     }
@@ -175,20 +171,23 @@ impl LibraryHold {
     }
 }
 
-/// Hook `_dl_debug_state` in the loader of `exe`, for `pid` alone. The
-/// loader's path is the program's PT_INTERP as `pid` sees it: through
-/// `/proc/PID/root` (a chroot, another mount namespace).
-fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> Result<PathBuf> {
+/// What a process the hold does not reach risks.
+const UNHELD: &str = "loads ggml with dlopen, its first graphs may run before ttrace finds the library";
+
+/// Hook `_dl_debug_state` in the loader of `exe`, for `pid` alone; the
+/// loader, and the program image `exe` runs. The loader's path is the
+/// program's PT_INTERP as `pid` sees it: through `/proc/PID/root` (a
+/// chroot, another mount namespace).
+fn hook_loader(tracer: &mut Tracer, exe: &Path, pid: u32) -> Result<(PathBuf, PathBuf)> {
     let image = target::program_image(exe)?;
     // `ld.so PROGRAM`: the loader is the executable itself.
     let loader = match target::interpreter(&image)? {
         Some(loader) => seen_by(pid, &loader),
-        None if target::has_symbols(&image, &[LOADER_HOOK])?[0] => image,
+        None if target::has_symbols(&image, &[LOADER_HOOK])?[0] => image.clone(),
         None => anyhow::bail!("{} is statically linked (no PT_INTERP)", image.display()),
     };
     tracer.attach_uprobe(programs::CALL_ARGS, &loader, LOADER_HOOK, Some(pid), markers::LIBRARY_LOADED)?;
-    tracer.hold_at_library_load(true)?;
-    Ok(loader)
+    Ok((loader, image))
 }
 
 /// `path` as process `pid` opens it, when its root or mounts are not ours.
