@@ -18,7 +18,7 @@ use tracer_common::{
 use super::ubatch::UBATCH_FROM;
 use crate::live::target::{
     TargetError,
-    code::{Access, Use, accesses, returned_constant},
+    code::{Access, Use, accesses, accesses_of, counter_stores, is_counter_increment, returned_constant},
     elf,
 };
 
@@ -36,9 +36,27 @@ pub const TENSOR_FROM: [&str; 10] = [
     "ggml_tensor_overhead",
 ];
 /// ... `ggml_cgraph`'s (`ggml_graph_next_uid` only by being there; it and
-/// `ggml_graph_view` only for `uid`).
-pub const CGRAPH_FROM: [&str; 5] =
-    ["ggml_graph_size", "ggml_graph_n_nodes", "ggml_graph_nodes", "ggml_graph_view", "ggml_graph_next_uid"];
+/// `ggml_graph_view` only for `uid`, or else `ggml_graph_cpy` and the
+/// scheduler's [`SCHED_SPLIT`]).
+pub const CGRAPH_FROM: [&str; 7] = [
+    "ggml_graph_size",
+    "ggml_graph_n_nodes",
+    "ggml_graph_nodes",
+    "ggml_graph_view",
+    "ggml_graph_next_uid",
+    GRAPH_CPY,
+    SCHED_SPLIT,
+];
+/// Copies `order`, the member declared before `uid`.
+const GRAPH_CPY: &str = "ggml_graph_cpy";
+/// Gives each graph it splits a fresh uid (`graph->uid = ggml_graph_next_uid()`),
+/// the counter inlined or called in the library: how a stripped build, which
+/// exports neither `ggml_graph_view` nor `ggml_graph_next_uid`, shows `uid`.
+const SCHED_SPLIT: &str = "ggml_backend_sched_split_graph";
+/// Bytes of it read (Debian's ggml 0.27 sets the uid at +0xc2 of 8.3 KiB).
+const SCHED_SPLIT_BYTES: u64 = 16 << 10;
+/// Bytes read of each function it calls: the counter's increment is 19.
+const CALLEE_BYTES: u64 = 32;
 /// ... `ggml_backend_buffer`'s.
 pub const BUFFER_FROM: [&str; 4] = [
     "ggml_backend_buffer_get_type",
@@ -77,26 +95,41 @@ pub fn derive(lib: &Path, llama: Option<&Path>) -> Result<Derived, TargetError> 
     let names: Vec<&str> = TENSOR_FROM.iter().chain(&CGRAPH_FROM).chain(&BUFFER_FROM).copied().collect();
     let heads = elf::function_heads(lib, &names, CODE_BYTES)?;
     let mut code: Code = names.into_iter().zip(heads).filter_map(|(n, c)| Some((n, c?))).collect();
+    let uid_stores = uid_stores(lib)?;
     let Some(llama) = llama else {
         let no_hook = gap("llama_ubatch", "the build has no llama_context::process_ubatch to read it at".into());
-        return Ok(Derived { ubatch: Err(no_hook), ..from_code(&code) });
+        return Ok(Derived { ubatch: Err(no_hook), ..from_code(&code, &uid_stores) });
     };
     let heads = elf::function_heads(llama, &UBATCH_FROM, CODE_BYTES)?;
     code.extend(UBATCH_FROM.into_iter().zip(heads).filter_map(|(n, c)| Some((n, c?))));
-    Ok(from_code(&code))
+    Ok(from_code(&code, &uid_stores))
+}
+
+/// Where [`SCHED_SPLIT`] stores the counter's values: a graph's `uid`
+/// (and its splits', further into their struct). None where it is not
+/// defined or calls no such counter.
+fn uid_stores(lib: &Path) -> Result<Vec<u32>, TargetError> {
+    let Some(calls) = elf::function_calls(lib, SCHED_SPLIT, SCHED_SPLIT_BYTES, CALLEE_BYTES)? else {
+        return Ok(Vec::new());
+    };
+    let counters: Vec<u64> =
+        calls.callees.iter().filter(|(_, head)| is_counter_increment(head)).map(|(at, _)| *at).collect();
+    Ok(counter_stores(&calls.code, calls.ip, &counters))
 }
 
 /// Functions' code by name (the head of each, as far as an accessor goes).
 pub type Code<'a> = HashMap<&'a str, Vec<u8>>;
 
-/// Derives from the code of the functions in `code`.
-pub fn from_code(code: &Code<'_>) -> Derived {
-    let r = Reader { code };
+/// Derives from the code of the functions in `code`, and the offsets the
+/// scheduler stores fresh graph uids at.
+pub fn from_code(code: &Code<'_>, uid_stores: &[u32]) -> Derived {
+    let r = Reader { code, uid_stores };
     Derived { tensor: tensor(&r), cgraph: cgraph(&r), buffer: buffer(&r), ubatch: super::ubatch::from_code(code) }
 }
 
 struct Reader<'a> {
     code: &'a Code<'a>,
+    uid_stores: &'a [u32],
 }
 
 impl Reader<'_> {
@@ -224,15 +257,18 @@ fn cgraph(r: &Reader<'_>) -> Result<CgraphLayout, Gap> {
     // ggml_graph_view returns a whole ggml_cgraph: its stores span the
     // struct, but for the padding after a last `int` (it holds pointers).
     // `uid` came with ggml_graph_next_uid() (ggml 0.10), as the last member.
-    // A stripped build may export neither (Debian's ggml 0.27): then no
-    // `uid` is read, and every graph is read whole at every run.
     let spanned = r.code("ggml_graph_view").map(accesses).and_then(|uses| {
         uses.iter().filter(|a| a.how == Use::Write).map(|a| (a.offset + a.width).next_multiple_of(8)).max()
     });
     let (bytes, uid) = match spanned {
         Some(bytes) if r.code("ggml_graph_next_uid").is_some() => (bytes, bytes.saturating_sub(8)),
         Some(bytes) => (bytes, ABSENT),
-        None => (nodes + 8, ABSENT),
+        // A stripped build may export neither (Debian's ggml 0.27).
+        None => match stored_uid(r, nodes) {
+            Some(uid) => (uid + 8, uid),
+            // No `uid` is read, and every graph is read whole at every run.
+            None => (nodes + 8, ABSENT),
+        },
     };
     let layout = CgraphLayout { bytes, size, n_nodes, nodes, uid };
     if !(size < n_nodes && n_nodes < nodes && (uid == ABSENT || nodes < uid)) {
@@ -240,6 +276,24 @@ fn cgraph(r: &Reader<'_>) -> Result<CgraphLayout, Gap> {
     }
     layout.check().map_err(|e| gap("ggml_cgraph.(size)", e.to_string()))?;
     Ok(layout)
+}
+
+/// `uid` where two readings of the code agree: right after `order` (the
+/// `int` ggml_graph_cpy copies past `nodes`), and where the scheduler
+/// stores a fresh uid. A wrong `uid` would take a rebuilt graph for the
+/// last one, so one reading alone is not enough.
+fn stored_uid(r: &Reader<'_>, nodes: u32) -> Option<u32> {
+    let copy = r.code(GRAPH_CPY)?;
+    let read = accesses(copy);
+    let written = accesses_of(copy, iced_x86::Register::RSI);
+    let order = read.iter().find(|a| {
+        a.offset > nodes
+            && a.how == Use::Read
+            && a.width == 4
+            && written.iter().any(|w| w.offset == a.offset && w.how == Use::Write && w.width == 4)
+    })?;
+    let uid = (order.offset + 4).next_multiple_of(8);
+    r.uid_stores.contains(&uid).then_some(uid)
 }
 
 fn buffer(r: &Reader<'_>) -> Result<BufferLayout, Gap> {
@@ -315,7 +369,7 @@ mod tests {
     }
 
     fn derived(code: &Code<'_>) -> Derived {
-        from_code(code)
+        from_code(code, &[])
     }
 
     #[test]
@@ -350,5 +404,31 @@ mod tests {
         code.remove("ggml_graph_view");
         let cgraph = derived(&code).cgraph.unwrap();
         assert_eq!((cgraph.n_nodes, cgraph.nodes, cgraph.uid), (4, 16, ABSENT));
+    }
+
+    /// Its ggml_graph_cpy's first 0x5c bytes: `order` read at 0x50 through
+    /// RDI (and RBP, a copy), written at 0x50 through RBX (RSI's copy).
+    const DEBIAN_GRAPH_CPY: [u8; 0x5c] = [
+        0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x83, 0xec, 0x68, 0x8b, 0x06, 0x8b, 0x4f, 0x08, 0x39, 0xc8, 0x0f, 0x8c, 0x72,
+        0x04, 0x00, 0x00, 0x3b, 0x47, 0x04, 0x48, 0x8b, 0x57, 0x04, 0x48, 0x89, 0x6c, 0x24, 0x40, 0x48, 0x89, 0xfd,
+        0x48, 0x89, 0x5c, 0x24, 0x38, 0x0f, 0x8c, 0x23, 0x04, 0x00, 0x00, 0x4c, 0x89, 0x7c, 0x24, 0x60, 0x48, 0x89,
+        0xf3, 0x4c, 0x8b, 0x7f, 0x38, 0x48, 0x8b, 0x76, 0x38, 0x4c, 0x39, 0xfe, 0x0f, 0x82, 0xda, 0x03, 0x00, 0x00,
+        0x4c, 0x89, 0x6c, 0x24, 0x50, 0x4c, 0x89, 0x74, 0x24, 0x58, 0x48, 0x89, 0x53, 0x04, 0x8b, 0x47, 0x50, 0x89,
+        0x43, 0x50,
+    ];
+
+    #[test]
+    fn a_stripped_build_shows_uid_where_graph_cpy_and_the_scheduler_agree() {
+        let mut code = accessors(true);
+        code.remove("ggml_graph_view");
+        code.remove("ggml_graph_next_uid");
+        code.insert(GRAPH_CPY, DEBIAN_GRAPH_CPY.to_vec());
+        // The scheduler's stores of fresh uids: the graph's, then a split's.
+        assert_eq!(from_code(&code, &[0x58, 0x160]).cgraph, Ok(CGRAPH_2026.layout));
+        // The two readings disagree, or one is missing: no uid is read.
+        assert_eq!(from_code(&code, &[0x60]).cgraph.map(|c| c.uid), Ok(ABSENT));
+        assert_eq!(from_code(&code, &[]).cgraph.map(|c| c.uid), Ok(ABSENT));
+        code.remove(GRAPH_CPY);
+        assert_eq!(from_code(&code, &[0x58]).cgraph.map(|c| c.uid), Ok(ABSENT));
     }
 }

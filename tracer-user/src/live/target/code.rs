@@ -115,6 +115,108 @@ pub fn returned_constant(code: &[u8]) -> Option<u64> {
     None
 }
 
+/// Where `code` (decoded as at `ip`) stores the value of a 64-bit counter
+/// taken there: the result of a call to one of `counters` (in RAX), or the
+/// old value a `lock xadd` leaves in its register. Each store of that value
+/// (or a copy of it) to `base + displacement`, 8 bytes, off the stack, gives
+/// its displacement. A call or a write ends what a register holds.
+pub fn counter_stores(code: &[u8], ip: u64, counters: &[u64]) -> Vec<u32> {
+    let mut holders: Vec<Register> = Vec::new();
+    let mut out = Vec::new();
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    let mut insn = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut insn);
+        if insn.is_invalid() {
+            break;
+        }
+        if insn.is_call_near() {
+            holders.clear();
+            if counters.contains(&insn.near_branch_target()) {
+                holders.push(Register::RAX);
+            }
+            continue;
+        }
+        let stored = insn.mnemonic() == Mnemonic::Mov
+            && insn.op_kind(0) == OpKind::Memory
+            && insn.op_kind(1) == OpKind::Register
+            && insn.op1_register().size() == 8
+            && holders.contains(&insn.op1_register())
+            && insn.memory_index() == Register::None
+            && !matches!(insn.memory_base(), Register::RSP | Register::RIP | Register::None);
+        if stored && let Ok(displacement) = u32::try_from(insn.memory_displacement64()) {
+            out.push(displacement);
+        }
+        let taken =
+            (insn.mnemonic() == Mnemonic::Xadd && insn.has_lock_prefix() && insn.op_kind(1) == OpKind::Register)
+                .then(|| insn.op1_register())
+                .filter(|r| r.size() == 8);
+        let copy = (insn.mnemonic() == Mnemonic::Mov
+            && insn.op_kind(0) == OpKind::Register
+            && insn.op_kind(1) == OpKind::Register
+            && insn.op0_register().size() == 8
+            && holders.contains(&insn.op1_register()))
+        .then(|| insn.op0_register());
+        let used = info.info(&insn);
+        for r in used.used_registers() {
+            if matches!(r.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite) {
+                holders.retain(|h| *h != r.register().full_register());
+            }
+        }
+        holders.extend(taken.into_iter().chain(copy));
+    }
+    out
+}
+
+/// Whether `code` increments a 64-bit counter and returns its old value, as
+/// `ggml_graph_next_uid` compiles (`mov $1,%eax; lock xadd %rax,counter(%rip); ret`).
+pub fn is_counter_increment(code: &[u8]) -> bool {
+    let (mut one, mut added) = (false, false);
+    for insn in Decoder::with_ip(64, code, 0, DecoderOptions::NONE) {
+        match insn.mnemonic() {
+            Mnemonic::Ret => return added,
+            _ if added => return false,
+            Mnemonic::Endbr64 | Mnemonic::Nop => {}
+            Mnemonic::Mov
+                if insn.op_kind(0) == OpKind::Register
+                    && insn.op0_register().full_register() == Register::RAX
+                    && matches!(
+                        insn.op_kind(1),
+                        OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
+                    )
+                    && insn.immediate(1) == 1 =>
+            {
+                one = true;
+            }
+            Mnemonic::Xadd
+                if one
+                    && insn.has_lock_prefix()
+                    && insn.op_kind(0) == OpKind::Memory
+                    && insn.memory_base() == Register::RIP
+                    && insn.op1_register() == Register::RAX =>
+            {
+                added = true;
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Targets of `code`'s direct near calls (decoded as at `ip`).
+pub fn call_targets(code: &[u8], ip: u64) -> Vec<u64> {
+    let mut targets: Vec<u64> = Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+        .into_iter()
+        .take_while(|i| !i.is_invalid())
+        .filter(|i| i.is_call_near())
+        .map(|i| i.near_branch_target())
+        .collect();
+    targets.sort_unstable();
+    targets.dedup();
+    targets
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +254,33 @@ mod tests {
         assert_eq!(returned_constant(&[0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x70, 0x01, 0x00, 0x00, 0xc3]), Some(0x170));
         // mov $0x170,%eax; add %edi,%eax; ret
         assert_eq!(returned_constant(&[0xb8, 0x70, 0x01, 0x00, 0x00, 0x01, 0xf8, 0xc3]), None);
+    }
+
+    #[test]
+    fn a_counter_taken_by_a_call_or_inlined_is_followed_to_its_stores() {
+        // Debian's ggml 0.27 ggml_graph_next_uid: endbr64; mov $1,%eax; lock xadd %rax,0x888fe(%rip); ret
+        let next_uid =
+            [0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x01, 0, 0, 0, 0xf0, 0x48, 0x0f, 0xc1, 0x05, 0xfe, 0x88, 0x08, 0, 0xc3];
+        assert!(is_counter_increment(&next_uid));
+        assert!(!is_counter_increment(&next_uid[..next_uid.len() - 1]));
+        // mov $2,%eax: not an increment by one
+        let by_two = [0xb8, 0x02, 0, 0, 0, 0xf0, 0x48, 0x0f, 0xc1, 0x05, 0xfe, 0x88, 0x08, 0, 0xc3];
+        assert!(!is_counter_increment(&by_two));
+        // At 0x2d164 of its ggml_backend_sched_split_graph: call 0x15700;
+        // mov 0x20(%rsp),%r15; mov 0x8(%r15),%r10d; mov %rax,0x58(%r15); mov %rax,0x10(%rsp)
+        let ip = 0x2d164;
+        let split = [
+            0xe8, 0x97, 0x85, 0xfe, 0xff, 0x4c, 0x8b, 0x7c, 0x24, 0x20, 0x45, 0x8b, 0x57, 0x08, 0x49, 0x89, 0x47, 0x58,
+            0x48, 0x89, 0x44, 0x24, 0x10,
+        ];
+        assert_eq!(call_targets(&split, ip), [0x15700]);
+        assert_eq!(counter_stores(&split, ip, &[0x15700]), [0x58]);
+        assert_eq!(counter_stores(&split, ip, &[0x15800]), Vec::<u32>::new());
+        // Inlined: mov $1,%ecx; lock xadd %rcx,0x100(%rip); mov %rcx,%rdx; call; mov %rdx,0x58(%rbx)
+        let inlined = [
+            0xb9, 0x01, 0, 0, 0, 0xf0, 0x48, 0x0f, 0xc1, 0x0d, 0x00, 0x01, 0, 0, 0x48, 0x89, 0xca, 0x48, 0x89, 0x53,
+            0x58, 0xe8, 0, 0, 0, 0, 0x48, 0x89, 0x53, 0x60,
+        ];
+        assert_eq!(counter_stores(&inlined, 0, &[]), [0x58]);
     }
 }

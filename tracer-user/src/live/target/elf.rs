@@ -271,6 +271,28 @@ pub fn function_heads(path: &Path, names: &[&str], len: u64) -> Result<Vec<Optio
     })
 }
 
+/// A function's code as it is mapped (its first `len` bytes, and the
+/// address they start at), with the first `callee_len` bytes of each
+/// function it calls directly: what an inlined-away symbol is found by.
+pub struct Calls {
+    pub ip: u64,
+    pub code: Vec<u8>,
+    pub callees: Vec<(u64, Vec<u8>)>,
+}
+
+pub fn function_calls(path: &Path, function: &str, len: u64, callee_len: u64) -> Result<Option<Calls>, TargetError> {
+    with_elf(path, |file| {
+        let image = Image::new(file);
+        let Some(f) = find_symbols(file, &[function])[0] else { return Ok(None) };
+        let Some(code) = image.bytes(f.addr, len.min(f.size)) else { return Ok(None) };
+        let callees = super::code::call_targets(code, f.addr)
+            .into_iter()
+            .filter_map(|at| Some((at, image.bytes(at, callee_len)?.to_vec())))
+            .collect();
+        Ok(Some(Calls { ip: f.addr, code: code.to_vec(), callees }))
+    })
+}
+
 /// The value of an initialised `int` variable of `path` (`LLAMA_BUILD_NUMBER`).
 pub fn int_variable(path: &Path, name: &str) -> Option<i64> {
     with_elf(path, |file| {
