@@ -95,7 +95,8 @@ pub struct ValueTask {
     pub node: u64,
     pub fused: u64,
     /// `params->ith, nth`: its place in the team, and the team's size (the
-    /// threads in every barrier).
+    /// threads in every barrier). [`team::UNREAD`] until read: a read that
+    /// failed at the node's entry is tried again at its barrier.
     pub ith: u32,
     pub nth: u32,
     /// `tgid << 32 | tid` of the thread that owns the slot: two threads
@@ -122,10 +123,20 @@ pub const MAP_VALUE_UNREAD: &str = "VALUE_UNREAD";
 /// Slots of [`MAP_VALUE_UNREAD`] (per CPU): nodes no barrier could read
 /// because a read of the target's memory failed (a nofault read fails on a
 /// page being migrated, for one).
+/// [`ValueTask::nth`] before its read, and after it failed twice.
+pub mod team {
+    /// Not read at the node's entry: read at its first barrier.
+    pub const UNREAD: u32 = u32::MAX;
+    /// Not read at its first barrier either: the node goes unread.
+    pub const LOST: u32 = u32::MAX - 1;
+}
+
 pub mod unread {
     pub const SLOTS: u32 = 4;
-    /// The thread's `ith, nth` at a node's entry, with no earlier read of
-    /// the same compute call to fall back on.
+    /// The thread's `ith, nth`, unreadable at a node's entry (with no
+    /// earlier read of the same compute call to fall back on) and again at
+    /// its first barrier. (7.2 in qemu fails a nofault read of a thread's
+    /// own stack now and then, in a process's first graph.)
     pub const PARAMS: u32 = 0;
     /// The barrier's return address (which barrier it is).
     pub const SITE: u32 = 1;

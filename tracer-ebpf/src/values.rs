@@ -29,7 +29,7 @@ use tracer_common::{
     EventKind, TensorRecord, hooks,
     values::{
         MAX_TEAM, TASK_SLOTS, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags,
-        part, unread,
+        part, team, unread,
     },
 };
 
@@ -133,9 +133,8 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
         // another team size).
         (last.ith, last.nth)
     } else {
-        // The node goes unread (its barriers cannot be matched), and is said.
-        count_unread(unread::PARAMS);
-        return 0;
+        // Read again at the node's first barrier, some time later.
+        (team::UNREAD, team::UNREAD)
     };
     let (run, nodes_total, barriers_total) = last.map_or((0, 0, 0), |l| (l.run, l.nodes_total, l.barriers_total));
     let nodes_total = nodes_total + 1;
@@ -217,6 +216,9 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     state.run = run;
     state.barriers += 1;
     state.barriers_total += 1;
+    if !team_known(state) {
+        return Err(());
+    }
     let (ith, nth) = (state.ith as usize, state.nth as usize);
     if ith >= MAX_TEAM || nth > MAX_TEAM {
         // A team this large is not followed: every barrier counts as a lost value.
@@ -274,6 +276,27 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
     let sent = send::<BOUNDED>(task, run, *state, site);
     unsafe { *busy = 0 };
     sent
+}
+
+/// Whether the thread's place in the team is known: read now if its node's
+/// entry could not read it. A node read at neither goes unread, and is said.
+#[inline(always)]
+fn team_known(state: &mut ValueTask) -> bool {
+    match state.nth {
+        team::LOST => false,
+        team::UNREAD => {
+            let mut thread = [0u32; 2];
+            if layout::valid() && read_user(&mut thread, state.params + u64::from(ggml!(params.ith))).is_ok() {
+                (state.ith, state.nth) = (thread[0], thread[1]);
+                true
+            } else {
+                count_unread(unread::PARAMS);
+                (state.ith, state.nth) = (team::LOST, team::LOST);
+                false
+            }
+        }
+        _ => true,
+    }
 }
 
 /// Non-zero while this CPU sends a node (see [`unread::BUSY`]).
