@@ -91,11 +91,16 @@ def close(a: float, b: float) -> bool:
 
 
 # tiny-stand-ins: the programs of kernels before 5.15 (TTRACE_STAND_INS).
-@pytest.mark.parametrize("name", ["tiny", "tiny-q8", "gemma", "tiny-stand-ins"])
+# tiny-reread: each thread's second node (the first fused rms_norm+mul) fails
+# its read of the team at entry, as 7.2 did now and then; read again at the barrier.
+@pytest.mark.parametrize("name", ["tiny", "tiny-q8", "gemma", "tiny-stand-ins", "tiny-reread"])
 def test_values_match_the_eval_callback(ttrace, tmp_path, models, monkeypatch, name):
     if name.endswith("-stand-ins"):
         monkeypatch.setenv("TTRACE_STAND_INS", "cookie,loop")
         name = name.removesuffix("-stand-ins")
+    if name.endswith("-reread"):
+        monkeypatch.setenv("TTRACE_TEST_UNREAD_PARAMS", "2")
+        name = name.removesuffix("-reread")
     oracle = run_oracle(models[name], 2, tmp_path / "oracle.json")
     rows = run_traced(ttrace, models[name], 2, tmp_path / "t.data")
     want = oracle_nodes(oracle)
@@ -169,3 +174,19 @@ def test_diff_values_names_where_runs_part(ttrace, tmp_path, models):
         got = d["first"] and (d["first"]["node"]["ubatch"], d["first"]["node"]["name"], d["first"]["node"]["occurrence"])
         print(f"tiny -t 2 vs {other}: first divergence {got}, oracle {want}")
         assert got == want and status == 1
+
+
+def test_a_node_whose_team_is_unreadable_twice_is_said_missing(ttrace, tmp_path, models, monkeypatch):
+    """The same node's read fails again at its barrier: that node alone goes
+    unread, counted per thread, and the trace says so."""
+    monkeypatch.setenv("TTRACE_TEST_UNREAD_PARAMS", "2,again")
+    trace = tmp_path / "t.data"
+    proc = subprocess.run([ttrace, "run", "--values", "-o", trace, "--", *oracle_args(models["tiny"], 2, None)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "computed nodes in 1 of" in proc.stderr, proc.stderr[-3000:]
+    report = subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    missing = json.loads(report.stdout)["summary"]["values_missing"]
+    # The fused pair (rms_norm, mul) of the first graph; one failed read per thread.
+    assert (missing["nodes"], missing["runs"], missing["unread_params"]) == (2, 1, 2), missing

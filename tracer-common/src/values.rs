@@ -22,6 +22,12 @@ pub mod config {
     pub const SET_ROWS_OP: u32 = 3;
     /// Larger spans are not copied (flagged [`super::flags::TOO_BIG`]).
     pub const MAX_BYTES: u32 = 4;
+    /// Tests only (`TTRACE_TEST_UNREAD_PARAMS`): each thread's node number
+    /// this (its `nodes_total`, from 1) takes the read of `ith, nth` at its
+    /// entry as failed; with [`REREAD_FAILS`] set, the read again at its
+    /// barrier too. 0: off.
+    pub const TEST_UNREAD_PARAMS: u32 = 5;
+    pub const REREAD_FAILS: u64 = 1 << 32;
 }
 
 /// Bytes of node data per chunk record: the record must fit a per-CPU

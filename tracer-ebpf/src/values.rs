@@ -123,10 +123,14 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
     let last = unsafe { *slot };
     let last = (last.owner == owner).then_some(last);
     // `ith, nth` are adjacent in every layout (`ParamsLayout::check`).
+    let (run, nodes_total, barriers_total) = last.map_or((0, 0, 0), |l| (l.run, l.nodes_total, l.barriers_total));
+    let nodes_total = nodes_total + 1;
+    let test = setting(config::TEST_UNREAD_PARAMS);
+    let injected = test != 0 && test as u32 as u64 == nodes_total;
     let mut thread = [0u32; 2];
-    let (ith, nth) = if read_user(&mut thread, params + u64::from(ggml!(params.ith))).is_ok() {
+    let (ith, nth) = if !injected && read_user(&mut thread, params + u64::from(ggml!(params.ith))).is_ok() {
         (thread[0], thread[1])
-    } else if let Some(last) = last.filter(|l| l.params == params && l.run == current_run(tgid)) {
+    } else if let Some(last) = last.filter(|l| !injected && l.params == params && l.run == current_run(tgid)) {
         // A nofault read can fail on a present page (one being migrated).
         // The same `params` in the same run is the same compute call, whose
         // team is known (a later call may reuse the stack slot, with
@@ -136,8 +140,6 @@ fn node_with(ctx: &ProbeContext, cookie: u64) -> u32 {
         // Read again at the node's first barrier, some time later.
         (team::UNREAD, team::UNREAD)
     };
-    let (run, nodes_total, barriers_total) = last.map_or((0, 0, 0), |l| (l.run, l.nodes_total, l.barriers_total));
-    let nodes_total = nodes_total + 1;
     let task = ValueTask { node, fused, ith, nth, owner, params, run, barriers: 0, nodes_total, barriers_total };
     unsafe { *slot = task };
     0
@@ -286,7 +288,12 @@ fn team_known(state: &mut ValueTask) -> bool {
         team::LOST => false,
         team::UNREAD => {
             let mut thread = [0u32; 2];
-            if layout::valid() && read_user(&mut thread, state.params + u64::from(ggml!(params.ith))).is_ok() {
+            let test = setting(config::TEST_UNREAD_PARAMS);
+            let injected = test & config::REREAD_FAILS != 0 && test as u32 as u64 == state.nodes_total;
+            if !injected
+                && layout::valid()
+                && read_user(&mut thread, state.params + u64::from(ggml!(params.ith))).is_ok()
+            {
                 (state.ith, state.nth) = (thread[0], thread[1]);
                 true
             } else {

@@ -55,6 +55,7 @@ pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames
             (config::LOOP_END, start + size),
             (config::SET_ROWS_OP, set_rows),
             (config::MAX_BYTES, MAX_VALUE_BYTES),
+            (config::TEST_UNREAD_PARAMS, test_unread_params()),
         ],
     )?;
     for (symbol, program, cookie) in PROBES {
@@ -69,6 +70,18 @@ pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames
         tracer.attach_uprobe(program, path, symbol, Some(pid), u64::from(cookie))?;
     }
     Ok(())
+}
+
+/// `TTRACE_TEST_UNREAD_PARAMS=N[,again]`, for tests: each thread's N-th
+/// node takes its team read as failed (and its read again too, `again`).
+const TEST_UNREAD_PARAMS_ENV: &str = "TTRACE_TEST_UNREAD_PARAMS";
+
+fn test_unread_params() -> u64 {
+    let Ok(value) = std::env::var(TEST_UNREAD_PARAMS_ENV) else { return 0 };
+    let (node, again) = value.split_once(',').map_or((value.as_str(), false), |(n, a)| (n, a == "again"));
+    let node = node.parse::<u32>().unwrap_or(0);
+    log::warn!("{TEST_UNREAD_PARAMS_ENV}: node {node} of each thread reads its team as failed (again: {again})");
+    u64::from(node) | if again { config::REREAD_FAILS } else { 0 }
 }
 
 /// The trace ends: the last node outputs written, the nodes no barrier
