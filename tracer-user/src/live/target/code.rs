@@ -4,7 +4,9 @@
 //! only addressed. Decoded with iced-x86, so `endbr64`, prefixes and other
 //! compiler variations are instructions like any other.
 
-use iced_x86::{Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
+use iced_x86::{
+    Decoder, DecoderOptions, Instruction, InstructionInfo, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
+};
 
 /// How an instruction uses a field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,26 +71,42 @@ pub fn accesses_of(code: &[u8], arg: Register) -> Vec<Access> {
             };
             out.push(Access { offset, width: m.memory_size().size() as u32, how });
         }
-        let copy = insn.mnemonic() == Mnemonic::Mov
-            && insn.op_kind(0) == OpKind::Register
-            && insn.op_kind(1) == OpKind::Register
-            && insn.op0_register().size() == 8
-            && holders.contains(&insn.op1_register());
-        let written: Vec<Register> = used
-            .used_registers()
-            .iter()
-            .filter(|r| matches!(r.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite))
-            .map(|r| r.register().full_register())
-            .collect();
-        holders.retain(|h| !written.contains(h));
-        if copy {
-            holders.push(insn.op0_register());
-        }
+        let copy = copy_of(&insn, &holders);
+        forget_written(&mut holders, used);
+        holders.extend(copy);
         if holders.is_empty() {
             break;
         }
     }
     out
+}
+
+/// The 64-bit register `insn` copies one of `holders` into (`mov %rdi,%rax`).
+fn copy_of(insn: &Instruction, holders: &[Register]) -> Option<Register> {
+    (insn.mnemonic() == Mnemonic::Mov
+        && insn.op_kind(0) == OpKind::Register
+        && insn.op_kind(1) == OpKind::Register
+        && insn.op0_register().size() == 8
+        && holders.contains(&insn.op1_register()))
+    .then(|| insn.op0_register())
+}
+
+/// Drops from `holders` every register the instruction writes.
+fn forget_written(holders: &mut Vec<Register>, used: &InstructionInfo) {
+    for r in used.used_registers() {
+        if matches!(r.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite) {
+            holders.retain(|h| *h != r.register().full_register());
+        }
+    }
+}
+
+/// The constant `insn` moves into RAX (or EAX), if it does.
+fn rax_immediate(insn: &Instruction) -> Option<u64> {
+    (insn.mnemonic() == Mnemonic::Mov
+        && insn.op_kind(0) == OpKind::Register
+        && insn.op0_register().full_register() == Register::RAX
+        && matches!(insn.op_kind(1), OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64))
+    .then(|| insn.immediate(1))
 }
 
 /// The value a function returns as a constant (`mov $0x170, %eax; ret`).
@@ -98,16 +116,7 @@ pub fn returned_constant(code: &[u8]) -> Option<u64> {
     for insn in &mut decoder {
         match insn.mnemonic() {
             Mnemonic::Endbr64 | Mnemonic::Nop => {}
-            Mnemonic::Mov
-                if insn.op_kind(0) == OpKind::Register
-                    && insn.op0_register().full_register() == Register::RAX
-                    && matches!(
-                        insn.op_kind(1),
-                        OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
-                    ) =>
-            {
-                value = Some(insn.immediate(1));
-            }
+            Mnemonic::Mov if rax_immediate(&insn).is_some() => value = rax_immediate(&insn),
             Mnemonic::Ret => return value,
             _ => return None,
         }
@@ -152,18 +161,8 @@ pub fn counter_stores(code: &[u8], ip: u64, counters: &[u64]) -> Vec<u32> {
             (insn.mnemonic() == Mnemonic::Xadd && insn.has_lock_prefix() && insn.op_kind(1) == OpKind::Register)
                 .then(|| insn.op1_register())
                 .filter(|r| r.size() == 8);
-        let copy = (insn.mnemonic() == Mnemonic::Mov
-            && insn.op_kind(0) == OpKind::Register
-            && insn.op_kind(1) == OpKind::Register
-            && insn.op0_register().size() == 8
-            && holders.contains(&insn.op1_register()))
-        .then(|| insn.op0_register());
-        let used = info.info(&insn);
-        for r in used.used_registers() {
-            if matches!(r.access(), OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite) {
-                holders.retain(|h| *h != r.register().full_register());
-            }
-        }
+        let copy = copy_of(&insn, &holders);
+        forget_written(&mut holders, info.info(&insn));
         holders.extend(taken.into_iter().chain(copy));
     }
     out
@@ -178,17 +177,7 @@ pub fn is_counter_increment(code: &[u8]) -> bool {
             Mnemonic::Ret => return added,
             _ if added => return false,
             Mnemonic::Endbr64 | Mnemonic::Nop => {}
-            Mnemonic::Mov
-                if insn.op_kind(0) == OpKind::Register
-                    && insn.op0_register().full_register() == Register::RAX
-                    && matches!(
-                        insn.op_kind(1),
-                        OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
-                    )
-                    && insn.immediate(1) == 1 =>
-            {
-                one = true;
-            }
+            Mnemonic::Mov if rax_immediate(&insn) == Some(1) => one = true,
             Mnemonic::Xadd
                 if one
                     && insn.has_lock_prefix()
