@@ -45,9 +45,8 @@ pub mod config {
     pub const SLOTS: u32 = 6;
     /// Bit set: see `FLAG_*`.
     pub const FLAGS: u32 = 0;
-    /// The target's `GGML_OP_GET_ROWS` value (op ids differ across ggml
-    /// versions), or `u64::MAX` when unknown: token ids are read at that op.
-    pub const GET_ROWS_OP: u32 = 1;
+    // Slot 1 is free: it held the GET_ROWS op id while the op probes read
+    // token ids (the graph capture's inputs hold them now).
     /// Bytes waiting in the ring above which a submit wakes the reader; below
     /// it events are submitted silently and the reader drains on a timer.
     /// 0 (unset) wakes on every event.
@@ -229,7 +228,7 @@ pub struct BlockEvent {
 
 /// Tensors recorded per op: dst plus up to `ggml::MAX_SRC` sources.
 pub const MAX_OP_TENSORS: usize = 1 + ggml::MAX_SRC;
-/// Token ids read at the token-embedding GET_ROWS.
+/// Token ids an op of the token-embedding GET_ROWS carries.
 pub const MAX_TOKEN_IDS: usize = 16;
 /// `TensorRecord::slot` of the destination tensor; sources use their index.
 pub const SLOT_DST: u32 = u32::MAX;
@@ -296,26 +295,24 @@ impl TensorRecord {
     }
 }
 
-/// An executed ggml node. Sent with only `n_tensors` entries of `tensors`:
-/// the destination, then source i at index i + 1 (absent ones marked).
+/// A node started on a thread (`--op-timing`): only what the graph capture
+/// cannot know, so the per-node program costs little beyond its trap. The
+/// node's tensors come from its graph's definition, matched by address.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpEvent {
     pub header: EventHeader,
+    /// Address of the node's `ggml_tensor` (a fused pair's first node).
+    pub node: u64,
+    /// A fused pair's second node (`hooks::FUSED_RMS_NORM`), else 0.
+    pub fused: u64,
     pub ith: u32,
     pub nth: u32,
     /// A [`hooks`] value.
     pub hook: u32,
-    pub n_tensors: u32,
-    /// Valid ids (at most [`MAX_TOKEN_IDS`]); 0 unless this is the GET_ROWS of token ids.
-    pub n_token_ids: u32,
     pub _pad: u32,
-    pub token_ids: [i32; MAX_TOKEN_IDS],
-    pub tensors: [TensorRecord; MAX_OP_TENSORS],
 }
 
-/// Bytes of an [`OpEvent`] before its tensors.
-pub const OP_EVENT_FIXED: usize = core::mem::offset_of!(OpEvent, tensors);
 pub const TENSOR_RECORD_SIZE: usize = core::mem::size_of::<TensorRecord>();
 
 /// Nodes read per graph at most (llama.cpp's own graphs have a few
@@ -495,9 +492,9 @@ const _: () = {
     assert!(offset_of!(CallEvent, args) == 32);
     assert!(size_of::<TensorRecord>() == 192);
     assert!(offset_of!(TensorRecord, name) == 128);
-    assert!(OP_EVENT_FIXED == 112);
-    assert!(size_of::<OpEvent>() == OP_EVENT_FIXED + MAX_OP_TENSORS * TENSOR_RECORD_SIZE);
-    assert!(OP_EVENT_FIXED.is_multiple_of(8) && TENSOR_RECORD_SIZE.is_multiple_of(8));
+    assert!(size_of::<OpEvent>() == 56);
+    assert!(offset_of!(OpEvent, ith) == 40);
+    assert!(TENSOR_RECORD_SIZE.is_multiple_of(8));
     assert!(size_of::<PageFaultEvent>() == 48);
     assert!(offset_of!(PageFaultEvent, address) == 24);
     assert!((EventKind::Block as u32) < EVENT_KIND_SLOTS);

@@ -39,8 +39,7 @@ use tracer_common::{
 };
 
 use crate::{
-    ggml::TENSOR_SCRATCH,
-    layout::{self, RawTensor, ggml},
+    layout::{self, RawTensor, TENSOR_SCRATCH, ggml},
     looping::{global_step, repeat},
     maps::{EVENTS, count_lost, count_lost_n, emit, header, read_user, read_user_bytes, submit_flags, traced_task},
 };

@@ -2,7 +2,12 @@
 //! `tracer_common::layout`), and reading fields out of a copy of a struct
 //! at those offsets.
 
+use aya_ebpf::{macros::map, maps::PerCpuArray};
 use tracer_common::layout::{GgmlLayout, TENSOR_OFFSET_MASK, TENSOR_SCRATCH_BYTES};
+
+/// One tensor copied from the target: too big for the 512-byte BPF stack.
+#[map]
+pub(crate) static TENSOR_SCRATCH: PerCpuArray<RawTensor> = PerCpuArray::with_max_entries(1, 0);
 
 /// Written by user space before any program that reads it is attached
 /// (`valid` is 0 in the object file); in a section of its own, so it is a
@@ -60,10 +65,6 @@ impl RawTensor {
 
     pub fn nb(&self) -> [u64; 4] {
         self.at(ggml!(tensor.nb))
-    }
-
-    pub fn src(&self) -> [u64; tracer_common::ggml::MAX_SRC] {
-        self.at(ggml!(tensor.src))
     }
 
     pub fn type_(&self) -> i32 {

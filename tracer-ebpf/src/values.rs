@@ -34,8 +34,7 @@ use tracer_common::{
 };
 
 use crate::{
-    ggml::TENSOR_SCRATCH,
-    layout::{self, ggml},
+    layout::{self, TENSOR_SCRATCH, ggml},
     looping::{cookie_copies, global_step, repeat},
     maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
 };

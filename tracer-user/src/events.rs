@@ -3,9 +3,8 @@
 use std::{mem::size_of, ptr};
 
 use tracer_common::{
-    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, MAX_OP_TENSORS,
-    NodeEvent, OP_EVENT_FIXED, OpEvent, PageCacheEvent, PageFaultEvent, RoutingEvent, SLOT_ABSENT, TENSOR_RECORD_SIZE,
-    TensorRecord,
+    BlockEvent, BufferEvent, CallEvent, EventHeader, EventKind, GraphEvent, INPUT_EVENT_FIXED, NodeEvent, OpEvent,
+    PageCacheEvent, PageFaultEvent, RoutingEvent, TensorRecord,
 };
 
 /// One event from the kernel side.
@@ -13,7 +12,8 @@ use tracer_common::{
 pub enum Event {
     Call(CallEvent),
     PageFault(PageFaultEvent),
-    Op(Box<OpRecord>),
+    /// `--op-timing`: a node started on a thread (its tensors are its graph's).
+    Op(OpEvent),
     PageCache(PageCacheEvent),
     Block(BlockEvent),
     Graph(GraphEvent),
@@ -73,13 +73,15 @@ impl InputRecord {
     }
 }
 
-/// An executed ggml node with only the tensors the probe sent.
+/// An executed ggml node as the trace records it: a per-node [`OpEvent`]
+/// with its tensors from its graph's definition (`live::op_times`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OpRecord {
     pub header: EventHeader,
     pub ith: u32,
     pub nth: u32,
     pub hook: u32,
+    /// The token-embedding GET_ROWS's ids, at most `MAX_TOKEN_IDS`.
     pub token_ids: Vec<i32>,
     /// `tensors[0]` is the destination; the rest are the present sources in slot order.
     pub tensors: Vec<TensorRecord>,
@@ -112,8 +114,6 @@ pub enum DecodeError {
     UnknownKind(u32),
     #[error("{kind} event record is {len} bytes, expected {expected}")]
     Size { kind: &'static str, len: usize, expected: usize },
-    #[error("op event record of {len} bytes does not hold its {n_tensors} tensors")]
-    OpTensors { len: usize, n_tensors: u32 },
 }
 
 /// Decode one ring-buffer record. Records carry no alignment guarantee
@@ -128,7 +128,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
     match kind {
         EventKind::Call => read::<CallEvent>(kind, bytes).map(Event::Call),
         EventKind::PageFault => read::<PageFaultEvent>(kind, bytes).map(Event::PageFault),
-        EventKind::Op => decode_op(bytes).map(|op| Event::Op(Box::new(op))),
+        EventKind::Op => read::<OpEvent>(kind, bytes).map(Event::Op),
         EventKind::PageCache => read::<PageCacheEvent>(kind, bytes).map(Event::PageCache),
         EventKind::Block => read::<BlockEvent>(kind, bytes).map(Event::Block),
         EventKind::Graph => read::<GraphEvent>(kind, bytes).map(Event::Graph),
@@ -204,36 +204,6 @@ fn decode_input(bytes: &[u8]) -> Result<InputRecord, DecodeError> {
     Ok(InputRecord { header, uid: field(24), tensor: field(32), data: data.to_vec() })
 }
 
-/// Op events are variable-length: the fixed part, then `n_tensors` records.
-fn decode_op(bytes: &[u8]) -> Result<OpRecord, DecodeError> {
-    if bytes.len() < OP_EVENT_FIXED {
-        return Err(DecodeError::Size { kind: "op", len: bytes.len(), expected: OP_EVENT_FIXED });
-    }
-    let mut fixed = [0u8; size_of::<OpEvent>()];
-    fixed[..OP_EVENT_FIXED].copy_from_slice(&bytes[..OP_EVENT_FIXED]);
-    // SAFETY: the buffer is OpEvent-sized; only the fixed fields are read below.
-    let event: OpEvent = unsafe { ptr::read_unaligned(fixed.as_ptr().cast()) };
-    let n = event.n_tensors as usize;
-    if n == 0 || n > MAX_OP_TENSORS || bytes.len() != OP_EVENT_FIXED + n * TENSOR_RECORD_SIZE {
-        return Err(DecodeError::OpTensors { len: bytes.len(), n_tensors: event.n_tensors });
-    }
-    let tensors = bytes[OP_EVENT_FIXED..]
-        .chunks_exact(TENSOR_RECORD_SIZE)
-        // SAFETY: each chunk is exactly one TensorRecord (Pod).
-        .map(|chunk| unsafe { ptr::read_unaligned(chunk.as_ptr().cast::<TensorRecord>()) })
-        .filter(|record| record.slot != SLOT_ABSENT)
-        .collect();
-    let n_ids = (event.n_token_ids as usize).min(event.token_ids.len());
-    Ok(OpRecord {
-        header: event.header,
-        ith: event.ith,
-        nth: event.nth,
-        hook: event.hook,
-        token_ids: event.token_ids[..n_ids].to_vec(),
-        tensors,
-    })
-}
-
 /// `T` is one of tracer-common's `#[repr(C)]` integer-only event structs.
 fn read<T: Copy>(kind: EventKind, bytes: &[u8]) -> Result<T, DecodeError> {
     if bytes.len() != size_of::<T>() {
@@ -271,55 +241,11 @@ mod tests {
         assert!(matches!(decode(&bytes_of(&header)), Err(DecodeError::Size { kind: "call", .. })));
     }
 
-    fn op_event(n_tensors: u32) -> OpEvent {
-        let header = EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: 9, tgid: 1, tid: 2 };
-        let mut name = [0u8; 64];
-        name[..3].copy_from_slice(b"dst");
-        let record = TensorRecord {
-            tensor: 0x10,
-            data: 0x20,
-            ne: [4, 1, 1, 1],
-            nb: [4, 16, 16, 16],
-            view_src: 0,
-            view_offs: 0,
-            extra: 0,
-            type_: 0,
-            op: 29,
-            op_param0: 0,
-            flags: 16,
-            slot: tracer_common::SLOT_DST,
-            _pad: 0,
-            name,
-        };
-        OpEvent {
-            header,
-            ith: 0,
-            nth: 2,
-            hook: 0,
-            n_tensors,
-            n_token_ids: 2,
-            _pad: 0,
-            token_ids: [7; 16],
-            tensors: [record; MAX_OP_TENSORS],
-        }
-    }
-
     #[test]
-    fn decodes_variable_length_ops() {
-        let event = op_event(3);
-        let bytes = bytes_of(&event);
-        let op = match decode(&bytes[..OP_EVENT_FIXED + 3 * TENSOR_RECORD_SIZE]) {
-            Ok(Event::Op(op)) => op,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(op.tensors.len(), 3);
-        assert_eq!(op.token_ids, vec![7, 7]);
-        assert_eq!(op.tensors[0].op, 29);
-        // Length and count disagree: rejected, not misread.
-        assert!(matches!(
-            decode(&bytes[..OP_EVENT_FIXED + 2 * TENSOR_RECORD_SIZE]),
-            Err(DecodeError::OpTensors { .. })
-        ));
-        assert!(matches!(decode(&bytes_of(&op_event(0))[..OP_EVENT_FIXED]), Err(DecodeError::OpTensors { .. })));
+    fn decodes_a_node_start() {
+        let header = EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: 9, tgid: 1, tid: 2 };
+        let op = OpEvent { header, node: 0x10, fused: 0x20, ith: 1, nth: 2, hook: 1, _pad: 0 };
+        assert_eq!(decode(&bytes_of(&op)), Ok(Event::Op(op)));
+        assert!(matches!(decode(&bytes_of(&op)[..40]), Err(DecodeError::Size { kind: "op", .. })));
     }
 }

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use tracer_common::{TensorRecord, c_str, ggml::TYPE_I32, graph, layout::TensorLayout, markers, node_role};
+use tracer_common::{TensorRecord, c_str, ggml::TYPE_I32, graph, layout::TensorLayout, node_role};
 
 use super::graphs::SourceCache;
 use crate::{events::Event, format::LayoutCheck, model::GgmlType};
@@ -59,8 +59,8 @@ const UBATCH_GRAPHS: u32 = 4;
 const UNREAD_GRAPHS: u32 = 4;
 /// More elements than any dimension of a tensor in memory can have.
 const MAX_NE: i64 = 1 << 40;
-/// Per-node probes (`--op-timing`): ops checked before the verdict.
-const CHECKED_OPS: u64 = 64;
+/// More threads than a ggml compute team has.
+const MAX_TEAM: u32 = 1 << 12;
 
 /// What the checks need to know about the target.
 #[derive(Debug, Clone)]
@@ -92,9 +92,6 @@ struct Checker {
     rules: Rules,
     graph: Option<GraphCheck>,
     core_ok: bool,
-    ops: u64,
-    /// Per-node probes: the token input of the graph running.
-    op_tokens: Option<TokenInput>,
     /// The last ubatch sent, not yet matched to a graph.
     ubatch: UbatchSeen,
     ubatch_done: bool,
@@ -138,8 +135,6 @@ impl Gate {
             rules,
             graph: None,
             core_ok: false,
-            ops: 0,
-            op_tokens: None,
             ubatch: UbatchSeen::default(),
             ubatch_done: false,
             graphs_after_core: 0,
@@ -305,39 +300,13 @@ impl Checker {
                 let tokens = graph.token_input();
                 return Ok(self.after_graph(tokens).counting(passed, self.ubatch_done));
             }
-            Event::Op(op) => {
-                for record in &op.tensors {
-                    check_tensor(record, &self.rules)?;
-                    check_weight(record, &self.rules, gguf_name, passed)?;
-                    passed.tensors += 1;
-                }
-                self.ops += 1;
-                let src = |slot| op.tensors.iter().find(|r| r.slot == slot);
-                let token_input = (Some(op.tensors[0].op) == self.rules.get_rows)
-                    .then(|| src(0).filter(|r| c_str(&r.name).starts_with(b"token_embd")).and(src(1)))
-                    .flatten()
-                    .filter(|r| r.type_ == TYPE_I32)
-                    .map(|r| TokenInput {
-                        len: r.ne[0],
-                        ids: (!op.token_ids.is_empty()).then(|| op.token_ids.clone()),
-                    });
-                if let Some(input) = token_input {
-                    self.op_tokens = Some(input);
-                }
-                // The verdict waits for a whole graph (or enough ops).
-                if self.ops >= CHECKED_OPS && !self.core_ok {
-                    self.core_ok = true;
-                    passed.graphs = passed.graphs.max(1);
-                    let tokens = self.op_tokens.take();
-                    return Ok(self.after_graph(tokens).counting(passed, self.ubatch_done));
-                }
-            }
-            // Per-node probes: a graph ended (the ubatch check's window counts graphs).
-            Event::Call(call) if call.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN && self.ops > 0 => {
-                self.core_ok = true;
-                passed.graphs += 1;
-                let tokens = self.op_tokens.take();
-                return Ok(self.after_graph(tokens).counting(passed, self.ubatch_done));
+            // `--op-timing`: a thread's place in its team, read at the params
+            // layout's offsets (the node's tensors are checked in its graph).
+            Event::Op(op) if op.nth == 0 || op.nth > MAX_TEAM || op.ith >= op.nth => {
+                return Err(Violation {
+                    structure: "ggml_compute_params",
+                    what: format!("thread {} of {} starting a node is not a place in a team", op.ith, op.nth),
+                });
             }
             _ => {}
         }

@@ -128,6 +128,12 @@ impl GraphAssembler {
         self.layout = layout;
     }
 
+    /// Whether a run can still name definition `id` (its cgraph was not
+    /// defined again since).
+    pub fn is_current(&self, id: u32) -> bool {
+        self.tensors.contains_key(&id)
+    }
+
     /// A graph was entered (whatever was pending is complete), or its
     /// records are all sent (`graph::DONE`).
     pub fn on_graph(&mut self, event: &GraphEvent) -> Ready {

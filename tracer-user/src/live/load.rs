@@ -151,18 +151,13 @@ impl Tracer {
         targets.insert(tgid, 1, 0).map_err(|source| LoadError::Map { map: MAP_TARGET_TGIDS, error: Box::new(source) })
     }
 
-    /// Settings the programs read: record every worker thread or only
-    /// `ith == 0`; the target's GET_ROWS op id (where token ids are read).
-    pub fn configure(&mut self, all_threads: bool, get_rows_op: Option<u32>) -> Result<(), LoadError> {
+    /// Settings the programs read: record every worker thread or only `ith == 0`.
+    pub fn configure(&mut self, all_threads: bool) -> Result<(), LoadError> {
         let map = self.ebpf.map_mut(MAP_CONFIG).ok_or(LoadError::Missing { what: "map", name: MAP_CONFIG })?;
         let mut cfg: Array<_, u64> =
             Array::try_from(map).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
         let flags = if all_threads { config::FLAG_ALL_THREADS } else { 0 };
-        let get_rows = get_rows_op.map_or(u64::MAX, u64::from);
-        for (slot, value) in [(config::FLAGS, flags), (config::GET_ROWS_OP, get_rows)] {
-            cfg.set(slot, value, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })?;
-        }
-        Ok(())
+        cfg.set(config::FLAGS, flags, 0).map_err(|source| LoadError::Map { map: MAP_CONFIG, error: Box::new(source) })
     }
 
     /// Where the ggml and llama probes find the fields they read (see

@@ -14,6 +14,7 @@ pub mod graphs;
 pub mod kernel_btf;
 pub mod layouts;
 pub mod load;
+pub mod op_times;
 pub mod privileges;
 pub mod recorder;
 pub mod resolver;

@@ -8,7 +8,10 @@ use std::{
 
 use tracer_common::{BlockKind, TensorRecord, markers};
 
-use super::graphs::{GraphAssembler, Ready};
+use super::{
+    graphs::{GraphAssembler, Ready},
+    op_times::OpTimes,
+};
 use crate::{events::Event, format::TraceWriter};
 
 pub use super::resolver::{Resolver, WatchedFile, is_gguf, kernel_dev, model_table};
@@ -23,11 +26,21 @@ pub struct Recorder<W: Write> {
     in_flight: HashSet<(u32, u64)>,
     /// `--values`: node outputs being put together.
     pub values: Option<super::values::ValueRecorder>,
+    /// `--op-timing`: node starts written as ops of the graph running,
+    /// in place of the graph's GRAPH and COMPUTE frames.
+    pub op_times: Option<OpTimes>,
 }
 
 impl<W: Write> Recorder<W> {
     pub fn new(writer: TraceWriter<W>, resolver: Resolver) -> Self {
-        Self { writer, resolver, graphs: GraphAssembler::default(), in_flight: HashSet::new(), values: None }
+        Self {
+            writer,
+            resolver,
+            graphs: GraphAssembler::default(),
+            in_flight: HashSet::new(),
+            values: None,
+            op_times: None,
+        }
     }
 
     /// Model-file reads issued whose completion has not been recorded.
@@ -58,7 +71,13 @@ impl<W: Write> Recorder<W> {
             },
             Event::Graph(g) => {
                 let ready = self.graphs.on_graph(g);
-                self.write_graphs(ready)
+                self.write_graphs(ready)?;
+                if g.flags & tracer_common::graph::DONE == 0
+                    && let Some(times) = self.op_times.as_mut()
+                {
+                    times.graph_entered();
+                }
+                Ok(())
             }
             Event::Node(n) => {
                 self.graphs.on_node(n);
@@ -68,11 +87,14 @@ impl<W: Write> Recorder<W> {
                 let ready = self.graphs.on_input(i);
                 self.write_graphs(ready)
             }
-            Event::Op(op) => {
-                self.resolver.prepare(op);
-                self.flush_models()?;
-                let resolver = &mut self.resolver;
-                self.writer.op(op, &mut |r| resolver.memory_of(r))
+            Event::Op(start) => {
+                let Some(times) = self.op_times.as_mut() else { return Ok(()) };
+                let (resolver, writer) = (&mut self.resolver, &mut self.writer);
+                times.on_op(start, |op| {
+                    resolver.prepare(op);
+                    write_new_models(resolver, writer)?;
+                    writer.op(op, &mut |r| resolver.memory_of(r))
+                })
             }
             Event::Call(call) => {
                 // A graph starting means loading is done: until the maps show
@@ -151,10 +173,17 @@ impl<W: Write> Recorder<W> {
         if let Some(definition) = ready.definition {
             self.resolver.prepare_records(definition.records.iter());
             self.flush_models()?;
-            let resolver = &mut self.resolver;
-            self.writer.graph(&definition, &mut |r| resolver.memory_of(r))?;
+            if let Some(times) = self.op_times.as_mut() {
+                let graphs = &self.graphs;
+                times.define(&definition, |id| graphs.is_current(id));
+            } else {
+                let resolver = &mut self.resolver;
+                self.writer.graph(&definition, &mut |r| resolver.memory_of(r))?;
+            }
         }
-        if let Some(run) = ready.run {
+        if let Some(times) = self.op_times.as_mut() {
+            ready.run.iter().for_each(|run| times.run(run));
+        } else if let Some(run) = ready.run {
             let resolver = &mut self.resolver;
             self.writer.compute(run.graph, run.ts_ns, run.tid, &run.inputs, &mut |r| resolver.memory_of(r))?;
         }
@@ -164,14 +193,18 @@ impl<W: Write> Recorder<W> {
     /// Write model tables found since the last frame (before any frame that
     /// refers to them), and the maps once a model shows up in them.
     pub fn flush_models(&mut self) -> io::Result<()> {
-        for table in self.resolver.take_new_models() {
-            self.writer.model(&table)?;
-        }
-        if let Some(text) = self.resolver.take_maps_snapshot() {
-            self.writer.maps(&text)?;
-        }
-        Ok(())
+        write_new_models(&mut self.resolver, &mut self.writer)
     }
+}
+
+fn write_new_models<W: Write>(resolver: &mut Resolver, writer: &mut TraceWriter<W>) -> io::Result<()> {
+    for table in resolver.take_new_models() {
+        writer.model(&table)?;
+    }
+    if let Some(text) = resolver.take_maps_snapshot() {
+        writer.maps(&text)?;
+    }
+    Ok(())
 }
 
 pub fn tensor_name(record: &TensorRecord) -> &str {

@@ -211,6 +211,22 @@ fn a_cgraph_read_wrong_is_refused() {
 }
 
 #[test]
+fn a_node_start_outside_its_team_is_refused() {
+    let start = |ith, nth| {
+        Event::Op(tracer_common::OpEvent { header: header(EventKind::Op), node: 0xa0, ith, nth, ..Default::default() })
+    };
+    let mut gate = Gate::open();
+    gate.arm(rules(false));
+    admit(&mut gate, start(1, 2)).unwrap();
+    for (ith, nth) in [(0, 0), (2, 2), (0, 1 << 20)] {
+        let mut gate = Gate::open();
+        gate.arm(rules(false));
+        let err = admit(&mut gate, start(ith, nth)).map(drop).unwrap_err();
+        assert_eq!(err.structure, "ggml_compute_params", "{ith} of {nth}");
+    }
+}
+
+#[test]
 fn tensor_invariants() {
     let r = rules(false);
     let ok = |t: &GgmlTensor| check_tensor(&TensorRecord::of(0x10, t, 0), &r);

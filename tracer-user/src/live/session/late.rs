@@ -31,7 +31,8 @@ impl Session<'_> {
         if plan::routing_hook(libs).is_none() {
             self.layouts.disabled.push(crate::live::layouts::routing_off());
         }
-        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs, names)?;
+        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs)?;
+        self.recorder.op_times.iter_mut().for_each(|t| t.set_op_names(names));
         if self.spec.values.is_some() {
             values::start(tracer, libs, names, self.attached.pid)?;
             self.recorder.values.iter_mut().for_each(|v| v.set_op_names(names));
@@ -130,7 +131,8 @@ impl Session<'_> {
         log::info!("ggml's CPU backend is now {}: attaching to it", cpu.display());
         let names = op_names_of(&libs)?;
         let before = self.attached.libraries.len();
-        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), &libs, names.as_ref())?;
+        self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), &libs)?;
+        self.recorder.op_times.iter_mut().for_each(|t| t.set_op_names(names.as_ref()));
         self.announce_hooks(before, names.as_ref(), build)
     }
 

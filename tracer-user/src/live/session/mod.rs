@@ -242,7 +242,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         if plan::routing_hook(&libs).is_none() {
             layouts.disabled.push(crate::live::layouts::routing_off());
         }
-        attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs, names.as_ref())?;
+        attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs)?;
         if spec.values.is_some() {
             values::start(&mut tracer, &libs, names.as_ref(), pid)?;
         }
@@ -263,6 +263,8 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
     let mut recorder = Recorder::new(writer, resolver);
     recorder.values = spec.values.as_ref().map(|v| crate::live::values::ValueRecorder::new(v.filter.clone()));
     recorder.values.iter_mut().for_each(|v| v.set_op_names(names.as_ref()));
+    recorder.op_times = spec.op_timing.then(crate::live::op_times::OpTimes::new);
+    recorder.op_times.iter_mut().for_each(|t| t.set_op_names(names.as_ref()));
     if let Some(layout) = recorder_layout {
         recorder.graphs.set_layout(layout);
     }

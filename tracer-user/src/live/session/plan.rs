@@ -15,7 +15,7 @@ use crate::{
     format::frames::Library,
     live::{
         load::Tracer,
-        target::{self, HookLibs, OpNames},
+        target::{self, HookLibs},
     },
 };
 
@@ -101,15 +101,8 @@ pub(super) struct Attached {
 impl Attached {
     /// Configure and attach the op probes (the ubatch probe only with
     /// `sequences`: the layout of its struct is known).
-    pub fn start_ops(
-        &mut self,
-        tracer: &mut Tracer,
-        options: OpOptions,
-        libs: &HookLibs,
-        names: Option<&OpNames>,
-    ) -> Result<()> {
-        let get_rows = names.and_then(|n| n.ops.iter().position(|o| o == "GET_ROWS")).map(|i| i as u32);
-        tracer.configure(options.all_threads, get_rows)?;
+    pub fn start_ops(&mut self, tracer: &mut Tracer, options: OpOptions, libs: &HookLibs) -> Result<()> {
+        tracer.configure(options.all_threads)?;
         self.attach(tracer, libs, options)?;
         Ok(())
     }
@@ -121,16 +114,11 @@ impl Attached {
         // One ELF parse per library for all its hook offsets.
         let mut offsets: Vec<(PathBuf, Vec<Option<u64>>)> = Vec::new();
         for (symbol, program, cookie) in HOOKS {
-            // Either the per-node probes or the per-graph one: both would count every op twice.
+            // The per-node probes time the nodes the per-graph one defines.
             let per_node = program == programs::GGML_OP;
-            let per_graph = symbol == "ggml_graph_compute";
             let buffer_probe =
                 [target::BUFFER_INIT, target::SET_USAGE, target::BUFFER_FREE, target::OUTPUT_RESERVE].contains(&symbol);
-            if (per_node && !op_timing)
-                || (per_graph && op_timing)
-                || (program == programs::UBATCH && !sequences)
-                || (buffer_probe && !buffers)
-            {
+            if (per_node && !op_timing) || (program == programs::UBATCH && !sequences) || (buffer_probe && !buffers) {
                 continue;
             }
             if program == programs::MUL_MAT_ID_ENTRY && libs.path_of(ARGSORT).is_some() {
