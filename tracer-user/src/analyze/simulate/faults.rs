@@ -88,6 +88,10 @@ pub trait PageCache {
     /// page-table entries are made young (`arch_wants_old_prefaulted_pte`
     /// is false; mm/memory.c `set_pte_range`).
     fn prefaulted(&mut self, _unit: u32) {}
+    /// `unit` is in a read in flight, until [`PageCache::unpin`]: the
+    /// `pinned` of [`PageCache::shrink`], for a cache that counts them.
+    fn pin(&mut self, _unit: u32) {}
+    fn unpin(&mut self, _unit: u32) {}
     /// `folio_mark_accessed` on `unit`: MAP_POPULATE's page walk (mm/gup.c,
     /// `FOLL_TOUCH`) calls it on every page it maps.
     fn touched(&mut self, _unit: u32) {}
@@ -151,6 +155,8 @@ struct FaultPath<'a, C: PageCache, R: Reads> {
     marked: Vec<bool>,
     /// Pages the current readahead window read: locked until it is done.
     in_flight: Vec<u32>,
+    /// The same by page, looked up at every folio reclaim scans.
+    locked: Vec<bool>,
 }
 
 /// Replays `stream` page by page through the fault path on `cache` (whose
@@ -179,6 +185,7 @@ pub fn replay_into(
         mapped: vec![false; pages],
         marked: vec![false; pages],
         in_flight: Vec::new(),
+        locked: vec![false; pages],
     };
     let mut misses = Misses::default();
     for (atom, period) in stream.iter() {
@@ -327,15 +334,30 @@ impl<C: PageCache, R: Reads> FaultPath<'_, C, R> {
             }
             let p = p as u32;
             if !self.cache.resident(p) {
-                self.in_flight.push(p);
+                self.lock(p);
                 read += self.read(p);
                 if u64::from(p) == mark {
                     self.marked[p as usize] = true;
                 }
             }
         }
-        self.in_flight.clear();
+        self.unlock_all();
         read
+    }
+
+    /// Puts `page` in flight.
+    fn lock(&mut self, page: u32) {
+        self.in_flight.push(page);
+        self.locked[page as usize] = true;
+        self.cache.pin(page);
+    }
+
+    /// The window's read is done.
+    fn unlock_all(&mut self) {
+        for p in self.in_flight.drain(..) {
+            self.locked[p as usize] = false;
+            self.cache.unpin(p);
+        }
     }
 
     /// `page_cache_ra_order`'s large folios over the window, until one
@@ -363,7 +385,9 @@ impl<C: PageCache, R: Reads> FaultPath<'_, C, R> {
             if (at..end).any(|p| self.cache.resident(p as u32)) {
                 break;
             }
-            self.in_flight.extend(at as u32..end as u32);
+            for p in at as u32..end as u32 {
+                self.lock(p);
+            }
             let pages = self.cache.read_in_folio(at as u32, 1 << o);
             self.reads.read(self.period, at, pages);
             read += pages;
@@ -387,9 +411,8 @@ impl<C: PageCache, R: Reads> FaultPath<'_, C, R> {
     /// Evicts down to the capacity, sparing the pages in flight.
     fn make_room(&mut self) {
         let (mapped, marked) = (&mut self.mapped, &mut self.marked);
-        // Pages in flight are read in file order: a binary search finds them.
-        let in_flight = &self.in_flight;
-        let pinned = |p: u32| in_flight.binary_search(&p).is_ok();
+        let locked = &self.locked;
+        let pinned = |p: u32| locked[p as usize];
         self.cache.shrink(self.capacity, &pinned, &mut |gone| {
             mapped[gone as usize] = false;
             marked[gone as usize] = false;

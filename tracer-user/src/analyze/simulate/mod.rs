@@ -16,6 +16,7 @@ pub mod faults;
 pub mod lru;
 mod lru_faults;
 pub mod opt;
+mod rows;
 mod runs;
 pub mod stream;
 pub mod twolist;
@@ -37,8 +38,8 @@ use super::{
 };
 use crate::format::{Memory, ModelTensor, TraceError};
 pub use lru::LruCurve;
+pub use rows::{TWO_LIST_BAND_BYTES, run};
 pub use stream::{Stream, StreamBuilder};
-use twolist::TwoList;
 
 /// Replacement policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
@@ -379,174 +380,6 @@ pub struct Row {
     pub disk_bytes: u64,
     pub disk_bytes_per_token: Option<f64>,
     pub misses: u64,
-}
-
-/// Every (budget, policy) row, in budget order, and at the `detail`
-/// budget each policy's reads per page (see [`detail`]). Rows are
-/// independent replays: they run on every core.
-pub fn run(
-    replay: &Replay,
-    budgets: &[u64],
-    policies: &[Policy],
-    anon_bytes: u64,
-    counting: Counting,
-    detail: Option<u64>,
-    progress: &ProgressBar,
-) -> (Vec<Row>, Vec<(Policy, Vec<u32>)>) {
-    let stream = &replay.stream;
-    let page_bytes = replay.page_bytes;
-    let window = replay.readahead.map(|r| faults::Window {
-        pages: r.window_bytes / page_bytes,
-        fault_around: (r.fault_around_bytes / page_bytes).max(1),
-    });
-    let replayers = Replayers {
-        stream,
-        window,
-        engine: replay.engine,
-        stack: (policies.contains(&Policy::Lru) && window.is_none()).then(|| LruCurve::new(stream)),
-        next: policies.contains(&Policy::Opt).then(|| opt::next_uses(stream)),
-    };
-    let jobs: Vec<(u64, Policy)> = budgets.iter().flat_map(|&b| policies.iter().map(move |&p| (b, p))).collect();
-    let replay_one = |(budget, policy): (u64, Policy)| {
-        let cache_bytes = budget.saturating_sub(anon_bytes);
-        let (capacity, median) = match policy {
-            Policy::TwoList => {
-                let (capacity, misses) = replayers.two_list_median(cache_bytes / page_bytes, page_bytes, counting);
-                (capacity, Some(misses))
-            }
-            _ => (cache_bytes / page_bytes, None),
-        };
-        let (misses, reads) = if detail == Some(budget) {
-            let mut reads = detail::PageReads::new(counting, replayers.pages());
-            let misses = replayers.replay(policy, capacity, &mut reads);
-            debug_assert_eq!(reads.total(), misses.counted(counting));
-            (misses, Some(reads.counts))
-        } else {
-            (median.unwrap_or_else(|| replayers.replay(policy, capacity, &mut ())), None)
-        };
-        progress.inc(1);
-        let missed = misses.counted(counting);
-        let disk_bytes = missed * page_bytes;
-        let tokens = replay.generated_tokens;
-        let row = Row {
-            budget_bytes: budget,
-            cache_bytes,
-            policy,
-            disk_bytes,
-            disk_bytes_per_token: (tokens > 0).then(|| disk_bytes as f64 / tokens as f64),
-            misses: missed,
-        };
-        (row, reads)
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len().max(1));
-    let next_job = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<_> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&job) = jobs.get(i) else { break done };
-                        done.push((i, replay_one(job)));
-                    }
-                })
-            })
-            .collect();
-        workers.into_iter().flat_map(|w| w.join().expect("a simulate worker panicked")).collect()
-    });
-    done.sort_by_key(|(i, _)| *i);
-    let mut detailed = Vec::new();
-    let rows = done
-        .into_iter()
-        .map(|(_, (row, reads))| {
-            if let Some(reads) = reads {
-                detailed.push((row.policy, reads));
-            }
-            row
-        })
-        .collect();
-    (rows, detailed)
-}
-
-/// What every row's replay shares.
-struct Replayers<'a> {
-    stream: &'a Stream,
-    window: Option<faults::Window>,
-    engine: Engine,
-    /// LRU at every size, on demand paging.
-    stack: Option<LruCurve>,
-    /// OPT's next uses.
-    next: Option<Vec<u32>>,
-}
-
-/// How far either side of a budget's capacity the two-list model is
-/// replayed, and in how many steps a side. At one exact capacity it
-/// resonates with the model's cyclic reads: `moe` at 22M read 3.3, 4.1,
-/// 3.4, 3.9 MiB per token with the anonymous memory 0.2 MiB apart, where
-/// the kernel's runs spread less. The kernel's own capacity for file pages
-/// is not exact either: each CPU holds up to 64 pages charged ahead
-/// (memcg's charge stock), and the kernel memory the cgroup charges moves.
-pub const TWO_LIST_BAND_BYTES: u64 = 256 << 10;
-const TWO_LIST_BAND_STEPS: u64 = 2;
-
-impl Replayers<'_> {
-    /// The capacity, within [`TWO_LIST_BAND_BYTES`] of `capacity`, whose
-    /// two-list replay has the median of the band's counted misses, and
-    /// that replay's misses.
-    fn two_list_median(&self, capacity: u64, page_bytes: u64, counting: Counting) -> (u64, Misses) {
-        let step = (TWO_LIST_BAND_BYTES / TWO_LIST_BAND_STEPS / page_bytes).max(1);
-        let low = capacity.saturating_sub(step * TWO_LIST_BAND_STEPS);
-        let mut band: Vec<(u64, u64, Misses)> = (0..=2 * TWO_LIST_BAND_STEPS)
-            .map(|i| low + i * step)
-            .map(|c| {
-                let misses = self.replay(Policy::TwoList, c, &mut ());
-                (misses.counted(counting), c, misses)
-            })
-            .collect();
-        band.sort_unstable_by_key(|&(counted, c, _)| (counted, c));
-        let (_, c, misses) = band.swap_remove(band.len() / 2);
-        (c, misses)
-    }
-
-    fn pages(&self) -> u64 {
-        self.stream.files.last().map_or(0, |f| f.end)
-    }
-
-    /// `policy` with a cache of `capacity` pages, telling `reads` the pages
-    /// it reads.
-    fn replay(&self, policy: Policy, capacity: u64, reads: &mut impl detail::Reads) -> Misses {
-        let stream = self.stream;
-        let pages = || vec![1u32; self.pages() as usize];
-        // OPT stays a floor of demand reads: readahead only adds reads.
-        match (policy, self.window) {
-            (Policy::Opt, _) => {
-                opt::opt_one_size_into(stream, self.next.as_deref().unwrap_or_default(), capacity, reads)
-            }
-            (Policy::Lru, None) => lru_at(stream, self.stack.as_ref(), capacity, reads),
-            (Policy::TwoList, None) => twolist::two_list_one_size_into(stream, capacity, reads),
-            (Policy::Lru, Some(w)) => match self.engine {
-                Engine::Runs => lru_faults::replay_into(stream, w, capacity, reads),
-                Engine::Pages => faults::replay_into(stream, w, &mut lru::Lru::new(pages()), capacity, reads),
-            },
-            (Policy::TwoList, Some(w)) => {
-                faults::replay_into(stream, w, &mut TwoList::with_large_folios(pages().len()), capacity, reads)
-            }
-        }
-    }
-}
-
-/// LRU on demand paging: read off the stack-distance curve, or, when the
-/// pages read are wanted, replayed at this one size, which must agree.
-fn lru_at<R: detail::Reads>(stream: &Stream, curve: Option<&LruCurve>, capacity: u64, reads: &mut R) -> Misses {
-    let Some(curve) = curve.filter(|_| !R::RECORDS) else {
-        let one = lru::lru_one_size_into(stream, capacity, reads);
-        if let Some(curve) = curve {
-            assert_eq!(one, curve.misses(capacity), "LRU at one size disagrees with its stack-distance curve");
-        }
-        return one;
-    };
-    curve.misses(capacity)
 }
 
 /// The smallest cache, in pages, at which generation under LRU reads

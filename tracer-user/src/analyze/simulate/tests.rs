@@ -326,19 +326,26 @@ fn random_window(rng: &mut Rng, pages: &[u64]) -> Window {
     Window { pages: pages[rng.below(pages.len() as u64) as usize], fault_around: 1 << rng.below(5) }
 }
 
+/// `check(case, stream, its pages, window)` on `cases` sweeping streams
+/// from `seed`, each with a window of one of `windows` pages.
+fn each_sweep(seed: u64, cases: u64, windows: &[u64], mut check: impl FnMut(u64, &Stream, u64, Window)) {
+    let mut rng = Rng(seed);
+    for case in 0..cases {
+        let s = sweeping_stream(&mut rng);
+        let window = random_window(&mut rng, windows);
+        check(case, &s, s.total_pages(), window);
+    }
+}
+
 #[test]
 fn the_run_replay_equals_the_page_replay_on_random_streams() {
-    let mut rng = Rng(0xfa57);
-    for case in 0..400 {
-        let s = sweeping_stream(&mut rng);
-        let total = s.total_pages();
-        let window = random_window(&mut rng, &[0, 2, 4, 8, 16, 32, 64]);
+    each_sweep(0xfa57, 400, &[0, 2, 4, 8, 16, 32, 64], |case, s, total, window| {
         for capacity in [0, 1, 2, 3, total / 4, total / 3, total / 2, total - 1, total, total + 5] {
-            let pages = faults::replay(&s, window, &mut Lru::new(vec![1; total as usize]), capacity);
-            let runs = lru_faults::replay(&s, window, capacity);
+            let pages = faults::replay(s, window, &mut Lru::new(vec![1; total as usize]), capacity);
+            let runs = lru_faults::replay(s, window, capacity);
             assert_eq!(runs, pages, "case {case}, {window:?}, capacity {capacity}");
         }
-    }
+    });
 }
 
 #[test]
@@ -373,6 +380,25 @@ fn the_two_list_model_in_large_folios_reads_each_page_once_when_all_fits() {
         let m = all(faults::replay(&s, window, &mut TwoList::with_large_folios(total as usize), total));
         assert!(m <= total, "case {case}, {window:?}: {m} pages read of {total}");
     }
+}
+
+/// Skipping the reclaims that can only rotate pages in flight reads the
+/// same pages as running them, windows large and small against the cache.
+#[test]
+fn the_two_list_model_skips_only_futile_reclaims() {
+    each_sweep(0x5c1f, 300, &[4, 8, 16, 32, 64], |case, s, total, window| {
+        for capacity in [1, 2, 5, 9, total / 8, total / 4, total / 2, total - 1] {
+            let replay = |cache: TwoList| {
+                let mut reads = PageReads::new(Counting::All, total);
+                let misses =
+                    faults::replay_into(s, window, &mut cache.with_cluster(1 + case % 33), capacity, &mut reads);
+                (misses, reads.counts)
+            };
+            let fast = replay(TwoList::with_large_folios(total as usize));
+            let full = replay(TwoList::with_large_folios(total as usize).without_shortcut());
+            assert_eq!(fast, full, "case {case}, {window:?}, capacity {capacity}");
+        }
+    });
 }
 
 /// Every replay, told to record the pages it reads, reads the same (the

@@ -84,6 +84,15 @@ pub struct TwoList {
     refaults_seen: u64,
     /// Pages one reclaim frees at least (SWAP_CLUSTER_MAX).
     cluster: u64,
+    /// Units in a read in flight ([`PageCache::pin`]); a folio is pinned
+    /// by its first unit.
+    pinned: Vec<bool>,
+    /// Pages of pinned folios on the inactive list: when they are all of
+    /// it, a reclaim that does not deactivate changes nothing (see
+    /// [`TwoList::futile`]).
+    inactive_pinned: u64,
+    /// Whether a futile reclaim is skipped (tests compare both).
+    skip_futile: bool,
 }
 
 /// `SWAP_CLUSTER_MAX`: a reclaim's least target and its scan batch.
@@ -123,6 +132,9 @@ impl TwoList {
             refaults: 0,
             refaults_seen: 0,
             cluster: SWAP_CLUSTER_MAX,
+            pinned: vec![false; n],
+            inactive_pinned: 0,
+            skip_futile: true,
         }
     }
 
@@ -138,6 +150,41 @@ impl TwoList {
         TwoList { cluster: pages, ..self }
     }
 
+    /// Every reclaim in full, even a futile one: the reference the
+    /// shortcut must equal.
+    #[cfg(test)]
+    pub fn without_shortcut(self) -> TwoList {
+        TwoList { skip_futile: false, ..self }
+    }
+
+    /// The inactive list's pinned pages change by `pages` if the folio at
+    /// `head` is pinned.
+    fn count_pinned(&mut self, head: u32, pages: u64, joins: bool) {
+        if self.pinned[head as usize] {
+            if joins {
+                self.inactive_pinned += pages;
+            } else {
+                self.inactive_pinned -= pages;
+            }
+        }
+    }
+
+    /// A reclaim that can only rotate pinned folios: every inactive folio
+    /// is in flight and the active list is not deactivated (no refault
+    /// since the last reclaim, the inactive list not the smaller). The
+    /// scan then goes round the inactive list once, each folio from the
+    /// tail back to the head, and stops where it began (over its
+    /// priorities it scans more pages than the list holds): the lists come
+    /// out as they went in. Under a window larger than the
+    /// inactive list this happened at every page read, each time the
+    /// length of the list.
+    fn futile(&self, refaulting: bool) -> bool {
+        self.skip_futile
+            && !refaulting
+            && self.inactive_pages >= self.active_pages
+            && self.inactive_pinned == self.inactive_pages
+    }
+
     /// Resident pages of the folio at `head`.
     fn folio_pages(&self, head: u32) -> u64 {
         let h = head as usize;
@@ -150,6 +197,7 @@ impl TwoList {
             List::Inactive => {
                 self.inactive.remove(head);
                 self.inactive_pages -= pages;
+                self.count_pinned(head, pages, false);
             }
             List::Active => {
                 self.active.remove(head);
@@ -175,6 +223,7 @@ impl TwoList {
         } else {
             self.inactive.push_head(head);
             self.inactive_pages += pages;
+            self.count_pinned(head, pages, true);
             self.on[h] = List::Inactive;
         }
     }
@@ -281,7 +330,20 @@ impl PageCache for TwoList {
         let pages = self.folio_pages(head);
         self.inactive.remove(head);
         self.inactive_pages -= pages;
+        self.count_pinned(head, pages, false);
         self.activate(head, pages);
+    }
+
+    fn pin(&mut self, unit: u32) {
+        if !std::mem::replace(&mut self.pinned[unit as usize], true) && self.on[unit as usize] == List::Inactive {
+            self.inactive_pinned += self.folio_pages(unit);
+        }
+    }
+
+    fn unpin(&mut self, unit: u32) {
+        if std::mem::take(&mut self.pinned[unit as usize]) && self.on[unit as usize] == List::Inactive {
+            self.inactive_pinned -= self.folio_pages(unit);
+        }
     }
 
     fn workingset(&self, unit: u32) -> bool {
@@ -298,6 +360,9 @@ impl PageCache for TwoList {
         // Refaults activated since the last reclaim (`prepare_scan_control`;
         // `snapshot_refaults` at its end).
         let refaulting = std::mem::replace(&mut self.refaults_seen, self.refaults) != self.refaults;
+        if self.futile(refaulting) {
+            return;
+        }
         let mut reclaim = Reclaim { target, reclaimed: 0, skipped: 0 };
         for priority in (0..=DEF_PRIORITY).rev() {
             // `shrink_lruvec`: both lists by their sizes, the active one
@@ -399,6 +464,7 @@ impl TwoList {
             self.workingset[victim as usize] = true;
             self.inactive.push_head(victim);
             self.inactive_pages += pages;
+            self.count_pinned(victim, pages, true);
             self.on[victim as usize] = List::Inactive;
         }
     }
