@@ -11,7 +11,6 @@ import collections
 import json
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -408,6 +407,20 @@ def test_summary_shows_the_report(traced, view, tmp_path):
     shoot(page, tmp_path, "gemma-summary")
 
 
+def simulated(base: str, timeout: float = 600) -> dict:
+    """`/api/v1/simulate`, asked again while it answers 202 (computing in the
+    background, docs/VIEW_API.md) until its document is in."""
+    deadline = time.monotonic() + timeout  # a hang guard, not a timing check
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base + "api/v1/simulate", timeout=30) as r:
+            body = json.load(r)
+            if r.status == 200:
+                return body
+            assert r.status == 202 and body["state"] == "computing" and 0 <= body["progress"] < 1, (r.status, body)
+        time.sleep(0.2)
+    pytest.fail(f"/api/v1/simulate still computing after {timeout} s")
+
+
 def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
     """/api/v1/simulate is `ttrace simulate TRACE --json`'s document, and the
     Memory tab draws each of its (budget, policy) points: the table holds
@@ -416,8 +429,7 @@ def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
     want = json.loads(subprocess.run([ttrace, "simulate", t.path, "--json"], capture_output=True, text=True,
                                      check=True).stdout)
     server, page = view(t)
-    with urllib.request.urlopen(server.base + "api/v1/simulate", timeout=300) as r:
-        assert json.load(r) == want
+    assert simulated(server.base) == want
     page.click("#tab-button-simulate")
     page.wait_for_selector("#simulate[data-loaded='1']", state="attached")
     cells = page.eval_on_selector_all(
@@ -440,37 +452,3 @@ def test_memory_tab_draws_simulates_curve(ttrace, traced, view, tmp_path):
         top = [q for q in points if abs(q[1] - x) <= 2 and abs(q[2] - y) <= 2][-1][0]
         assert pixel == colours[top] + [255], (policy, x, y, pixel)
     shoot(page, tmp_path, "moe-simulate")
-
-
-def test_view_stops_at_sigterm_while_it_simulates(ttrace, tmp_path, llama_completion, models):
-    """SIGTERM while a request computes (the Memory tab's simulation of a
-    4000-token run, minutes of work) stops the server at once: the request
-    is dropped, and the server says so. It used to wait for the simulation."""
-    trace = tmp_path / "long.data"
-    proc = subprocess.run([ttrace, "run", "-o", trace, "--", llama_completion, "-m", models["tiny"], "-p", "hi",
-                           "-n", "4000", "-c", "4096", "-no-cnv", "--ignore-eos", "-t", "2"],
-                          capture_output=True, text=True, errors="replace", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    server = Server(ttrace, trace, tmp_path / "view.log")
-    answered = []
-
-    def ask():
-        try:
-            with urllib.request.urlopen(server.base + "api/v1/simulate", timeout=600) as r:
-                answered.append(r.status)
-        except OSError:
-            answered.append(None)
-
-    asking = threading.Thread(target=ask, daemon=True)
-    asking.start()
-    time.sleep(2)
-    assert not answered, "the simulation ended before the signal: the run is too short to test this"
-    stopped_at = time.monotonic()
-    server.proc.terminate()
-    # A bound on behaviour, not a timing figure: the simulation runs for minutes.
-    assert server.proc.wait(timeout=30) == 0
-    waited = time.monotonic() - stopped_at
-    asking.join(timeout=30)
-    log = server.log.read_text()
-    assert answered == [None] and "a request still computing was dropped" in log, (answered, log[-1000:])
-    assert waited < 5, f"stopped {waited:.1f} s after SIGTERM"

@@ -1,6 +1,7 @@
 //! `ttrace view [TRACE]`: index the trace, then serve it until Ctrl-C.
 
 use std::{
+    future::IntoFuture,
     io::{Read, Write},
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
@@ -23,45 +24,77 @@ pub fn run(args: ViewArgs) -> Result<()> {
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let token = if ip.is_loopback() { None } else { Some(random_token()?) };
-    let index = Index::load(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    if index.analysis.truncated {
-        eprintln!(
-            "ttrace: {} ends without its end frame (still being written, or cut short): showing it up to its last \
-             complete frame",
-            args.file.display()
-        );
-    }
-    if !assets::built() {
-        eprintln!("ttrace: {}", assets::HOW_TO_BUILD);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    // Caught from before the URL is printed: whoever stops the server as
-    // soon as it answers (a script, a test) must meet these handlers, not
-    // SIGINT's default action (killed, status 2, seen in CI).
-    let stop = {
-        let _context = runtime.enter();
-        Stop::catch()?
-    };
-    let url = url(addr, token.as_deref());
-    eprintln!(
-        "ttrace: {} indexed in {:.1} s: {} ubatches, {} ops",
-        args.file.display(),
-        started.elapsed().as_secs_f64(),
-        index.analysis.ubatches.len(),
-        index.ops.len()
-    );
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "ttrace view: {url}  (Ctrl-C stops)")?;
-    out.flush()?;
-    drop(out);
-    if !args.no_open {
-        open_browser(&url);
-    }
-    let index = Arc::new(index);
+    let stopped = runtime.block_on(async move {
+        // Caught from the start: a Ctrl-C while a long trace is indexed, or
+        // right after the server's first answer (a script, a test), must
+        // meet these handlers, not SIGINT's default action (killed, status
+        // 2, seen in CI).
+        let mut stop = Stop::catch()?;
+        // Said once the signals are caught: a stop from here on is clean.
+        eprintln!("ttrace: indexing {}…", args.file.display());
+        let file = args.file.clone();
+        let loading = tokio::task::spawn_blocking(move || Index::load(&file));
+        let index = tokio::select! {
+            loaded = loading => loaded?.with_context(|| format!("reading {}", args.file.display()))?,
+            signal = stop.wait() => return Ok(Stopped { signal, while_indexing: true, cut_short: false }),
+        };
+        if index.analysis.truncated {
+            eprintln!(
+                "ttrace: {} ends without its end frame (still being written, or cut short): showing it up to its \
+                 last complete frame",
+                args.file.display()
+            );
+        }
+        if !assets::built() {
+            eprintln!("ttrace: {}", assets::HOW_TO_BUILD);
+        }
+        let url = url(addr, token.as_deref());
+        eprintln!(
+            "ttrace: {} indexed in {:.1} s: {} ubatches, {} ops",
+            args.file.display(),
+            started.elapsed().as_secs_f64(),
+            index.analysis.ubatches.len(),
+            index.ops.len()
+        );
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "ttrace view: {url}  (Ctrl-C stops)")?;
+        out.flush()?;
+        drop(out);
+        if !args.no_open {
+            open_browser(&url);
+        }
+        serve(listener, Arc::new(index), token, stop).await
+    })?;
+    // Nor does the runtime wait for the computations still running (a
+    // simulation, the index): their answers are not worth waiting for, and
+    // there is nothing to save.
+    runtime.shutdown_timeout(std::time::Duration::ZERO);
+    let dropped = if stopped.cut_short { " (a request still computing was dropped)" } else { "" };
+    let stage = if stopped.while_indexing { " while indexing" } else { "" };
+    eprintln!("ttrace: view stopped{stage} by {}{dropped}", stopped.signal);
+    Ok(())
+}
+
+/// How the server stopped.
+struct Stopped {
+    signal: &'static str,
+    while_indexing: bool,
+    cut_short: bool,
+}
+
+/// Serves `index` until a signal, then lets the requests in flight finish
+/// for [`STOP_GRACE`] at most.
+async fn serve(
+    listener: std::net::TcpListener,
+    index: Arc<Index>,
+    token: Option<String>,
+    mut stop: Stop,
+) -> Result<Stopped> {
     let warm = index.clone();
     // After the report's pass, not beside it: their peaks would add up.
     std::thread::spawn(move || {
@@ -70,29 +103,31 @@ pub fn run(args: ViewArgs) -> Result<()> {
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");
     });
-    let cut_short = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let stopping = Arc::new(tokio::sync::Notify::new());
-        let signalled = stopping.clone();
-        let serve = axum::serve(listener, server::router(index, token)).with_graceful_shutdown(async move {
-            stop.wait().await;
-            signalled.notify_one();
-        });
-        // A graceful stop waits for the requests in flight, and a simulation
-        // of a long trace can take minutes: they get a moment, not more.
-        tokio::select! {
-            served = serve => served.map(|()| false),
-            () = async { stopping.notified().await; tokio::time::sleep(STOP_GRACE).await } => Ok(true),
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let (signalled, mut stopping) = tokio::sync::oneshot::channel();
+    let serve = axum::serve(listener, server::router(index, token))
+        .with_graceful_shutdown(async move {
+            let _ = signalled.send(stop.wait().await);
+        })
+        .into_future();
+    tokio::pin!(serve);
+    // A graceful stop waits for the requests in flight, and one may compute
+    // for minutes: they get a moment, not more.
+    let mut signal = None;
+    let cut_short = tokio::select! {
+        served = &mut serve => served.map(|()| false)?,
+        name = &mut stopping => {
+            signal = name.ok();
+            tokio::time::timeout(STOP_GRACE, serve).await.is_err()
         }
-    })?;
-    // Nor does the runtime wait for the computations still running.
-    runtime.shutdown_timeout(std::time::Duration::ZERO);
-    eprintln!("ttrace: view stopped{}", if cut_short { " (a request still computing was dropped)" } else { "" });
-    Ok(())
+    };
+    let signal = signal.or_else(|| stopping.try_recv().ok()).unwrap_or("a signal");
+    Ok(Stopped { signal, while_indexing: false, cut_short })
 }
 
-/// How long requests in flight may finish after Ctrl-C or SIGTERM.
-const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long requests in flight may finish after Ctrl-C or SIGTERM: the
+/// process must be gone within a second of either.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Ctrl-C or SIGTERM, caught from when it is made.
 struct Stop {
@@ -110,10 +145,11 @@ impl Stop {
         })
     }
 
-    async fn wait(mut self) {
+    /// The signal's name, when one comes.
+    async fn wait(&mut self) -> &'static str {
         tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod assets;
+pub mod background;
 pub mod cache;
 pub mod frame;
 pub mod index;

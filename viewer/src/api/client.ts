@@ -5,6 +5,7 @@
 // nothing.
 
 import { decodeFrame, Frame } from "./frame";
+import type { Computing } from "./types";
 
 export type ParamValue = string | number | boolean | undefined | null | readonly (string | number)[];
 export type Params = Record<string, ParamValue>;
@@ -66,6 +67,25 @@ function cached<T>(key: string, load: () => Promise<T>): Promise<T> {
 export function getJson<T>(path: string, params?: Params): Promise<T> {
   const u = url(path, params);
   return cached(u, async () => (await fetchOk(u)).json() as Promise<T>);
+}
+
+/** How often a computation in the background is asked how far it got. */
+const POLL_MS = 500;
+
+/**
+ * A query the server computes in the background (docs/VIEW_API.md: 202 with
+ * `{"state": "computing", "progress": p}` until its answer is in): asks
+ * again until it answers, telling `progress` how far it got. Not cached:
+ * each call is a new poll, and the server keeps the answer.
+ */
+export async function pollJson<T>(path: string, progress: (fraction: number) => void, params?: Params): Promise<T> {
+  const u = url(path, params);
+  for (;;) {
+    const r = await fetchOk(u);
+    if (r.status !== 202) return (await r.json()) as T;
+    progress(((await r.json()) as Computing).progress);
+    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+  }
 }
 
 export function getFrame<M = Record<string, unknown>>(path: string, params?: Params): Promise<Frame<M>> {

@@ -153,6 +153,12 @@ export interface MoeAnswer {
 /** A JSON value of unknown shape (lookups and the report, shown as they come). */
 export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 
+/** A 202 answer: a computation in the background, this fraction (0 to 1) done. */
+export interface Computing {
+  state: "computing";
+  progress: number;
+}
+
 /** `/api/v1/simulate`: `ttrace simulate TRACE --json`'s document. */
 export type SimPolicy = "lru" | "opt" | "2q";
 export interface SimRow {

@@ -1,9 +1,10 @@
 // Memory: `ttrace simulate`'s miss-ratio curve — disk bytes per generated
 // token at each memory budget, under LRU, Belady's OPT and the kernel-like
-// two-list model. The server replays the trace on the first request (seconds
-// on a long run) and keeps the answer; this view only draws it.
+// two-list model. The server replays the trace in the background from the
+// first request on (minutes on a long run) and keeps the answer; this view
+// shows how far it got, then draws it.
 
-import { getJson } from "../api/client";
+import { pollJson } from "../api/client";
 import type { SimPolicy, SimRow, SimulateAnswer } from "../api/types";
 import { clear, fitCanvas, h, showError } from "../ui/dom";
 import { bytes, int } from "../ui/format";
@@ -26,8 +27,15 @@ export class SimulateView {
     if (this.started) return;
     this.started = true;
     clear(this.root);
-    this.root.append(h("div", { class: "loading", id: "simulate-loading" }, "simulating page-cache budgets on the server (a replay of the trace; seconds on a long run)…"));
-    getJson<SimulateAnswer>("simulate").then(
+    const bar = h("progress", { id: "simulate-progress", max: 1, value: 0 });
+    const done = h("span", {}, "");
+    this.root.append(h("div", { class: "loading", id: "simulate-loading" }, "simulating page-cache budgets on the server (a replay of the trace; minutes on a long run) ", bar, done));
+    const shown = (fraction: number) => {
+      bar.value = fraction;
+      bar.dataset.progress = String(fraction);
+      done.textContent = ` ${Math.round(fraction * 100)}%`;
+    };
+    pollJson<SimulateAnswer>("simulate", shown).then(
       (a) => this.render(a),
       (e) => {
         this.started = false;

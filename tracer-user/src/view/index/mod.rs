@@ -153,8 +153,9 @@ pub struct Index {
     pub ubatches_frame: std::sync::OnceLock<Vec<u8>>,
     /// `/api/v1/meta`'s answer, once asked for.
     pub meta: std::sync::OnceLock<Vec<u8>>,
-    /// `/api/v1/simulate`'s answer (JSON), or why there is none, once asked for.
-    pub simulated: std::sync::OnceLock<Result<Vec<u8>, String>>,
+    /// `/api/v1/simulate`'s answer (JSON), or why there is none, computed
+    /// in the background from the first request on.
+    pub simulated: Arc<crate::view::background::Background>,
 }
 
 /// Every token of every ubatch, in ubatch then row order.
@@ -277,7 +278,7 @@ impl Index {
             analysis,
             report,
             meta: std::sync::OnceLock::new(),
-            simulated: std::sync::OnceLock::new(),
+            simulated: Arc::default(),
             ubatches_frame: std::sync::OnceLock::new(),
             cache: Default::default(),
         })
