@@ -7,14 +7,14 @@
 
 use std::{
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 
-use super::Ctx;
+use super::{Ctx, stopper::StopOnDrop};
 
 /// The goal of issue 24: the first op within half a second.
 pub const GOAL_SECS: f64 = 0.5;
@@ -39,13 +39,14 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// A generation long enough to outlast the round.
-fn start_target(ctx: &Ctx, model: &Path) -> Result<Child> {
+/// A generation long enough to outlast the round, stopped when the round
+/// ends however it ends.
+fn start_target(ctx: &Ctx, model: &Path) -> Result<StopOnDrop> {
     let mut cmd = Command::new(&ctx.paths.llama.completion);
     cmd.arg("-m").arg(model);
     cmd.args(["-p", "hello world", "-n", "100000", "-no-cnv", "--ignore-eos", "--context-shift", "-t", "2"]);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    let mut child = cmd.spawn().context("starting llama-completion")?;
+    let mut child = StopOnDrop::new(cmd.spawn().context("starting llama-completion")?);
     // Generating: its CPU library mapped, then a second of steady state.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -53,8 +54,7 @@ fn start_target(ctx: &Ctx, model: &Path) -> Result<Child> {
         if maps.contains("libggml-cpu") {
             break;
         }
-        if Instant::now() > deadline || child.try_wait()?.is_some() {
-            let _ = child.kill();
+        if Instant::now() > deadline || child.child().try_wait()?.is_some() {
             bail!("llama-completion did not load libggml-cpu within 60 s");
         }
         sleep(Duration::from_millis(20));
@@ -78,7 +78,7 @@ fn first_op_ns(ctx: &Ctx, trace: &Path) -> Result<u64> {
 }
 
 fn one_round(ctx: &Ctx, model: &Path, round: usize) -> Result<AttachSample> {
-    let mut target = start_target(ctx, model)?;
+    let target = start_target(ctx, model)?;
     let load = load_average();
     let trace = ctx.out_dir.join("attach.data");
     let spawned = monotonic_ns();
@@ -87,21 +87,19 @@ fn one_round(ctx: &Ctx, model: &Path, round: usize) -> Result<AttachSample> {
         .arg(&trace)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn();
-    let result = tracer.context("starting ttrace attach").and_then(|mut tracer| {
-        // Generous: the figure comes from the trace, not from this wait.
-        sleep(Duration::from_secs(5));
-        // SAFETY: plain kill(2) on a child we own.
-        unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
-        let status = tracer.wait()?;
-        if !status.success() {
-            bail!("ttrace attach exited with {status}");
-        }
-        first_op_ns(ctx, &trace)
-    });
-    let _ = target.kill();
-    let _ = target.wait();
-    let first = result?;
+        .spawn()
+        .context("starting ttrace attach")?;
+    let mut tracer = StopOnDrop::new(tracer);
+    // Generous: the figure comes from the trace, not from this wait.
+    sleep(Duration::from_secs(5));
+    // SAFETY: plain kill(2) on a child we own.
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let status = tracer.child().wait()?;
+    if !status.success() {
+        bail!("ttrace attach exited with {status}");
+    }
+    drop(target);
+    let first = first_op_ns(ctx, &trace)?;
     Ok(AttachSample { round, first_op_secs: first.saturating_sub(spawned) as f64 / 1e9, load })
 }
 

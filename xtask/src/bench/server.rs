@@ -112,10 +112,11 @@ fn wave(port: u16) -> Result<()> {
     for prompt in PROMPTS {
         let body = serde_json::json!({"prompt": prompt, "n_predict": N_PREDICT, "cache_prompt": false,
                                       "temperature": 0, "ignore_eos": true});
-        clients.push(curl(port, "/completion", Some(body.to_string())).spawn()?);
+        // Stopped with the wave when another fails.
+        clients.push(StopOnDrop::new(curl(port, "/completion", Some(body.to_string())).spawn()?));
     }
     for mut c in clients {
-        if !c.wait()?.success() {
+        if !c.child().wait()?.success() {
             bail!("a completion request to llama-server failed");
         }
     }

@@ -8,14 +8,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// How long a stopped process gets to exit before it is killed.
+/// How long a stopped process gets to exit before it is killed: `ttrace
+/// run` of a server writes its trace after the server stopped, which takes
+/// seconds on a long run. The wait ends as soon as the process does.
 const GRACE: Duration = Duration::from_secs(60);
 
-pub struct StopOnDrop(Child);
+pub struct StopOnDrop(Child, Duration);
 
 impl StopOnDrop {
     pub fn new(child: Child) -> Self {
-        Self(child)
+        Self(child, GRACE)
+    }
+
+    /// A process that must be gone sooner (`ttrace view`: within a second),
+    /// so that one that hangs is killed and said so, not waited for.
+    pub fn with_grace(child: Child, grace: Duration) -> Self {
+        Self(child, grace)
     }
 
     pub fn child(&mut self) -> &mut Child {
@@ -28,20 +36,21 @@ impl StopOnDrop {
 }
 
 impl Drop for StopOnDrop {
-    /// SIGINT, as Ctrl-C stops it; SIGKILL if it is still there after [`GRACE`].
+    /// SIGINT, as Ctrl-C stops it; SIGKILL if it is still there after its grace.
     fn drop(&mut self) {
         if self.0.try_wait().is_ok_and(|status| status.is_some()) {
             return;
         }
         let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
-        let deadline = Instant::now() + GRACE;
+        let grace = self.1;
+        let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if self.0.try_wait().is_ok_and(|status| status.is_some()) {
                 return;
             }
             sleep(Duration::from_millis(50));
         }
-        eprintln!("bench: pid {} ignored SIGINT for {GRACE:?}: killed", self.0.id());
+        eprintln!("bench: pid {} ignored SIGINT for {grace:?}: killed", self.0.id());
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -56,6 +65,27 @@ mod tests {
         let child = Command::new("sleep").arg("600").spawn().unwrap();
         let pid = child.id();
         drop(StopOnDrop::new(child));
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still running");
+    }
+
+    #[test]
+    fn one_that_ignores_sigint_is_killed_after_its_grace() {
+        let child = Command::new("sh").args(["-c", "trap '' INT; exec sleep 600"]).spawn().unwrap();
+        let pid = child.id();
+        // Until SIGINT (bit 1 of SigIgn) is ignored: before, its default
+        // action would end it, which is not what this checks.
+        let ignores = || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigIgn:")).unwrap_or("0").trim().to_string();
+            u64::from_str_radix(&mask, 16).is_ok_and(|m| m & 2 != 0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ignores() && Instant::now() < deadline {
+            sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        drop(StopOnDrop::with_grace(child, Duration::from_millis(200)));
+        assert!(started.elapsed() < Duration::from_secs(5));
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still running");
     }
 }

@@ -33,7 +33,8 @@ pub struct Viewer {
     /// document (`/api/v1/summary`) did.
     pub ready_s: f64,
     pub summary_s: f64,
-    /// The first `/api/v1/simulate` (computed on request), after the summary.
+    /// The first `/api/v1/simulate` (computed in the background from the
+    /// first request on) until its answer, after the summary.
     pub simulate_s: f64,
     pub peak_rss_kib: u64,
     /// Per query kind: server times in ms.
@@ -116,8 +117,9 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting ttrace view")?;
-    // Stopped as Ctrl-C stops it, also when a query below fails.
-    let mut server = super::stopper::StopOnDrop::new(child);
+    // Stopped as Ctrl-C stops it, also when a query below fails; it exits
+    // within a second of it (docs/VIEW_API.md), even while computing.
+    let mut server = super::stopper::StopOnDrop::with_grace(child, Duration::from_secs(5));
     let mut line = String::new();
     BufReader::new(server.child().stdout.take().context("stdout")?).read_line(&mut line)?;
     let Some(port) = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()) else {
@@ -301,7 +303,37 @@ fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Ve
 
 /// GET `path`: the server's `Server-Timing` in ms, and the body (gzipped
 /// when `gzip`, as a browser asks).
+/// `GET path`: the server's time and the body. A 202 (an answer computed
+/// in the background, docs/VIEW_API.md) is asked again until it is in.
 fn get(addr: &str, path: &str, gzip: bool) -> Result<(f64, Vec<u8>)> {
+    let deadline = Instant::now() + COMPUTING_AT_MOST;
+    loop {
+        let (head, body) = request(addr, path, gzip)?;
+        if head.starts_with("http/1.1 202") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        if !head.starts_with("http/1.1 200") {
+            bail!("{}", head.lines().next().unwrap_or(""));
+        }
+        if head.contains("transfer-encoding: chunked") && !gzip {
+            bail!("chunked answer: not expected from ttrace view");
+        }
+        let timing = head
+            .lines()
+            .find_map(|l| l.strip_prefix("server-timing: app;dur="))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no Server-Timing")?;
+        return Ok((timing, body));
+    }
+}
+
+/// How long a background computation (the first simulation of the bench's
+/// trace) may take.
+const COMPUTING_AT_MOST: Duration = Duration::from_secs(3600);
+
+/// One request: its head (lower case) and body.
+fn request(addr: &str, path: &str, gzip: bool) -> Result<(String, Vec<u8>)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(600)))?;
     let encoding = if gzip { "Accept-Encoding: gzip\r\n" } else { "" };
@@ -309,19 +341,7 @@ fn get(addr: &str, path: &str, gzip: bool) -> Result<(f64, Vec<u8>)> {
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").context("no end of headers")?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_lowercase();
-    if !head.starts_with("http/1.1 200") {
-        bail!("{}", head.lines().next().unwrap_or(""));
-    }
-    if head.contains("transfer-encoding: chunked") && !gzip {
-        bail!("chunked answer: not expected from ttrace view");
-    }
-    let timing = head
-        .lines()
-        .find_map(|l| l.strip_prefix("server-timing: app;dur="))
-        .and_then(|v| v.trim().parse().ok())
-        .context("no Server-Timing")?;
-    Ok((timing, raw[split + 4..].to_vec()))
+    Ok((String::from_utf8_lossy(&raw[..split]).to_lowercase(), raw[split + 4..].to_vec()))
 }
 
 fn percentile(v: &[f64], q: f64) -> f64 {
@@ -361,8 +381,9 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
         "A trace of `llama-completion -t 2` on the real model with `--all-threads` (op timing, a record per thread \
          and op), {} generated tokens: {} ops, {} ubatches, \
          {:.1} MB. `ttrace view` is started on it; ready = until `/api/v1/meta` answers (the trace read and indexed), \
-         summary = until `/api/v1/summary` (`ttrace report --json`'s document, built in a second thread) does, simulate = the first \
-         `/api/v1/simulate` (`ttrace simulate`'s curve, computed on that request). Then \
+         summary = until `/api/v1/summary` (`ttrace report --json`'s document, built in a second thread) does, simulate = from the first \
+         `/api/v1/simulate` until its answer (`ttrace simulate`'s curve, computed in the background meanwhile, asked \
+         again every 200 ms). Then \
          {REQUESTS} requests per query kind that pan and zoom (windows of 1/2^k of the run and of the model, k < 8; \
          1600×800 px), timed by the server itself (`Server-Timing`, before compression).\n",
         v.tokens,
