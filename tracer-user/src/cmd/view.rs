@@ -35,13 +35,21 @@ pub fn run(args: ViewArgs) -> Result<()> {
         // meet these handlers, not SIGINT's default action (killed, status
         // 2, seen in CI).
         let mut stop = Stop::catch()?;
-        // Said once the signals are caught: a stop from here on is clean.
-        eprintln!("ttrace: indexing {}…", args.file.display());
         let file = args.file.clone();
-        let loading = tokio::task::spawn_blocking(move || Index::load(&file));
-        let index = tokio::select! {
-            loaded = loading => loaded?.with_context(|| format!("reading {}", args.file.display()))?,
-            signal = stop.wait() => return Ok(Stopped { signal, while_indexing: true, cut_short: false }),
+        let mut loading = tokio::task::spawn_blocking(move || Index::load(&file));
+        let slow = tokio::time::sleep(SAY_INDEXING_AFTER);
+        tokio::pin!(slow);
+        let mut said = false;
+        let index = loop {
+            tokio::select! {
+                loaded = &mut loading => break loaded?.with_context(|| format!("reading {}", args.file.display()))?,
+                signal = stop.wait() => return Ok(Stopped { signal, while_indexing: true, cut_short: false }),
+                // Not at once: a trace that is no trace is one line of error.
+                () = &mut slow, if !said => {
+                    said = true;
+                    eprintln!("ttrace: indexing {}…", args.file.display());
+                }
+            }
         };
         if index.analysis.truncated {
             eprintln!(
@@ -79,6 +87,10 @@ pub fn run(args: ViewArgs) -> Result<()> {
     eprintln!("ttrace: view stopped{stage} by {}{dropped}", stopped.signal);
     Ok(())
 }
+
+/// A long trace's indexing is said after this, so that the wait is not
+/// silent (and a test knows the signals are caught).
+const SAY_INDEXING_AFTER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How the server stopped.
 struct Stopped {
