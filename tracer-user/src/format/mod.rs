@@ -15,7 +15,7 @@ pub use frames::{
     ValueThread, ValuesMissing,
 };
 pub use reader::{Block, Fault, Op, PageCache, Record, TraceError, TraceReader};
-pub use writer::{GraphDefinition, TraceWriter, WriterStats};
+pub use writer::{GraphDefinition, OpStart, TraceWriter, WriterStats};
 
 #[cfg(test)]
 pub(crate) mod fixtures;

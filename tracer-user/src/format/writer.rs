@@ -38,6 +38,15 @@ pub struct WriterStats {
     pub value_bytes: u64,
 }
 
+/// Who ran an op, and when: an OP frame's fixed fields.
+#[derive(Clone, Copy)]
+pub struct OpStart<'a> {
+    pub header: &'a tracer_common::EventHeader,
+    pub ith: u32,
+    pub nth: u32,
+    pub hook: u32,
+}
+
 /// A graph definition to write (GRAPH frame): each tensor it names is one
 /// record, its nodes' sources indices into them, so that a tensor read by
 /// several nodes is neither copied nor looked up per reader.
@@ -245,22 +254,36 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn op(&mut self, op: &OpRecord, resolve: &mut dyn FnMut(&TensorRecord) -> Memory) -> io::Result<()> {
+        let tensors = self.op_tensors(&op.tensors, resolve)?;
+        self.op_of(OpStart { header: &op.header, ith: op.ith, nth: op.nth, hook: op.hook }, &tensors, &op.token_ids)
+    }
+
+    /// An op's tensors as `(slot, descriptor)`, the destination first,
+    /// defining descriptors not seen yet: what [`Self::op_of`] writes, for
+    /// a caller that writes the same tensors many times (`--op-timing`).
+    pub fn op_tensors(
+        &mut self,
+        tensors: &[TensorRecord],
+        resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
+    ) -> io::Result<Vec<(u32, u32)>> {
+        tensors.iter().map(|record| Ok((record.slot, self.descriptor(record, resolve)?))).collect()
+    }
+
+    /// An op whose tensors' descriptors are defined (see [`Self::op_tensors`]).
+    pub fn op_of(&mut self, op: OpStart<'_>, tensors: &[(u32, u32)], token_ids: &[i32]) -> io::Result<()> {
         let thread = self.thread(op.header.tid)?;
-        let mut ids = [0u32; tracer_common::MAX_OP_TENSORS];
-        for (id, record) in ids.iter_mut().zip(&op.tensors) {
-            *id = self.descriptor(record, resolve)?;
-        }
         self.timestamp(op.header.ts_ns);
         let f = &mut self.frame;
-        for v in [thread, op.ith, op.nth, op.hook, ids[0], op.tensors.len() as u32 - 1] {
+        let dst = tensors.first().map_or(0, |&(_, id)| id);
+        for v in [thread, op.ith, op.nth, op.hook, dst, tensors.len().saturating_sub(1) as u32] {
             put_u64(f, u64::from(v));
         }
-        for (record, &id) in op.tensors.iter().zip(&ids).skip(1) {
-            put_u64(f, u64::from(if record.slot == SLOT_DST { 0 } else { record.slot }));
+        for &(slot, id) in tensors.iter().skip(1) {
+            put_u64(f, u64::from(if slot == SLOT_DST { 0 } else { slot }));
             put_u64(f, u64::from(id));
         }
-        put_u64(f, op.token_ids.len() as u64);
-        op.token_ids.iter().for_each(|&t| put_i64(f, i64::from(t)));
+        put_u64(f, token_ids.len() as u64);
+        token_ids.iter().for_each(|&t| put_i64(f, i64::from(t)));
         self.stats.op_bytes += self.emit(FrameKind::Op)?;
         self.stats.ops += 1;
         Ok(())

@@ -2,17 +2,19 @@
 //! sends only when it started (an [`OpEvent`]); the node's tensors come
 //! from the definition of the graph running, which the graph capture sent
 //! once. Each start becomes the OP frame a full per-node read would have
-//! written, so the trace and everything that reads it are unchanged.
+//! written, so the trace and everything that reads it are unchanged. A
+//! node's descriptor ids are kept after its first op: later ones are
+//! written without looking its tensors up again.
 
 use foldhash::HashMap;
 
-use tracer_common::{MAX_TOKEN_IDS, OpEvent, SLOT_DST, TensorRecord, hooks};
+use tracer_common::{EventHeader, MAX_TOKEN_IDS, OpEvent, SLOT_DST, TensorRecord, hooks};
 
 use super::{
     graphs::{Definition, Run},
     target::OpNames,
 };
-use crate::events::OpRecord;
+use crate::format::OpStart;
 
 /// One defined graph's nodes, ready to be written as ops.
 struct Nodes {
@@ -26,6 +28,18 @@ struct NodeOp {
     tensors: Vec<TensorRecord>,
     /// A GET_ROWS node's row-index tensor: its ids are the run's input.
     rows_from: Option<u64>,
+    /// `tensors` as the writer's `(slot, descriptor)`, once written.
+    ids: Vec<(u32, u32)>,
+}
+
+/// One op to write: the writer's [`OpStart`], its node's tensors, the
+/// token ids it carries, and its descriptor ids (empty until the first
+/// write fills them in; they are the writer's, valid while it lives).
+pub struct NodeStart<'a> {
+    pub start: OpStart<'a>,
+    pub tensors: &'a [TensorRecord],
+    pub token_ids: &'a [i32],
+    pub ids: &'a mut Vec<(u32, u32)>,
 }
 
 /// The graph run the next node starts belong to.
@@ -39,7 +53,6 @@ pub struct OpTimes {
     get_rows: Option<i32>,
     graphs: HashMap<u32, Nodes>,
     current: Option<Current>,
-    op: OpRecord,
     /// Node starts no recorded graph run holds (its definition lost to a
     /// full ring, or a node outside any graph): counted as lost ops.
     pub unmatched: u64,
@@ -53,15 +66,7 @@ impl Default for OpTimes {
 
 impl OpTimes {
     pub fn new() -> Self {
-        let op = OpRecord {
-            header: Default::default(),
-            ith: 0,
-            nth: 0,
-            hook: 0,
-            token_ids: Vec::new(),
-            tensors: Vec::new(),
-        };
-        Self { get_rows: None, graphs: HashMap::default(), current: None, op, unmatched: 0 }
+        Self { get_rows: None, graphs: HashMap::default(), current: None, unmatched: 0 }
     }
 
     /// The target's op table (known once ggml is loaded): which op's index
@@ -86,7 +91,7 @@ impl OpTimes {
                 .then(|| tensors.iter().find(|t| t.slot == 1).map(|t| t.tensor))
                 .flatten();
             nodes.by_address.insert(dst.tensor, i as u32);
-            nodes.ops.push(NodeOp { tensors, rows_from });
+            nodes.ops.push(NodeOp { tensors, rows_from, ids: Vec::new() });
         }
         self.graphs.insert(definition.id, nodes);
     }
@@ -111,31 +116,30 @@ impl OpTimes {
 
     /// The ops a node start stands for (a fused pair is two), each passed
     /// to `write`; a start of no known node is counted, not written.
-    pub fn on_op<E>(&mut self, e: &OpEvent, mut write: impl FnMut(&OpRecord) -> Result<(), E>) -> Result<(), E> {
+    pub fn on_op<E>(&mut self, e: &OpEvent, mut write: impl FnMut(NodeStart<'_>) -> Result<(), E>) -> Result<(), E> {
         // One kernel computes a fused pair: the second node starts 1 ns after
         // the first, so a (thread, start) still names one op and the pair
         // keeps its order; the time is the pair's, on its second node.
         let pair = [(e.node, e.hook, 0), (e.fused, hooks::FUSED_MUL, 1)];
         let count = if e.hook == hooks::FUSED_RMS_NORM { 2 } else { 1 };
-        let Self { graphs, current, op, unmatched, .. } = self;
+        let Self { graphs, current, unmatched, .. } = self;
         let current = current.as_ref();
-        let nodes = current.and_then(|c| graphs.get(&c.graph));
+        let mut nodes = current.and_then(|c| graphs.get_mut(&c.graph));
         for &(address, hook, after) in &pair[..count] {
-            let Some(node) = nodes.and_then(|n| n.by_address.get(&address).map(|&i| &n.ops[i as usize])) else {
+            let Some(node) = nodes.as_mut().and_then(|n| n.by_address.get(&address).map(|&i| &mut n.ops[i as usize]))
+            else {
                 *unmatched += 1;
                 continue;
             };
-            op.header = e.header;
-            op.header.ts_ns += after;
-            (op.ith, op.nth, op.hook) = (e.ith, e.nth, hook);
-            op.tensors.clone_from(&node.tensors);
-            op.token_ids.clear();
-            if let Some(rows) = node.rows_from
-                && let Some((_, ids)) = current.and_then(|c| c.inputs.iter().find(|(t, _)| *t == rows))
-            {
-                op.token_ids.extend_from_slice(ids);
-            }
-            write(op)?;
+            let token_ids = match node.rows_from {
+                Some(rows) => {
+                    current.and_then(|c| c.inputs.iter().find(|(t, _)| *t == rows)).map_or(&[][..], |(_, ids)| ids)
+                }
+                None => &[],
+            };
+            let header = EventHeader { ts_ns: e.header.ts_ns + after, ..e.header };
+            let start = OpStart { header: &header, ith: e.ith, nth: e.nth, hook };
+            write(NodeStart { start, tensors: &node.tensors, token_ids, ids: &mut node.ids })?;
         }
         Ok(())
     }
@@ -143,9 +147,10 @@ impl OpTimes {
 
 #[cfg(test)]
 mod tests {
-    use tracer_common::{EventHeader, EventKind};
+    use tracer_common::EventKind;
 
     use super::*;
+    use crate::events::OpRecord;
 
     const GET_ROWS: i32 = 13;
 
@@ -174,7 +179,9 @@ mod tests {
         let mut out = Vec::new();
         times
             .on_op::<()>(e, |op| {
-                out.push(op.clone());
+                let (header, ith, nth, hook) = (*op.start.header, op.start.ith, op.start.nth, op.start.hook);
+                let (token_ids, tensors) = (op.token_ids.to_vec(), op.tensors.to_vec());
+                out.push(OpRecord { header, ith, nth, hook, token_ids, tensors });
                 Ok(())
             })
             .unwrap();

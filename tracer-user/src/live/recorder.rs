@@ -91,9 +91,12 @@ impl<W: Write> Recorder<W> {
                 let Some(times) = self.op_times.as_mut() else { return Ok(()) };
                 let (resolver, writer) = (&mut self.resolver, &mut self.writer);
                 times.on_op(start, |op| {
-                    resolver.prepare(op);
-                    write_new_models(resolver, writer)?;
-                    writer.op(op, &mut |r| resolver.memory_of(r))
+                    if op.ids.is_empty() {
+                        resolver.prepare_records(op.tensors.iter());
+                        write_new_models(resolver, writer)?;
+                        *op.ids = writer.op_tensors(op.tensors, &mut |r| resolver.memory_of(r))?;
+                    }
+                    writer.op_of(op.start, op.ids, op.token_ids)
                 })
             }
             Event::Call(call) => {

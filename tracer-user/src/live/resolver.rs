@@ -298,13 +298,8 @@ impl Resolver {
         }
     }
 
-    /// Refresh the snapshot (rate-limited) when a pointer of `op` is not
-    /// covered by it: new mappings (the model, grown heaps) since the last read.
-    pub fn prepare(&mut self, op: &crate::events::OpRecord) {
-        self.prepare_records(op.tensors.iter());
-    }
-
-    /// Refresh the maps (rate-limited) when some record's data is unmapped.
+    /// Refresh the maps (rate-limited) when some record's data is not
+    /// covered by them: new mappings (the model, grown heaps) since the last read.
     pub fn prepare_records<'a>(&mut self, mut records: impl Iterator<Item = &'a TensorRecord>) {
         // Only whether it is mapped: no tensor lookup for every record of a graph.
         let stale = records.any(|t| t.data != 0 && self.space.region_of(t.data).is_none());

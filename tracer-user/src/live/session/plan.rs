@@ -57,6 +57,10 @@ pub(super) const HOOKS: [(&str, &str, u64); 23] = [
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
 ];
 
+/// Hook functions whose every probe reads only the call's argument
+/// registers (`ggml_op`): their probes may sit past a longer prologue.
+const ARGS_ONLY: [&str; 2] = ["ggml_cpu_extra_compute_forward", "ggml_compute_forward_rms_norm_mul_fused"];
+
 /// Every uprobe program a session can attach, in any mode (`ttrace check`
 /// loads them all: a test holds it to this list).
 #[cfg(test)]
@@ -135,7 +139,7 @@ impl Attached {
                     // where the registers stay as at the call; a return
                     // probe there still finds the return address at rsp.
                     let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
-                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols)?));
+                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols, &ARGS_ONLY)?));
                     offsets.len() - 1
                 }
             };

@@ -168,17 +168,19 @@ pub fn has_symbols(path: &Path, names: &[&str]) -> Result<Vec<bool>, TargetError
 /// File offsets of `names` (what uprobes attach to), from one parse of
 /// `path`: the symbol's address mapped through its PT_LOAD segment.
 pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    file_offsets(path, names, false)
+    file_offsets(path, names, None)
 }
 
 /// As [`symbol_file_offsets`], moved past a first instruction the kernel
 /// would single-step where that keeps the call's registers
-/// (`probe_site::entry_skip`): where ttrace's probes go.
-pub fn probe_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    file_offsets(path, names, true)
+/// (`probe_site::entry_skip`): where ttrace's probes go. The functions in
+/// `args_only` are probed only for their argument registers, so a longer
+/// prologue may be skipped (`probe_site::args_only_skip`).
+pub fn probe_file_offsets(path: &Path, names: &[&str], args_only: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
+    file_offsets(path, names, Some(args_only))
 }
 
-fn file_offsets(path: &Path, names: &[&str], cheap_site: bool) -> Result<Vec<Option<u64>>, TargetError> {
+fn file_offsets(path: &Path, names: &[&str], cheap_site: Option<&[&str]>) -> Result<Vec<Option<u64>>, TargetError> {
     use object::read::elf::ProgramHeader as _;
     with_elf(path, |file| {
         let endian = file.endian();
@@ -190,10 +192,15 @@ fn file_offsets(path: &Path, names: &[&str], cheap_site: bool) -> Result<Vec<Opt
             .collect();
         Ok(find_symbols(file, names)
             .iter()
-            .map(|sym| {
+            .zip(names)
+            .map(|(sym, name)| {
                 let sym = sym.as_ref()?;
-                let skip =
-                    if cheap_site { section_bytes(file, sym.addr, 16).map_or(0, probe_site::entry_skip) } else { 0 };
+                let site: fn(&[u8]) -> u64 = match cheap_site {
+                    None => |_: &[u8]| 0,
+                    Some(args_only) if args_only.contains(name) => probe_site::args_only_skip,
+                    Some(_) => probe_site::entry_skip,
+                };
+                let skip = section_bytes(file, sym.addr, 32).map_or(0, site);
                 let addr = sym.addr + if sym.size == 0 || skip < sym.size { skip } else { 0 };
                 let &(vaddr, _, offset) = loads.iter().find(|&&(v, size, _)| addr >= v && addr - v < size)?;
                 Some(addr - vaddr + offset)

@@ -7,7 +7,41 @@
 //! (A jump back to that second instruction would hit the probe again; a
 //! dispatch on an argument at a function's entry is no loop head.)
 
+use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpKind, Register};
 use tracer_common::ENDBR64;
+
+/// The System V argument registers: what a probe reading only its call's
+/// arguments needs kept.
+const ARGUMENT_REGISTERS: [Register; 6] =
+    [Register::RDI, Register::RSI, Register::RDX, Register::RCX, Register::R8, Register::R9];
+
+/// Bytes to skip so that a probe that reads only the call's argument
+/// registers (not the stack: no return probe, no stack argument) sits on
+/// the first `push` of a register, which the kernel emulates: the
+/// instructions before it must fall through and write no argument
+/// register. GCC's stack-realigning prologue (`lea 0x8(%rsp),%r10; and
+/// $-64,%rsp; push -0x8(%r10); push %rbp`) would otherwise single-step its
+/// first instruction at every hit (`ggml_compute_forward_rms_norm_mul_fused`,
+/// about 100 hits a token per thread). Falls back to [`entry_skip`].
+pub fn args_only_skip(code: &[u8]) -> u64 {
+    let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    for instruction in decoder.iter().take(8) {
+        if instruction.is_invalid() {
+            break;
+        }
+        if instruction.mnemonic() == Mnemonic::Push && instruction.op0_kind() == OpKind::Register {
+            return instruction.ip();
+        }
+        let writes_argument = info.info(&instruction).used_registers().iter().any(|used| {
+            used.access() != iced_x86::OpAccess::Read && ARGUMENT_REGISTERS.contains(&used.register().full_register())
+        });
+        if instruction.flow_control() != FlowControl::Next || writes_argument {
+            break;
+        }
+    }
+    entry_skip(code)
+}
 
 /// Bytes to skip from a function's first instruction so that its probe sits
 /// on one the kernel emulates: the length of a leading register-to-register
@@ -31,7 +65,34 @@ pub fn entry_skip(code: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::entry_skip;
+    use super::{args_only_skip, entry_skip};
+
+    #[test]
+    fn a_stack_realigning_prologue_is_skipped_to_its_first_register_push() {
+        // ggml_compute_forward_rms_norm_mul_fused (llama.cpp 0c1e570, -march=native):
+        // lea 0x8(%rsp),%r10; and $-64,%rsp; push -0x8(%r10); push %rbp
+        let native = [0x4c, 0x8d, 0x54, 0x24, 0x08, 0x48, 0x83, 0xe4, 0xc0, 0x41, 0xff, 0x72, 0xf8, 0x55, 0x48, 0x89];
+        assert_eq!(args_only_skip(&native), 13);
+        // The portable build moves rdx to rax first: rdx itself is kept.
+        let portable =
+            [0x4c, 0x8d, 0x54, 0x24, 0x08, 0x48, 0x83, 0xe4, 0xe0, 0x48, 0x89, 0xd0, 0x41, 0xff, 0x72, 0xf8, 0x55];
+        assert_eq!(args_only_skip(&portable), 16);
+        // With endbr64 (CET builds) before it.
+        let cet = [&[0xf3, 0x0f, 0x1e, 0xfa][..], &native[..]].concat();
+        assert_eq!(args_only_skip(&cet), 4 + 13);
+        // Already a push: the entry.
+        assert_eq!(args_only_skip(&[0x41, 0x55, 0x41, 0x54]), 0);
+    }
+
+    #[test]
+    fn an_argument_written_or_a_jump_before_any_push_keeps_the_entry() {
+        // mov %rsi,%rdi; push %rbp: rdi no longer the first argument.
+        assert_eq!(args_only_skip(&[0x48, 0x89, 0xf7, 0x55]), 0);
+        // lea 0x8(%rsp),%r10; jmp: control leaves the prologue.
+        assert_eq!(args_only_skip(&[0x4c, 0x8d, 0x54, 0x24, 0x08, 0xeb, 0x00, 0x55]), 0);
+        // test %esi,%esi; je: entry_skip's choice.
+        assert_eq!(args_only_skip(&[0x85, 0xf6, 0x74, 0x0c, 0x83, 0xfe]), 2);
+    }
 
     #[test]
     fn endbr64_is_skipped_and_what_follows_judged_alone() {
