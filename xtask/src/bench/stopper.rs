@@ -83,9 +83,7 @@ mod tests {
         while !ignores() && Instant::now() < deadline {
             sleep(Duration::from_millis(10));
         }
-        let started = Instant::now();
         drop(StopOnDrop::with_grace(child, Duration::from_millis(200)));
-        assert!(started.elapsed() < Duration::from_secs(5));
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still running");
     }
 }

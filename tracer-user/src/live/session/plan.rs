@@ -57,10 +57,6 @@ pub(super) const HOOKS: [(&str, &str, u64); 23] = [
     ("ggml_compute_forward_rms_norm_mul_fused", programs::GGML_OP, hooks::FUSED_RMS_NORM as u64),
 ];
 
-/// Hook functions whose every probe reads only the call's argument
-/// registers (`ggml_op`): their probes may sit past a longer prologue.
-const ARGS_ONLY: [&str; 2] = ["ggml_cpu_extra_compute_forward", "ggml_compute_forward_rms_norm_mul_fused"];
-
 /// Every uprobe program a session can attach, in any mode (`ttrace check`
 /// loads them all: a test holds it to this list).
 #[cfg(test)]
@@ -139,7 +135,10 @@ impl Attached {
                     // where the registers stay as at the call; a return
                     // probe there still finds the return address at rsp.
                     let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
-                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols, &ARGS_ONLY)?));
+                    // `ggml_op` reads only the call's argument registers: its
+                    // probes may sit past a longer prologue.
+                    let args_only: Vec<&str> = HOOKS.iter().filter(|h| h.1 == programs::GGML_OP).map(|h| h.0).collect();
+                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols, &args_only)?));
                     offsets.len() - 1
                 }
             };

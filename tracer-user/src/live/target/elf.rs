@@ -17,7 +17,7 @@ use object::{
     read::elf::{Dyn, ElfFile64, Rela, SectionHeader, Sym},
 };
 
-use super::{TargetError, probe_site};
+use super::TargetError;
 
 type Elf64<'a> = ElfFile64<'a, Endianness, &'a ReadCache<File>>;
 
@@ -168,19 +168,16 @@ pub fn has_symbols(path: &Path, names: &[&str]) -> Result<Vec<bool>, TargetError
 /// File offsets of `names` (what uprobes attach to), from one parse of
 /// `path`: the symbol's address mapped through its PT_LOAD segment.
 pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    file_offsets(path, names, None)
+    file_offsets(path, names, |_, _| 0)
 }
 
-/// As [`symbol_file_offsets`], moved past a first instruction the kernel
-/// would single-step where that keeps the call's registers
-/// (`probe_site::entry_skip`): where ttrace's probes go. The functions in
-/// `args_only` are probed only for their argument registers, so a longer
-/// prologue may be skipped (`probe_site::args_only_skip`).
-pub fn probe_file_offsets(path: &Path, names: &[&str], args_only: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    file_offsets(path, names, Some(args_only))
-}
-
-fn file_offsets(path: &Path, names: &[&str], cheap_site: Option<&[&str]>) -> Result<Vec<Option<u64>>, TargetError> {
+/// As [`symbol_file_offsets`], each moved `skip(name, code)` bytes past
+/// its symbol (within the function), `code` being its first 32 bytes.
+pub(super) fn file_offsets(
+    path: &Path,
+    names: &[&str],
+    skip: impl Fn(&str, &[u8]) -> u64,
+) -> Result<Vec<Option<u64>>, TargetError> {
     use object::read::elf::ProgramHeader as _;
     with_elf(path, |file| {
         let endian = file.endian();
@@ -195,12 +192,7 @@ fn file_offsets(path: &Path, names: &[&str], cheap_site: Option<&[&str]>) -> Res
             .zip(names)
             .map(|(sym, name)| {
                 let sym = sym.as_ref()?;
-                let site: fn(&[u8]) -> u64 = match cheap_site {
-                    None => |_: &[u8]| 0,
-                    Some(args_only) if args_only.contains(name) => probe_site::args_only_skip,
-                    Some(_) => probe_site::entry_skip,
-                };
-                let skip = section_bytes(file, sym.addr, 32).map_or(0, site);
+                let skip = section_bytes(file, sym.addr, 32).map_or(0, |code| skip(name, code));
                 let addr = sym.addr + if sym.size == 0 || skip < sym.size { skip } else { 0 };
                 let &(vaddr, _, offset) = loads.iter().find(|&&(v, size, _)| addr >= v && addr - v < size)?;
                 Some(addr - vaddr + offset)

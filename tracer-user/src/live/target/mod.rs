@@ -21,8 +21,8 @@ use std::path::PathBuf;
 
 pub use cgroup::{CgroupError, CgroupVersion, LimitingCgroup, MemLimit, MemoryCgroup, MemoryStats, drop_caches};
 pub use elf::{
-    ElfIdent, OpNames, build_id, has_symbols, int_variable, interpreter, llama_commit, op_names, probe_file_offsets,
-    returned_string, symbol_file_offsets, symbol_ranges,
+    ElfIdent, OpNames, build_id, has_symbols, int_variable, interpreter, llama_commit, op_names, returned_string,
+    symbol_file_offsets, symbol_ranges,
 };
 pub use hooks::{
     BASE_HOOKS, BUFFER_FREE, BUFFER_INIT, CPU_HOOKS, HookLibs, HookSource, LLAMA_HOOKS, LOADER_HOOK, OUTPUT_RESERVE,
@@ -31,6 +31,7 @@ pub use hooks::{
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
+pub use probe_site::probe_file_offsets;
 pub use residency::{RangePlan, RangeSample, Residency, evict, resident_bytes};
 pub use spawn::{HeldChild, RunningChild, SpawnLimitedError, SpawnOptions, spawn_limited};
 pub use user::UserSpec;

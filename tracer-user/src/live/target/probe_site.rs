@@ -7,8 +7,27 @@
 //! (A jump back to that second instruction would hit the probe again; a
 //! dispatch on an argument at a function's entry is no loop head.)
 
+use std::path::Path;
+
 use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpKind, Register};
 use tracer_common::ENDBR64;
+
+use super::{TargetError, elf};
+
+/// File offsets of `names` where ttrace's probes go: past a first
+/// instruction the kernel would single-step where that keeps the call's
+/// registers ([`entry_skip`]). The functions in `args_only` are probed only
+/// for their argument registers, so a longer prologue may be skipped
+/// ([`args_only_skip`]).
+pub fn probe_file_offsets(path: &Path, names: &[&str], args_only: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
+    elf::file_offsets(
+        path,
+        names,
+        |name, code| {
+            if args_only.contains(&name) { args_only_skip(code) } else { entry_skip(code) }
+        },
+    )
+}
 
 /// The System V argument registers: what a probe reading only its call's
 /// arguments needs kept.
