@@ -6,6 +6,7 @@
 
 mod attach;
 mod export;
+mod longrun;
 mod overhead;
 mod parts;
 mod programs;

@@ -7,7 +7,7 @@ use std::{fmt, path::Path};
 
 use anyhow::{Context, Result};
 
-use super::{Ctx, attach, export, overhead, parts, programs, server, simulate, sweep, values, viewer};
+use super::{Ctx, attach, export, longrun, overhead, parts, programs, server, simulate, sweep, values, viewer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -35,11 +35,13 @@ pub enum Part {
     Simulate,
     /// `ttrace sweep`: dataset bytes per million ops, time to append a run.
     Sweep,
+    /// A ≥ 100 M-op trace: recording RSS at 1 M/10 M/100 M ops; report, simulate, export on it.
+    LongRun,
 }
 
 impl Part {
     /// In the order of the full document.
-    pub const ALL: [Part; 12] = [
+    pub const ALL: [Part; 13] = [
         Part::Overhead,
         Part::Programs,
         Part::Ingest,
@@ -52,6 +54,7 @@ impl Part {
         Part::Values,
         Part::Simulate,
         Part::Sweep,
+        Part::LongRun,
     ];
 
     /// How its `## ` headings start (the rest may hold figures).
@@ -69,6 +72,7 @@ impl Part {
             Part::Values => &["Values mode overhead"],
             Part::Simulate => &["Simulate speed"],
             Part::Sweep => &["Sweep dataset"],
+            Part::LongRun => &["A day of serving"],
         }
     }
 
@@ -87,6 +91,7 @@ impl Part {
             Part::Values => &["values_"],
             Part::Simulate => &["simulate_"],
             Part::Sweep => &["sweep_"],
+            Part::LongRun => &["longrun_"],
         }
     }
 
@@ -116,6 +121,7 @@ impl Part {
             Part::Values => Measured::Values(values::run(ctx, model)?),
             Part::Simulate => Measured::Simulate(simulate::run(ctx, model)?),
             Part::Sweep => Measured::Sweep(sweep::run(ctx, model)?),
+            Part::LongRun => Measured::LongRun(longrun::run(ctx)?),
         })
     }
 }
@@ -141,6 +147,7 @@ pub enum Measured {
     Values(Vec<values::ValuesSample>),
     Simulate(simulate::SimulateBench),
     Sweep(sweep::SweepBench),
+    LongRun(longrun::LongRun),
 }
 
 impl Measured {
@@ -161,6 +168,7 @@ impl Measured {
             Measured::Programs(samples) => programs::section(md, ctx, samples),
             Measured::Simulate(b) => simulate::section(md, b),
             Measured::Sweep(s) => sweep::section(md, s),
+            Measured::LongRun(b) => longrun::section(md, b),
         }
     }
 
@@ -181,6 +189,7 @@ impl Measured {
             Measured::Programs(samples) => programs::csv(csv, samples),
             Measured::Simulate(b) => simulate::csv(csv, b),
             Measured::Sweep(s) => sweep::csv(csv, s),
+            Measured::LongRun(b) => longrun::csv(csv, b),
         }
     }
 }
