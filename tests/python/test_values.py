@@ -38,13 +38,13 @@ def llama_build_libs(paths, monkeypatch):
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", paths["llama_lib_dir"])
 
 
-def oracle_args(model: Path, threads: int, out: Path | None, prompt: str = "hello world") -> list:
-    args = [sys.executable, ORACLE, model, "-n", str(TOKENS), "--threads", str(threads), "--prompt", prompt]
+def oracle_args(model: Path, threads: int, out: Path | None, prompt: str = "hello world", tokens: int = TOKENS) -> list:
+    args = [sys.executable, ORACLE, model, "-n", str(tokens), "--threads", str(threads), "--prompt", prompt]
     return args + (["--oracle", str(out), "--values"] if out else [])
 
 
-def run_oracle(model: Path, threads: int, out: Path, prompt: str = "hello world") -> dict:
-    proc = subprocess.run(oracle_args(model, threads, out, prompt), capture_output=True, text=True, timeout=900)
+def run_oracle(model: Path, threads: int, out: Path, prompt: str = "hello world", tokens: int = TOKENS) -> dict:
+    proc = subprocess.run(oracle_args(model, threads, out, prompt, tokens), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -190,3 +190,35 @@ def test_a_node_whose_team_is_unreadable_twice_is_said_missing(ttrace, tmp_path,
     missing = json.loads(report.stdout)["summary"]["values_missing"]
     # The fused pair (rms_norm, mul) of the first graph; one failed read per thread.
     assert (missing["nodes"], missing["runs"], missing["unread_params"]) == (2, 1, 2), missing
+
+
+def test_values_filter_keeps_its_nodes_exact_and_the_kernel_copies_no_others(ttrace, tmp_path, models):
+    """`--values-filter`: every node output kept is one whose name matches,
+    equal to the eval callback's; every matching node the callback saw is
+    kept; and once user space has told the kernel the names left out, their
+    bytes are no longer copied (the trailer counts them)."""
+    import re
+    tokens, pattern = 64, "ffn_out"
+    oracle = run_oracle(models["tiny"], 2, tmp_path / "oracle.json", tokens=tokens)
+    trace = tmp_path / "t.data"
+    args = oracle_args(models["tiny"], 2, None, tokens=tokens)
+    proc = subprocess.run([ttrace, "run", "--values", "--values-filter", pattern, "-o", trace, "--", *args],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = subprocess.run([ttrace, "report", trace, "--json"], capture_output=True, text=True, timeout=300)
+    missing = json.loads(report.stdout)["summary"]["values_missing"]
+    rows = [json.loads(line) for line in export(ttrace, trace, "values-jsonl", tmp_path / "v.jsonl").read_text().splitlines()]
+    want = {k: n for k, (_, n) in oracle_nodes(oracle).items() if re.search(pattern, k[1])}
+    got = keyed(rows, lambda r: r["ubatch"], lambda r: r["name"])
+    assert want and set(got) == set(want), (sorted(set(want) - set(got))[:5], sorted(set(got) - set(want))[:5])
+    for key, row in got.items():
+        fp = want[key]["fingerprint"]
+        assert row["blake3"] == fp["blake3"] and close(row["sum"], fp["sum"]), key
+    print(f"kept {len(got)}; left out {missing['filtered']}, of them not copied {missing['filtered_uncopied']}")
+    assert missing["nodes"] == 0
+    # Every node of a run but its ffn_out ones is left out...
+    assert missing["filtered"] >= (tokens - 1) * 10
+    # ...and the kernel knew their names from the first generated tokens'
+    # graph on: all but those of the first few runs (the recorder hands
+    # the names over every 100 ms) were never copied.
+    assert missing["filtered_uncopied"] >= missing["filtered"] // 2

@@ -10,8 +10,8 @@ pub const MAP_VALUE_CONFIG: &str = "VALUE_CONFIG";
 
 /// Slots of [`MAP_VALUE_CONFIG`].
 pub mod config {
-    pub const SLOTS: u32 = 6;
-    /// Link-time address (ELF vaddr) of `ggml_barrier`: with the probe's
+    pub const SLOTS: u32 = 7;
+    /// Link-time address (ELF vaddr) of the `ggml_barrier` probe site: with the probe's
     /// own address it gives the library's load bias.
     pub const BARRIER_VADDR: u32 = 0;
     /// `[start, end)` vaddrs of `ggml_graph_compute_thread`: only barriers
@@ -28,7 +28,17 @@ pub mod config {
     /// barrier too. 0: off.
     pub const TEST_UNREAD_PARAMS: u32 = 5;
     pub const REREAD_FAILS: u64 = 1 << 32;
+    /// Non-zero with `--values-filter`: nodes named in
+    /// [`super::MAP_VALUE_SKIP_NAMES`] are not copied.
+    pub const FILTERING: u32 = 6;
 }
+
+/// Hash map `[u8; MAX_NAME]` (a node name, zero after its NUL) → `u8`: the
+/// names `--values-filter` leaves out, so their bytes are not copied. A name
+/// not in it is copied and judged in user space, which adds it; so the map
+/// only saves work, it never decides what is recorded.
+pub const MAP_VALUE_SKIP_NAMES: &str = "VALUE_SKIP_NAMES";
+pub const MAX_SKIP_NAMES: u32 = 4096;
 
 /// Bytes of node data per chunk record: the record must fit a per-CPU
 /// map value (32 KiB).
@@ -48,6 +58,8 @@ pub mod flags {
     pub const TOO_BIG: u32 = 16;
     /// The node's struct or data could not be read.
     pub const READ_FAILED: u32 = 32;
+    /// Its name is one `--values-filter` leaves out: not copied.
+    pub const FILTERED: u32 = 64;
 }
 
 /// Which record a [`ValueEvent`] is.

@@ -26,10 +26,12 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use tracer_common::{
-    EventKind, TensorRecord, hooks,
+    EventKind, TensorRecord,
+    ggml::MAX_NAME,
+    hooks,
     values::{
-        MAX_TEAM, TASK_SLOTS, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask, config, flags,
-        part, team, unread,
+        MAX_SKIP_NAMES, MAX_TEAM, TASK_SLOTS, VALUE_CHUNK_BYTES, VALUE_EVENT_FIXED, ValueEvent, ValuePool, ValueTask,
+        config, flags, part, team, unread,
     },
 };
 
@@ -52,6 +54,25 @@ static VALUE_POOLS: HashMap<u32, ValuePool> = HashMap::with_max_entries(256, 0);
 
 #[map]
 static VALUE_SCRATCH: PerCpuArray<ValueEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Names `--values-filter` leaves out (user space fills it).
+#[map]
+static VALUE_SKIP_NAMES: HashMap<[u8; MAX_NAME], u8> = HashMap::with_max_entries(MAX_SKIP_NAMES, 0);
+
+/// Whether `name` (zeroed past its NUL here, so that it is the map's key
+/// whatever an earlier, longer name left behind) is one the filter leaves out.
+#[inline(always)]
+fn filtered_out(name: &mut [u8; MAX_NAME]) -> bool {
+    let mut ended = false;
+    for byte in name.iter_mut() {
+        ended |= *byte == 0;
+        if ended {
+            *byte = 0;
+        }
+    }
+    // SAFETY: a lookup; the key is a plain byte array.
+    unsafe { VALUE_SKIP_NAMES.get(name).is_some() }
+}
 
 #[inline(always)]
 fn setting(slot: u32) -> u64 {
@@ -258,7 +279,8 @@ fn on_barrier<const BOUNDED: bool>(rsp: u64, rip: u64) -> Result<(), ()> {
         return Err(());
     }
     // The uprobe's address (or one past it) is in the same page as the
-    // symbol's, and the library is mapped at a page-aligned bias.
+    // probe site's link-time address (BARRIER_VADDR), and the library is
+    // mapped at a page-aligned bias.
     let barrier = setting(config::BARRIER_VADDR);
     let bias = (rip & !0xfff).wrapping_sub(barrier & !0xfff);
     let site = ret.wrapping_sub(bias);
@@ -381,7 +403,10 @@ fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site:
                 bits |= flags::NON_CONTIGUOUS;
             }
         }
-        if size == 0 {
+        let mut name = t.name();
+        if setting(config::FILTERING) != 0 && filtered_out(&mut name) {
+            bits |= flags::FILTERED;
+        } else if size == 0 {
             bits |= flags::UNSUPPORTED_TYPE;
         } else if t.op() as u64 == setting(config::SET_ROWS_OP) {
             bits |= flags::SET_ROWS;
@@ -390,7 +415,7 @@ fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site:
         {
             bits |= flags::TOO_BIG;
         }
-        if bits & (flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
+        if bits & (flags::FILTERED | flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
             span = 0;
         }
         let record = TensorRecord {
@@ -407,7 +432,7 @@ fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site:
             flags: t.flags(),
             slot: tracer_common::SLOT_DST,
             _pad: 0,
-            name: t.name(),
+            name,
         };
         // SAFETY: the data area is larger than one TensorRecord.
         unsafe { (e.data.as_mut_ptr() as *mut MaybeUninit<TensorRecord>).write_unaligned(MaybeUninit::new(record)) };

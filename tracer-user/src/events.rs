@@ -87,6 +87,11 @@ pub struct OpRecord {
     pub tensors: Vec<TensorRecord>,
 }
 
+/// A tensor record's name, up to its NUL ("" when not UTF-8).
+pub fn tensor_name(record: &TensorRecord) -> &str {
+    std::str::from_utf8(tracer_common::c_str(&record.name)).unwrap_or("")
+}
+
 impl Event {
     pub fn header(&self) -> &EventHeader {
         match self {

@@ -346,6 +346,15 @@ impl Summary {
             rows.push((if late.held { "ggml loaded" } else { "LATE START" }, late.to_string()));
         }
         if let Some(m) = self.values_missing {
+            if m.filtered > 0 {
+                rows.push((
+                    "values filter",
+                    format!(
+                        "{} node outputs left out by --values-filter, {} of them not copied by the kernel",
+                        m.filtered, m.filtered_uncopied
+                    ),
+                ));
+            }
             rows.push(if m.nodes == 0 {
                 ("values", format!("every computed node of {} graph runs read", m.runs_checked))
             } else {

@@ -560,6 +560,13 @@ pub struct ValuesMissing {
     /// unless a node is missing beside it.
     #[serde(default)]
     pub unread_busy: u64,
+    /// Nodes `--values-filter` left out (no VALUE frame), and of those the
+    /// ones whose bytes the kernel did not copy (their name already known
+    /// to it).
+    #[serde(default)]
+    pub filtered: u64,
+    #[serde(default)]
+    pub filtered_uncopied: u64,
 }
 
 /// How ggml's probes reached a library the target loaded while traced.

@@ -261,6 +261,11 @@ impl Tracer {
         self.insert_key(MAP_MODEL_FILES, file)
     }
 
+    /// `--values-filter`: node names whose bytes the kernel need not copy.
+    pub fn skip_value_names(&mut self, names: &[[u8; tracer_common::ggml::MAX_NAME]]) -> Result<(), LoadError> {
+        names.iter().try_for_each(|&name| self.insert_key(tracer_common::values::MAP_VALUE_SKIP_NAMES, name))
+    }
+
     /// Record block requests on this device (`dev` in kernel encoding).
     pub fn watch_block_device(&mut self, dev: u32) -> Result<(), LoadError> {
         self.insert_key(MAP_BLOCK_DEVICES, dev)

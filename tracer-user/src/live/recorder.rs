@@ -6,7 +6,7 @@ use std::{
     io::{self, Write},
 };
 
-use tracer_common::{BlockKind, TensorRecord, markers};
+use tracer_common::{BlockKind, markers};
 
 use super::{
     graphs::{GraphAssembler, Ready},
@@ -208,10 +208,6 @@ fn write_new_models<W: Write>(resolver: &mut Resolver, writer: &mut TraceWriter<
         writer.maps(&text)?;
     }
     Ok(())
-}
-
-pub fn tensor_name(record: &TensorRecord) -> &str {
-    std::str::from_utf8(tracer_common::c_str(&record.name)).unwrap_or("")
 }
 
 #[cfg(test)]

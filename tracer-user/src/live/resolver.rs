@@ -17,10 +17,10 @@ use tracer_common::{FileKey, TensorRecord};
 
 use super::{
     copies::CopyFinder,
-    recorder::tensor_name,
     target::memory::{TargetMemory, path_seen_by},
 };
 use crate::{
+    events::tensor_name,
     format::{FileExtent, FileInfo, FilePos, Memory, ModelTable, ModelTensor},
     model::{
         AddressSpace, FileExtents, ModelMap, Resolution,

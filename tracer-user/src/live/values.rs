@@ -7,11 +7,15 @@
 use std::collections::{HashMap, HashSet};
 
 use regex_lite::Regex;
-use tracer_common::{TensorRecord, values::flags};
+use tracer_common::{
+    TensorRecord,
+    ggml::MAX_NAME,
+    values::{MAX_SKIP_NAMES, flags},
+};
 
 use super::values_fingerprint::{Element, fingerprint};
 use crate::{
-    events::ValueRecord,
+    events::{ValueRecord, tensor_name},
     format::{
         ValuesMissing,
         values::{Fingerprint, encode_tail, user_flags},
@@ -61,10 +65,13 @@ pub struct ValueRecorder {
     /// The target's ids of [`NOT_COMPUTED`] ops; `None` until its op names
     /// are known (nothing is counted missing without them).
     not_computed: Option<Vec<i32>>,
-    /// Nodes left out by `--values-filter`.
-    pub filtered: u64,
-    /// Computed nodes no barrier read, over the runs so far.
+    /// Computed nodes no barrier read, and those the filter left out, over
+    /// the runs so far.
     missing: ValuesMissing,
+    /// Node names the filter leaves out, as the kernel's skip map keys
+    /// them; those not yet handed to it.
+    skipped_names: HashSet<[u8; MAX_NAME]>,
+    new_skipped_names: Vec<[u8; MAX_NAME]>,
 }
 
 impl ValueRecorder {
@@ -76,8 +83,9 @@ impl ValueRecorder {
             current: None,
             read_in_run: HashSet::new(),
             not_computed: None,
-            filtered: 0,
             missing: ValuesMissing::default(),
+            skipped_names: HashSet::new(),
+            new_skipped_names: Vec::new(),
         }
     }
 
@@ -93,8 +101,25 @@ impl ValueRecorder {
     }
 
     pub fn on_definition(&mut self, definition: &Definition) {
-        let nodes = definition.nodes().enumerate().map(|(i, (r, _))| (r.tensor, (i as u32, *r))).collect();
+        let nodes: HashMap<u64, (u32, TensorRecord)> =
+            definition.nodes().enumerate().map(|(i, (r, _))| (r.tensor, (i as u32, *r))).collect();
+        if let Some(filter) = &self.filter {
+            for (_, record) in nodes.values() {
+                if !filter.is_match(tensor_name(record)) && self.skipped_names.len() < MAX_SKIP_NAMES as usize {
+                    let key = skip_key(record);
+                    if self.skipped_names.insert(key) {
+                        self.new_skipped_names.push(key);
+                    }
+                }
+            }
+        }
         self.graphs.insert(definition.id, nodes);
+    }
+
+    /// Names the filter leaves out, found since the last call: for the
+    /// kernel, so that their bytes are not copied at all.
+    pub fn take_skipped_names(&mut self) -> Vec<[u8; MAX_NAME]> {
+        std::mem::take(&mut self.new_skipped_names)
     }
 
     /// A run starts: the one before has ended (its last node was flushed
@@ -176,9 +201,10 @@ impl ValueRecorder {
             let read = [c.node, c.fused].into_iter().filter_map(|a| nodes.get(&a)).map(|&(i, _)| i);
             self.read_in_run.extend(read);
         }
-        let name = crate::live::recorder::tensor_name(&c.tensor);
+        let name = tensor_name(&c.tensor);
         if self.filter.as_ref().is_some_and(|f| !f.is_match(name)) {
-            self.filtered += 1;
+            self.missing.filtered += 1;
+            self.missing.filtered_uncopied += u64::from(c.flags & flags::FILTERED != 0);
             return None;
         }
         let graph = self.current.unwrap_or(u32::MAX);
@@ -186,7 +212,9 @@ impl ValueRecorder {
         let node_index = nodes.and_then(|n| n.get(&c.node)).map(|&(i, _)| i);
         let fused = (c.fused != 0).then(|| nodes.and_then(|n| n.get(&c.fused)).map(|&(_, r)| r)).flatten();
         let mut bits = c.flags;
-        let copied = bits & (flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG | flags::READ_FAILED) == 0;
+        let not_copied =
+            flags::FILTERED | flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG | flags::READ_FAILED;
+        let copied = bits & not_copied == 0;
         let mut fp: Option<Fingerprint> = None;
         if copied {
             fp = (c.bytes.len() as u64 == c.total)
@@ -201,6 +229,15 @@ impl ValueRecorder {
         encode_tail(&mut tail, c.site, bits, c.superseded, fp.as_ref());
         Some(Finished { ts_tid: (c.ts_ns, c.tid), graph, node_index, tensor: c.tensor, fused, tail })
     }
+}
+
+/// A node's name as the kernel's skip map keys it: its bytes to the NUL,
+/// zero to the end.
+fn skip_key(record: &TensorRecord) -> [u8; MAX_NAME] {
+    let name = tracer_common::c_str(&record.name);
+    let mut key = [0; MAX_NAME];
+    key[..name.len()].copy_from_slice(name);
+    key
 }
 
 #[cfg(test)]

@@ -33,8 +33,8 @@ impl Session<'_> {
         }
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs)?;
         self.recorder.op_times.iter_mut().for_each(|t| t.set_op_names(names));
-        if self.spec.values.is_some() {
-            values::start(tracer, libs, names, self.attached.pid)?;
+        if let Some(spec) = &self.spec.values {
+            values::start(tracer, libs, names, self.attached.pid, spec.filter.is_some())?;
             self.recorder.values.iter_mut().for_each(|v| v.set_op_names(names));
         }
         self.announce_hooks(before, names, build)

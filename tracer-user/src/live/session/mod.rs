@@ -243,8 +243,8 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
             layouts.disabled.push(crate::live::layouts::routing_off());
         }
         attached.start_ops(&mut tracer, op_options(spec, &layouts), &libs)?;
-        if spec.values.is_some() {
-            values::start(&mut tracer, &libs, names.as_ref(), pid)?;
+        if let Some(spec) = &spec.values {
+            values::start(&mut tracer, &libs, names.as_ref(), pid, spec.filter.is_some())?;
         }
     }
     header.libraries = attached.libraries.clone();
@@ -399,6 +399,7 @@ async fn record_until_stop(
                 }
                 session.continue_after_first_graph(child.as_ref(), &mut memory)?;
                 session.sync_watches(&mut tracer)?;
+                session.sync_value_filter(&mut tracer)?;
                 let quit = session.tap.as_mut().is_some_and(|tap| tap.tick(&mut session.recorder.resolver));
                 if quit && interrupted_at.is_none() && let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) {
                     break reason;
@@ -564,6 +565,13 @@ impl Session<'_> {
         {
             *error = Some(e);
         }
+    }
+
+    /// Hand the names `--values-filter` leaves out, found since the last
+    /// call, to the kernel, which then copies no bytes of those nodes.
+    fn sync_value_filter(&mut self, tracer: &mut Tracer) -> Result<()> {
+        let Some(values) = self.recorder.values.as_mut() else { return Ok(()) };
+        Ok(tracer.skip_value_names(&values.take_skipped_names())?)
     }
 
     /// Hand model files found since the last call to the kernel's filters.

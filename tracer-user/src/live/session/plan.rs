@@ -15,7 +15,7 @@ use crate::{
     format::frames::Library,
     live::{
         load::Tracer,
-        target::{self, HookLibs},
+        target::{self, HookLibs, Reads},
     },
 };
 
@@ -134,11 +134,12 @@ impl Attached {
                     // Probe sites past a single-stepped first instruction
                     // where the registers stay as at the call; a return
                     // probe there still finds the return address at rsp.
-                    let symbols: Vec<&str> = HOOKS.iter().map(|h| h.0).collect();
                     // `ggml_op` reads only the call's argument registers: its
                     // probes may sit past a longer prologue.
-                    let args_only: Vec<&str> = HOOKS.iter().filter(|h| h.1 == programs::GGML_OP).map(|h| h.0).collect();
-                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols, &args_only)?));
+                    let reads =
+                        |program| if program == programs::GGML_OP { Reads::Arguments } else { Reads::Everything };
+                    let symbols: Vec<(&str, Reads)> = HOOKS.iter().map(|h| (h.0, reads(h.1))).collect();
+                    offsets.push((path.to_path_buf(), target::probe_file_offsets(path, &symbols)?));
                     offsets.len() - 1
                 }
             };

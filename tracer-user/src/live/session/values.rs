@@ -14,7 +14,7 @@ use crate::{
     live::{
         load::Tracer,
         recorder::Recorder,
-        target::{self, HookLibs, OpNames},
+        target::{self, HookLibs, OpNames, Reads},
     },
 };
 
@@ -25,40 +25,53 @@ const BARRIER: &str = "ggml_barrier";
 const MAX_VALUE_BYTES: u64 = 256 << 20;
 
 /// Probes in attach order: a run's state exists before nodes set theirs,
-/// and both before a barrier reads them.
-pub(super) const PROBES: [(&str, &str, u32); 4] = [
-    ("ggml_graph_compute", programs::VALUE_GRAPH, 0),
-    ("ggml_cpu_extra_compute_forward", programs::VALUE_NODE, hooks::EXTRA),
-    ("ggml_compute_forward_rms_norm_mul_fused", programs::VALUE_NODE, hooks::FUSED_MUL),
-    (BARRIER, programs::VALUE_BARRIER, 0),
+/// and both before a barrier reads them. Each sits where what its program
+/// reads is still as at the call ([`Reads`]): the node probes read their
+/// arguments, the barrier's its return address.
+pub(super) const PROBES: [(&str, &str, u32, Reads); 4] = [
+    ("ggml_graph_compute", programs::VALUE_GRAPH, 0, Reads::Arguments),
+    ("ggml_cpu_extra_compute_forward", programs::VALUE_NODE, hooks::EXTRA, Reads::Arguments),
+    ("ggml_compute_forward_rms_norm_mul_fused", programs::VALUE_NODE, hooks::FUSED_MUL, Reads::Arguments),
+    (BARRIER, programs::VALUE_BARRIER, 0, Reads::ReturnAddress),
 ];
 
-pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames>, pid: u32) -> Result<()> {
+pub(super) fn start(
+    tracer: &mut Tracer,
+    libs: &HookLibs,
+    names: Option<&OpNames>,
+    pid: u32,
+    filtering: bool,
+) -> Result<()> {
     let Some(cpu) = libs.cpu.as_deref() else {
         bail!("--values: no libggml-cpu found to probe");
     };
     let ranges = target::symbol_ranges(cpu, &[BARRIER, NODE_LOOP])
         .with_context(|| format!("--values: reading symbols of {}", cpu.display()))?;
-    let (Some((barrier, _)), Some((start, size))) = (ranges[0], ranges[1]) else {
+    let (Some(_), Some((start, size))) = (ranges[0], ranges[1]) else {
         bail!(
             "--values: {} lacks `{BARRIER}` or `{NODE_LOOP}` (a stripped .symtab?): \
              a node's own barrier cannot be told from an op's",
             cpu.display()
         );
     };
+    // The barrier program tells its library's load bias from the page of
+    // its own address: the probe's, which may lie past the symbol.
+    let barrier = target::probe_sites(cpu, &[(BARRIER, Reads::ReturnAddress)])?[0]
+        .with_context(|| format!("--values: `{BARRIER}` of {} is in no loaded segment", cpu.display()))?;
     let set_rows = names.and_then(|n| n.ops.iter().position(|o| o == "SET_ROWS")).map_or(u64::MAX, |i| i as u64);
     tracer.set_array(
         tracer_common::values::MAP_VALUE_CONFIG,
         &[
-            (config::BARRIER_VADDR, barrier),
+            (config::BARRIER_VADDR, barrier.vaddr),
             (config::LOOP_START, start),
             (config::LOOP_END, start + size),
             (config::SET_ROWS_OP, set_rows),
             (config::MAX_BYTES, MAX_VALUE_BYTES),
             (config::TEST_UNREAD_PARAMS, test_unread_params()),
+            (config::FILTERING, u64::from(filtering)),
         ],
     )?;
-    for (symbol, program, cookie) in PROBES {
+    for (symbol, program, cookie, reads) in PROBES {
         // ggml_barrier is not among the hook symbols searched: it is in the CPU library.
         let path = if symbol == BARRIER { Some(cpu) } else { libs.path_of(symbol) };
         let Some(path) = path else {
@@ -67,7 +80,8 @@ pub(super) fn start(tracer: &mut Tracer, libs: &HookLibs, names: Option<&OpNames
             }
             bail!("--values: no library defines `{symbol}`");
         };
-        tracer.attach_uprobe(program, path, symbol, Some(pid), u64::from(cookie))?;
+        let site = target::probe_sites(path, &[(symbol, reads)])?[0];
+        tracer.attach_uprobe_at(program, path, symbol, site.map(|s| s.file_offset), Some(pid), u64::from(cookie))?;
     }
     Ok(())
 }

@@ -168,16 +168,25 @@ pub fn has_symbols(path: &Path, names: &[&str]) -> Result<Vec<bool>, TargetError
 /// File offsets of `names` (what uprobes attach to), from one parse of
 /// `path`: the symbol's address mapped through its PT_LOAD segment.
 pub fn symbol_file_offsets(path: &Path, names: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    file_offsets(path, names, |_, _| 0)
+    Ok(probe_sites(path, names, |_, _| 0)?.into_iter().map(|s| s.map(|s| s.file_offset)).collect())
 }
 
-/// As [`symbol_file_offsets`], each moved `skip(name, code)` bytes past
-/// its symbol (within the function), `code` being its first 32 bytes.
-pub(super) fn file_offsets(
+/// Where a uprobe goes: its link-time address (what user space compares
+/// return addresses with) and its file offset (what it attaches to).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbeSite {
+    pub vaddr: u64,
+    pub file_offset: u64,
+}
+
+/// The sites of `names`, each moved `skip(name, code)` bytes past its
+/// symbol, `code` being the whole function (a symbol of unknown size is
+/// not moved: what could reach the site again cannot be checked).
+pub(super) fn probe_sites(
     path: &Path,
     names: &[&str],
     skip: impl Fn(&str, &[u8]) -> u64,
-) -> Result<Vec<Option<u64>>, TargetError> {
+) -> Result<Vec<Option<ProbeSite>>, TargetError> {
     use object::read::elf::ProgramHeader as _;
     with_elf(path, |file| {
         let endian = file.endian();
@@ -192,10 +201,11 @@ pub(super) fn file_offsets(
             .zip(names)
             .map(|(sym, name)| {
                 let sym = sym.as_ref()?;
-                let skip = section_bytes(file, sym.addr, 32).map_or(0, |code| skip(name, code));
-                let addr = sym.addr + if sym.size == 0 || skip < sym.size { skip } else { 0 };
-                let &(vaddr, _, offset) = loads.iter().find(|&&(v, size, _)| addr >= v && addr - v < size)?;
-                Some(addr - vaddr + offset)
+                let code = (sym.size > 0).then(|| section_bytes(file, sym.addr, sym.size)).flatten();
+                let skip = code.map_or(0, |code| skip(name, code));
+                let vaddr = sym.addr + if skip < sym.size { skip } else { 0 };
+                let &(load, _, offset) = loads.iter().find(|&&(v, size, _)| vaddr >= v && vaddr - v < size)?;
+                Some(ProbeSite { vaddr, file_offset: vaddr - load + offset })
             })
             .collect())
     })

@@ -31,7 +31,7 @@ pub use hooks::{
 };
 pub use ldcache::LdCache;
 pub use libs::{Closure, NotFound, program_image, resolve, resolve_needed, which, which_in};
-pub use probe_site::probe_file_offsets;
+pub use probe_site::{ProbeSite, Reads, probe_file_offsets, probe_sites};
 pub use residency::{RangePlan, RangeSample, Residency, evict, resident_bytes};
 pub use spawn::{HeldChild, RunningChild, SpawnLimitedError, SpawnOptions, spawn_limited};
 pub use user::UserSpec;

@@ -9,24 +9,101 @@
 
 use std::path::Path;
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpKind, Register};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 use tracer_common::ENDBR64;
 
 use super::{TargetError, elf};
+pub use elf::ProbeSite;
 
-/// File offsets of `names` where ttrace's probes go: past a first
-/// instruction the kernel would single-step where that keeps the call's
-/// registers ([`entry_skip`]). The functions in `args_only` are probed only
-/// for their argument registers, so a longer prologue may be skipped
-/// ([`args_only_skip`]).
-pub fn probe_file_offsets(path: &Path, names: &[&str], args_only: &[&str]) -> Result<Vec<Option<u64>>, TargetError> {
-    elf::file_offsets(
-        path,
-        names,
-        |name, code| {
-            if args_only.contains(&name) { args_only_skip(code) } else { entry_skip(code) }
-        },
-    )
+/// What a probe's program reads of the hit: what must still be as at the
+/// call where the probe sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// Any register, the stack and the return address (a return probe's entry).
+    Everything,
+    /// The call's argument registers only ([`args_only_skip`]).
+    Arguments,
+    /// The return address at `rsp` (and the page of `rip`) only ([`return_address_skip`]).
+    ReturnAddress,
+}
+
+/// Where ttrace's probes on `names` go in `path`: past the first
+/// instructions the kernel would single-step, as far as what the program
+/// reads ([`Reads`]) stays as at the call, and never where a branch inside
+/// the function could reach the site again without a new call.
+pub fn probe_sites(path: &Path, names: &[(&str, Reads)]) -> Result<Vec<Option<ProbeSite>>, TargetError> {
+    let symbols: Vec<&str> = names.iter().map(|n| n.0).collect();
+    elf::probe_sites(path, &symbols, |name, code| {
+        let reads = names.iter().find(|n| n.0 == name).map_or(Reads::Everything, |n| n.1);
+        skip(code, reads)
+    })
+}
+
+/// As [`probe_sites`], their file offsets (what uprobes attach to).
+pub fn probe_file_offsets(path: &Path, names: &[(&str, Reads)]) -> Result<Vec<Option<u64>>, TargetError> {
+    Ok(probe_sites(path, names)?.into_iter().map(|s| s.map(|s| s.file_offset)).collect())
+}
+
+/// Bytes to skip into `code`, a whole function, for a probe reading `reads`.
+pub fn skip(code: &[u8], reads: Reads) -> u64 {
+    let site = match reads {
+        Reads::Everything => entry_skip(code),
+        Reads::Arguments => args_only_skip(code),
+        Reads::ReturnAddress => return_address_skip(code),
+    };
+    if site > 0 && reentered(code, site) { 0 } else { site }
+}
+
+/// Whether a direct branch or call inside `code` lands past its entry and
+/// at or before `site`: a loop through the skipped instructions would hit
+/// a probe there once per pass, not once per call. (An indirect jump is a
+/// switch's dispatch, whose cases follow the prologue.)
+fn reentered(code: &[u8], site: u64) -> bool {
+    Decoder::with_ip(64, code, 0, DecoderOptions::NONE).iter().any(|i| {
+        matches!(
+            i.flow_control(),
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+        ) && (1..=site).contains(&i.near_branch_target())
+    })
+}
+
+/// Whether the kernel emulates `instruction` for a uprobe rather than
+/// single-stepping it: relative jumps and calls, conditional jumps, and a
+/// push of a register.
+fn emulated(instruction: &iced_x86::Instruction) -> bool {
+    matches!(
+        instruction.flow_control(),
+        FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+    ) && matches!(instruction.op0_kind(), OpKind::NearBranch64 | OpKind::NearBranch32 | OpKind::NearBranch16)
+        || instruction.mnemonic() == Mnemonic::Push && instruction.op0_kind() == OpKind::Register
+}
+
+/// Bytes to skip so that a probe that reads only the return address (at
+/// `rsp`) and the page of its own address sits on the first instruction the
+/// kernel emulates: the ones before it must fall through and write neither
+/// `rsp` nor memory. `ggml_barrier` (about 470 hits a token per thread with
+/// `--values`) begins `mov 0x68(%rdi),%eax; cmp $0x1,%ax; je`: probed on the
+/// `je`, no hit is single-stepped. Falls back to [`entry_skip`].
+pub fn return_address_skip(code: &[u8]) -> u64 {
+    let mut info = InstructionInfoFactory::new();
+    for instruction in Decoder::with_ip(64, code, 0, DecoderOptions::NONE).iter().take(8) {
+        if instruction.is_invalid() {
+            break;
+        }
+        if emulated(&instruction) {
+            return instruction.ip();
+        }
+        let used = info.info(&instruction);
+        let writes_stack = used
+            .used_registers()
+            .iter()
+            .any(|r| r.access() != OpAccess::Read && r.register().full_register() == Register::RSP);
+        let writes_memory = used.used_memory().iter().any(|m| m.access() != OpAccess::Read);
+        if instruction.flow_control() != FlowControl::Next || writes_stack || writes_memory {
+            break;
+        }
+    }
+    entry_skip(code)
 }
 
 /// The System V argument registers: what a probe reading only its call's
@@ -53,7 +130,7 @@ pub fn args_only_skip(code: &[u8]) -> u64 {
             return instruction.ip();
         }
         let writes_argument = info.info(&instruction).used_registers().iter().any(|used| {
-            used.access() != iced_x86::OpAccess::Read && ARGUMENT_REGISTERS.contains(&used.register().full_register())
+            used.access() != OpAccess::Read && ARGUMENT_REGISTERS.contains(&used.register().full_register())
         });
         if instruction.flow_control() != FlowControl::Next || writes_argument {
             break;
@@ -84,7 +161,36 @@ pub fn entry_skip(code: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{args_only_skip, entry_skip};
+    use super::{Reads, args_only_skip, entry_skip, return_address_skip, skip};
+
+    /// ggml_barrier of llama.cpp 0c1e570 (OpenMP): mov 0x68(%rdi),%eax;
+    /// cmp $0x1,%ax; je +16; jmp GOMP_barrier@plt; xchg %ax,%ax; ret
+    const BARRIER: [u8; 17] =
+        [0x8b, 0x47, 0x68, 0x66, 0x83, 0xf8, 0x01, 0x74, 0x07, 0xe9, 0x32, 0xe6, 0xff, 0xff, 0x66, 0x90, 0xc3];
+
+    #[test]
+    fn a_return_address_probe_moves_to_the_first_emulated_instruction() {
+        assert_eq!(return_address_skip(&BARRIER), 7);
+        assert_eq!(skip(&BARRIER, Reads::ReturnAddress), 7);
+        // The same code read for its registers stays at the entry (eax is written).
+        assert_eq!(skip(&BARRIER, Reads::Everything), 0);
+        // sub $8,%rsp first: the return address is no longer at rsp.
+        assert_eq!(return_address_skip(&[0x48, 0x83, 0xec, 0x08, 0x74, 0x02]), 0);
+        // mov %eax,(%rdi) first: a store could be the return address's slot.
+        assert_eq!(return_address_skip(&[0x89, 0x07, 0x74, 0x02]), 0);
+    }
+
+    #[test]
+    fn a_site_a_branch_in_the_function_reaches_again_is_not_used() {
+        // The barrier's code followed by a loop back onto its `je` (+7):
+        // probed there, each pass would count as a barrier.
+        let looping = [&BARRIER[..], &[0xeb, 0xf4][..]].concat();
+        assert_eq!(return_address_skip(&looping), 7);
+        assert_eq!(skip(&looping, Reads::ReturnAddress), 0);
+        // A loop back to the entry hits an entry probe once per pass too: allowed.
+        let to_entry = [&BARRIER[..], &[0xeb, (-19i8) as u8][..]].concat();
+        assert_eq!(skip(&to_entry, Reads::ReturnAddress), 7);
+    }
 
     #[test]
     fn a_stack_realigning_prologue_is_skipped_to_its_first_register_push() {

@@ -17,13 +17,13 @@ use crate::{
         io::{IoCorrelator, When},
         sequences::{RequestTracker, UbatchArrays},
     },
-    events::{Event, InputRecord},
+    events::{Event, InputRecord, tensor_name},
     format::{
         Memory,
         reader::{Batch, BatchArray, Block},
     },
     live::{
-        recorder::{Recorder, Resolver, model_table, tensor_name},
+        recorder::{Recorder, Resolver, model_table},
         target::{RangePlan, Residency},
     },
 };
