@@ -25,6 +25,7 @@ use super::{
     op_time::OpClock,
     sequences,
     tensor::{model_tensor, name_layer, op_weight_bytes},
+    weights::{Interner, Weights},
 };
 use crate::format::{
     Descriptor, Header, Lost, Memory, ModelTable, Op, Record, TraceError, TraceReader, Trailer,
@@ -53,7 +54,7 @@ pub enum Stage {
 }
 
 /// How often one ubatch read one weight tensor, and through what memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
 pub struct WeightUse {
     /// Reads through the model file mapping.
     pub file_backed: u32,
@@ -91,7 +92,7 @@ pub struct Ubatch {
     pub faults_minor: u64,
     /// `(model, tensor)` of each weight read.
     #[serde(serialize_with = "weights_as_list")]
-    pub weights: BTreeMap<(u32, u32), WeightUse>,
+    pub weights: Weights,
     /// MoE routing, per (layer, token): the experts ranked, best first, and
     /// the ones the layer used (its `MUL_MAT_ID` reads the first k).
     pub routing: Vec<RoutedToken>,
@@ -127,7 +128,7 @@ impl Ubatch {
             disk_requests: 0,
             faults_major: 0,
             faults_minor: 0,
-            weights: BTreeMap::new(),
+            weights: Weights::default(),
             routing: Vec::new(),
             experts_used: BTreeMap::new(),
             tokens: Vec::new(),
@@ -318,12 +319,18 @@ pub(crate) struct Boundaries {
     in_context_check: HashSet<u32>,
     /// Per thread: the whisper.cpp step it last entered.
     whisper_stage: HashMap<u32, Stage>,
+    /// The distinct weight lists of the ubatches so far.
+    weights: Interner,
 }
 
 impl Boundaries {
     pub(crate) fn on_marker(&mut self, a: &mut Analysis, m: &Marker) {
         match m.cookie {
             markers::SCHED_GRAPH_COMPUTE => {
+                // The ubatch before is done: its reads join an equal list.
+                if let Some(done) = a.ubatches.last_mut() {
+                    self.weights.intern(&mut done.weights);
+                }
                 let index = a.ubatches.len() as u32;
                 let decode = a.decodes.len().checked_sub(1).map(|d| d as u32);
                 if let Some(d) = decode {
@@ -411,7 +418,7 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
             .get(model as usize)
             .and_then(|m| m.tensors.get(tensor as usize))
             .map_or(0, |t| op_weight_bytes(name, slot, src, t, &slotted));
-        let usage = ubatch.weights.entry((model, tensor)).or_default();
+        let usage = ubatch.weights.make_mut().entry((model, tensor)).or_default();
         usage.bytes = usage.bytes.max(bytes);
         if copy {
             usage.copy += 1;
@@ -443,7 +450,11 @@ fn select_experts(ubatch: &mut Ubatch, models: &[ModelTable]) {
             routed.entry(layer).or_default().extend(&t.selected);
         }
     }
-    for (&(model, tensor), usage) in &mut ubatch.weights {
+    if routed.is_empty() {
+        // Nothing to change: a list shared with other ubatches stays shared.
+        return;
+    }
+    for (&(model, tensor), usage) in ubatch.weights.make_mut() {
         let Some(t) = model_tensor(models, model, tensor) else { continue };
         if let (Some(slice), Some(experts)) = (t.expert_bytes, t.layer.and_then(|l| routed.get(&l))) {
             usage.bytes = usage.bytes.min(experts.len() as u64 * slice);
@@ -506,7 +517,7 @@ pub(crate) fn assign_phases(a: &mut Analysis, bounds: Boundaries) {
     }
 }
 
-fn weights_as_list<S: serde::Serializer>(weights: &BTreeMap<(u32, u32), WeightUse>, s: S) -> Result<S::Ok, S::Error> {
+fn weights_as_list<S: serde::Serializer>(weights: &Weights, s: S) -> Result<S::Ok, S::Error> {
     #[derive(Serialize)]
     struct Entry {
         model: u32,

@@ -22,6 +22,7 @@ pub mod usage;
 pub mod values;
 pub mod values_diff;
 pub mod walk;
+pub mod weights;
 
 pub use correlate::{Analysis, Decode, Phase, Ubatch, WeightUse, analyze, op_name, when};
 pub(crate) use correlate::{Boundaries, assign_phases};
