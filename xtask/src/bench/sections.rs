@@ -29,7 +29,7 @@ pub enum Part {
     Attach,
     /// `ttrace view` on a ≥ 10 M-op trace: ready time, RSS, query times, first paint and frames.
     Viewer,
-    /// `ttrace run --values` against untraced on Gemma.
+    /// `ttrace run --values` (and with `--values-filter`) against untraced on Gemma.
     Values,
     /// `ttrace simulate` on the viewer's ≥ 10 M-op trace.
     Simulate,
