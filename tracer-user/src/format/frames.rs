@@ -560,9 +560,7 @@ pub struct ValuesMissing {
     /// unless a node is missing beside it.
     #[serde(default)]
     pub unread_busy: u64,
-    /// Nodes `--values-filter` left out (no VALUE frame), and of those the
-    /// ones whose bytes the kernel did not copy (their name already known
-    /// to it).
+    /// Nodes `--values-filter` left out, and those of them the kernel did not copy.
     #[serde(default)]
     pub filtered: u64,
     #[serde(default)]

@@ -399,7 +399,7 @@ async fn record_until_stop(
                 }
                 session.continue_after_first_graph(child.as_ref(), &mut memory)?;
                 session.sync_watches(&mut tracer)?;
-                session.sync_value_filter(&mut tracer)?;
+                values::sync_filter(&mut session.recorder, &mut tracer)?;
                 let quit = session.tap.as_mut().is_some_and(|tap| tap.tick(&mut session.recorder.resolver));
                 if quit && interrupted_at.is_none() && let Some(reason) = on_signal(&mut child, libc::SIGINT, &mut interrupted_at) {
                     break reason;
@@ -565,13 +565,6 @@ impl Session<'_> {
         {
             *error = Some(e);
         }
-    }
-
-    /// Hand the names `--values-filter` leaves out, found since the last
-    /// call, to the kernel, which then copies no bytes of those nodes.
-    fn sync_value_filter(&mut self, tracer: &mut Tracer) -> Result<()> {
-        let Some(values) = self.recorder.values.as_mut() else { return Ok(()) };
-        Ok(tracer.skip_value_names(&values.take_skipped_names())?)
     }
 
     /// Hand model files found since the last call to the kernel's filters.

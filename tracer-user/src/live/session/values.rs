@@ -86,6 +86,13 @@ pub(super) fn start(
     Ok(())
 }
 
+/// Hand the names `--values-filter` leaves out, found since the last
+/// call, to the kernel, which then copies no bytes of those nodes.
+pub(super) fn sync_filter<W: std::io::Write>(recorder: &mut Recorder<W>, tracer: &mut Tracer) -> Result<()> {
+    let Some(values) = recorder.values.as_mut() else { return Ok(()) };
+    Ok(tracer.skip_value_names(&values.take_skipped_names())?)
+}
+
 /// `TTRACE_TEST_UNREAD_PARAMS=N[,again]`, for tests: each thread's N-th
 /// node takes its team read as failed (and its read again too, `again`).
 const TEST_UNREAD_PARAMS_ENV: &str = "TTRACE_TEST_UNREAD_PARAMS";
