@@ -33,6 +33,9 @@ pub struct Summary {
     pub traced_ns: u64,
     /// `None`: the trace was cut short (no end record).
     pub stopped: Option<Stopped>,
+    /// A ring of files (`--max-size`): which were read, and whether the
+    /// run's start is missing (every figure then covers the files read).
+    pub ring: Option<crate::format::ring::RingRead>,
     pub prompt_ubatches: usize,
     pub prompt_tokens: u64,
     pub generate_ubatches: usize,
@@ -206,6 +209,7 @@ impl Summary {
                 exit_code: t.exit_code,
                 exit_signal: t.exit_signal,
             }),
+            ring: h.ring_read.clone(),
             prompt_ubatches: count(Phase::Prompt),
             prompt_tokens: a.tokens.as_ref().map_or(a.prompt_tokens, |t| t.prompt),
             generate_ubatches: count(Phase::Generate),
@@ -292,6 +296,9 @@ impl Summary {
                 None => "trace cut short (no end record): read up to its last complete record".to_string(),
             },
         ));
+        if let Some(ring) = &self.ring {
+            rows.push(("files", ring.to_string()));
+        }
         rows.push(match self.program {
             Program::LlamaCpp => (
                 "ubatches",

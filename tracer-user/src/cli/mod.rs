@@ -50,14 +50,17 @@ pub enum Command {
     #[command(after_help = "Examples:\n  \
 sudo ttrace run -- llama-completion -m model.gguf -p \"hello world\" -n 32 -no-cnv\n  \
 sudo ttrace run -o moe.data --all-threads -- llama-completion -m moe.gguf -p hi -n 8\n  \
-sudo ttrace run --lib ./build/bin/libggml-cpu.so -- python3 client.py\n\n\
+sudo ttrace run --lib ./build/bin/libggml-cpu.so -- python3 client.py\n  \
+sudo ttrace run -o served.data --max-size 100M --max-files 10 -- llama-server -m model.gguf\n    \
+(a ring: served.data.0000, .0001, …, the newest 10 kept; `ttrace report served.data` reads them as one run)\n\n\
 The command runs as the user who invoked sudo (or --user), never as root unless asked.")]
     #[cfg(feature = "live")]
     Run(RunArgs),
     /// Attach to a running process and trace it until it exits, Ctrl-C,
     /// SIGTERM or --duration; detaching leaves it running.
     #[command(
-        after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data"
+        after_help = "Examples:\n  sudo ttrace attach --pid 4242\n  sudo ttrace attach --pid 4242 --duration 10 -o decode.data\n  \
+sudo ttrace attach --pid 4242 -o served.data --max-size 1G --max-files 24   (a ring of files, see run --help)"
     )]
     #[cfg(feature = "live")]
     Attach(AttachArgs),
@@ -279,6 +282,29 @@ pub struct TraceArgs {
     /// With --values: keep only nodes whose name matches (all are still read).
     #[arg(long, value_name = "REGEX", requires = "values", value_parser = values_regex)]
     pub values_filter: Option<regex_lite::Regex>,
+    /// Write a ring of trace files instead of one: OUTPUT.0000, OUTPUT.0001,
+    /// … A file that has reached SIZE (512K, 100M, 2G) is closed with its
+    /// trailer at the next decode call (so each holds whole decode calls)
+    /// and the next begins; every file reads alone. `report`, `view`,
+    /// `export` and `simulate` given OUTPUT read the files present as one
+    /// run. Earlier files named OUTPUT.NNNN, and OUTPUT itself, are removed.
+    #[arg(long, value_name = "SIZE", value_parser = max_size)]
+    pub max_size: Option<u64>,
+    /// With --max-size: keep only the newest N files, deleting the oldest as
+    /// the next begins. What is read of them is then a partial run, and
+    /// `report` says which files and how much of the run's start are missing.
+    #[arg(long, value_name = "N", requires = "max_size", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_files: Option<u32>,
+}
+
+/// `--max-size`: a size above zero.
+#[cfg(feature = "live")]
+fn max_size(text: &str) -> Result<u64, String> {
+    match crate::units::parse_size(text) {
+        Ok(0) => Err("the size must be above zero (e.g. 100M)".into()),
+        Ok(bytes) => Ok(bytes),
+        Err(e) => Err(format!("`{text}`: {e} (e.g. 512K, 100M, 2G)")),
+    }
 }
 
 #[cfg(feature = "live")]

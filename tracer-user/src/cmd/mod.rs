@@ -41,5 +41,6 @@ fn session_spec(
         tracepoints: args.tracepoints,
         owner,
         values: args.values.then(|| crate::live::session::ValuesSpec { filter: args.values_filter.clone() }),
+        ring: args.max_size.map(|max_size| crate::live::session::RingSpec { max_size, max_files: args.max_files }),
     }
 }

@@ -66,6 +66,7 @@ pub async fn run(args: TopArgs) -> Result<()> {
         tracepoints: TracepointChoice::Auto,
         owner: user.or(UserSpec::from_sudo_env()?),
         values: None,
+        ring: None,
     };
     let use_of = |s: MemoryStats| MemoryUse { usage_bytes: s.usage_bytes, limit_bytes: s.limit_bytes };
     let memory: Option<MemorySource> = match (&cgroup, args.pid) {

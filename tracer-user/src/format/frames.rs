@@ -180,6 +180,12 @@ pub struct Header {
     /// (`attach`; empty for `run`, whose child had not exec'd yet); as read,
     /// the last MAPS frame's (see `FrameKind::Maps`).
     pub maps: String,
+    /// One file of a ring (`--max-size`); `None` for a run in one file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<super::ring::RingPart>,
+    /// As read: which files of the ring were read (set by the reader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_read: Option<super::ring::RingRead>,
 }
 
 impl Header {
@@ -240,7 +246,7 @@ pub enum Memory {
 }
 
 /// A tensor as a probe saw it. Identical sightings share one descriptor.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Descriptor {
     /// Address of the `ggml_tensor` struct.
     pub tensor: u64,
@@ -417,6 +423,9 @@ pub enum StopReason {
     Detached,
     #[serde(rename = "duration elapsed")]
     DurationElapsed,
+    /// A ring's file reached `--max-size`: the run goes on in the next one.
+    #[serde(rename = "continued in the next file of the ring")]
+    NextFile,
     /// A reason this ttrace does not know (a newer writer's).
     #[serde(other, rename = "unknown")]
     Unknown,

@@ -6,6 +6,7 @@ pub mod frames;
 mod memory;
 pub mod reader;
 pub mod records;
+pub mod ring;
 pub mod values;
 pub mod writer;
 
@@ -19,5 +20,7 @@ pub use writer::{GraphDefinition, OpStart, TraceWriter, WriterStats};
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod ring_tests;
 #[cfg(test)]
 mod tests;

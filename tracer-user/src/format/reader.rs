@@ -17,8 +17,14 @@ pub use super::records::{
 
 use super::{
     codec::{CodecError, Cursor},
-    frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, ModelTable, Trailer},
+    frames::{Descriptor, FORMAT_VERSION, FilePos, FrameKind, Header, Hooks, Lost, ModelTable, Trailer},
+    ring::RingError,
 };
+
+mod chain;
+mod decode;
+pub use chain::merge_hooks;
+use decode::read_header;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -37,6 +43,10 @@ pub enum TraceError {
     Header(serde_json::Error),
     #[error("malformed frame (kind {kind}) at byte {offset}: {detail}")]
     Frame { offset: u64, kind: u8, detail: String },
+    #[error("{file}: {error}")]
+    InFile { file: String, error: Box<TraceError> },
+    #[error(transparent)]
+    Ring(#[from] RingError),
 }
 
 pub struct TraceReader<R: Read> {
@@ -46,6 +56,10 @@ pub struct TraceReader<R: Read> {
     strings: Vec<String>,
     threads: Vec<u32>,
     descriptors: Vec<Descriptor>,
+    /// The current file's descriptor and model ids → the reader's: a
+    /// ring's files each count from 0 (see `chain`); one file's map to themselves.
+    local_ids: Vec<u32>,
+    local_models: Vec<u32>,
     /// Tensor address → its latest descriptor.
     by_address: std::collections::HashMap<u64, u32>,
     models: Vec<ModelTable>,
@@ -66,6 +80,8 @@ pub struct TraceReader<R: Read> {
     graphs: Vec<Vec<GraphNode>>,
     /// Ops of the last COMPUTE frame not returned yet.
     expanded: std::collections::VecDeque<Op>,
+    /// A ring's files after the first, and what reading one needs (see `chain`).
+    chain: chain::Chain<R>,
 }
 
 /// A node of a defined graph: its descriptor and `(slot, descriptor)` sources.
@@ -81,49 +97,40 @@ const EMPTY_OPS: [&str; 5] = ["NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"]
 const FLAG_COMPUTE: i32 = 16;
 
 impl TraceReader<BufReader<File>> {
+    /// The trace at `path`; when no such file exists but a ring's files
+    /// `path.NNNN` do (`--max-size`), those as one run.
     pub fn open(path: &Path) -> Result<Self, TraceError> {
-        let file = File::open(path).map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
-        Self::new(BufReader::with_capacity(1 << 20, file))
+        match open_file(path) {
+            Err(TraceError::Open { error, .. }) if error.kind() == ErrorKind::NotFound => {
+                match super::ring::Members::find(path)? {
+                    Some(members) => Self::open_ring(members),
+                    None => Err(TraceError::Open { path: path.display().to_string(), error }),
+                }
+            }
+            opened => Self::new(opened?),
+        }
     }
+}
+
+fn open_file(path: &Path) -> Result<BufReader<File>, TraceError> {
+    let file = File::open(path).map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
+    Ok(BufReader::with_capacity(1 << 20, file))
 }
 
 impl<R: Read> TraceReader<R> {
     pub fn new(mut input: R) -> Result<Self, TraceError> {
-        let mut magic = [0u8; 8];
-        read_exact(&mut input, &mut magic, 0)?.then_some(()).ok_or(TraceError::Magic)?;
-        if magic[..7] != MAGIC[..7] {
-            return Err(TraceError::Magic);
-        }
-        if magic[7] != MAGIC[7] {
-            return Err(TraceError::Version(u32::from(magic[7])));
-        }
-        let mut len = [0u8; 4];
-        read_exact(&mut input, &mut len, 8)?.then_some(()).ok_or(TraceError::Magic)?;
-        let len = u32::from_le_bytes(len) as usize;
-        let mut json = Vec::new();
-        let got = (&mut input)
-            .take(len as u64)
-            .read_to_end(&mut json)
-            .map_err(|error| TraceError::Io { offset: 12, error })?;
-        if got != len {
-            return Err(TraceError::Frame {
-                offset: 12,
-                kind: 0,
-                detail: format!("header of {len} bytes cut short at {got}"),
-            });
-        }
-        let header: Header = serde_json::from_slice(&json).map_err(TraceError::Header)?;
-        if !(1..=FORMAT_VERSION).contains(&header.format_version) {
-            return Err(TraceError::Version(header.format_version));
-        }
+        let (mut header, offset) = read_header(&mut input)?;
+        let chain = chain::Chain::starting(&mut header);
         Ok(Self {
             input,
-            offset: 12 + len as u64,
+            offset,
             last_ts: header.start_monotonic_ns,
             header,
             strings: Vec::new(),
             threads: Vec::new(),
             descriptors: Vec::new(),
+            local_ids: Vec::new(),
+            local_models: Vec::new(),
             by_address: std::collections::HashMap::new(),
             models: Vec::new(),
             files: std::collections::HashMap::new(),
@@ -136,6 +143,7 @@ impl<R: Read> TraceReader<R> {
             skipped_ops: 0,
             graphs: Vec::new(),
             expanded: std::collections::VecDeque::new(),
+            chain,
         })
     }
 
@@ -173,20 +181,28 @@ impl<R: Read> TraceReader<R> {
                 return Ok(Some(Record::Op(op)));
             }
             if self.ended {
+                if self.next_file()? {
+                    continue;
+                }
                 return Ok(None);
             }
             let frame_offset = self.offset;
-            let Some((kind, start, end)) = self.read_frame()? else {
+            let Some((kind, start, end)) = self.read_frame().map_err(|e| self.chain.in_file(e))? else {
                 self.truncated = true;
+                self.chain.check_last()?;
                 return Ok(None);
             };
             let buf = std::mem::take(&mut self.buf);
             let parsed = self.parse(kind, &buf[start..end]);
             self.buf = buf;
             match parsed {
+                // A ring's file ends; the run goes on in the next.
+                Ok(Some(Record::End(_))) if self.chain.has_more() => continue,
                 Ok(Some(record)) => return Ok(Some(record)),
                 Ok(None) => continue,
-                Err(detail) => return Err(TraceError::Frame { offset: frame_offset, kind, detail }),
+                Err(detail) => {
+                    return Err(self.chain.in_file(TraceError::Frame { offset: frame_offset, kind, detail }));
+                }
             }
         }
     }
@@ -268,8 +284,9 @@ impl<R: Read> TraceReader<R> {
             }
             FrameKind::Tensor => {
                 let d = self.parse_descriptor(&mut c).map_err(e)??;
-                self.by_address.insert(d.tensor, self.descriptors.len() as u32);
-                self.descriptors.push(d);
+                let id = self.chain.add_descriptor(&mut self.descriptors, d);
+                self.by_address.insert(self.descriptors[id as usize].tensor, id);
+                self.local_ids.push(id);
                 Ok(None)
             }
             FrameKind::Op if self.skip_ops => {
@@ -281,8 +298,7 @@ impl<R: Read> TraceReader<R> {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let (ith, nth, hook) = (c.u32().map_err(e)?, c.u32().map_err(e)?, c.u32().map_err(e)?);
-                let dst = c.u32().map_err(e)?;
-                self.check_descriptor(dst)?;
+                let dst = self.global(c.u32().map_err(e)?)?;
                 let srcs = self.sources(&mut c)?;
                 let n_ids = c.u32().map_err(e)?;
                 if n_ids as usize > tracer_common::MAX_TOKEN_IDS {
@@ -302,8 +318,7 @@ impl<R: Read> TraceReader<R> {
                 let n_nodes = c.u32().map_err(e)?;
                 let mut nodes = Vec::with_capacity((n_nodes as usize).min(1 << 16));
                 for _ in 0..n_nodes {
-                    let dst = c.u32().map_err(e)?;
-                    self.check_descriptor(dst)?;
+                    let dst = self.global(c.u32().map_err(e)?)?;
                     let srcs = self.sources(&mut c)?;
                     nodes.push(GraphNode { dst, srcs });
                 }
@@ -317,8 +332,7 @@ impl<R: Read> TraceReader<R> {
                 let n_inputs = c.u32().map_err(e)?;
                 let mut inputs = Vec::with_capacity((n_inputs as usize).min(16));
                 for _ in 0..n_inputs {
-                    let id = c.u32().map_err(e)?;
-                    self.check_descriptor(id)?;
+                    let id = self.global(c.u32().map_err(e)?)?;
                     let ids: Vec<i32> = c
                         .bytes()
                         .map_err(e)?
@@ -397,14 +411,16 @@ impl<R: Read> TraceReader<R> {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
                 let b = super::buffers::decode((ts_ns, tid), &mut c).map_err(e)??;
-                Ok(Some(Record::Buffer(b)))
+                Ok((!self.chain.skip_carried_buffer()).then_some(Record::Buffer(b)))
             }
             FrameKind::Value => {
                 let ts_ns = self.ts(&mut c).map_err(e)?;
                 let tid = self.tid(c.u32().map_err(e)?)?;
-                let value = super::values::decode((ts_ns, tid), &mut c).map_err(e)?;
-                for id in std::iter::once(value.dst).chain(value.fused) {
-                    self.check_descriptor(id)?;
+                let mut value = super::values::decode((ts_ns, tid), &mut c).map_err(e)?;
+                value.dst = self.global(value.dst)?;
+                value.fused = value.fused.map(|f| self.global(f)).transpose()?;
+                if value.node_index.is_some() {
+                    value.graph += self.chain.graph_base;
                 }
                 Ok(Some(Record::Value(Box::new(value))))
             }
@@ -422,12 +438,12 @@ impl<R: Read> TraceReader<R> {
                 let file = match c.u64().map_err(e)? {
                     0 => None,
                     _ => Some(FilePos {
-                        model: c.u32().map_err(e)?,
+                        model: self.global_model(c.u32().map_err(e)?)?,
                         file: c.u32().map_err(e)?,
                         offset: c.u64().map_err(e)?,
                     }),
                 };
-                let memory = super::memory::decode(&mut c).map_err(e)??;
+                let memory = self.global_memory(super::memory::decode(&mut c).map_err(e)??)?;
                 Ok(Some(Record::Fault(Fault { ts_ns, tid, address, ip, error_code, file, memory })))
             }
             FrameKind::PageCache => {
@@ -465,11 +481,17 @@ impl<R: Read> TraceReader<R> {
             }
             FrameKind::Model => {
                 let table: ModelTable = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
+                // A ring's later file restates the models read before.
+                if let Some(model) = self.chain.known_model(&self.models, &table) {
+                    self.local_models.push(model);
+                    return Ok(None);
+                }
                 let model = self.models.len() as u32;
                 for (file, info) in table.file_info.iter().enumerate() {
                     self.files.insert((info.dev, info.ino), (model, file as u32));
                 }
                 self.models.push(table);
+                self.local_models.push(model);
                 Ok(Some(Record::Model(model)))
             }
             FrameKind::Lost => {
@@ -480,22 +502,11 @@ impl<R: Read> TraceReader<R> {
                 if !c.at_end() {
                     lost.value = c.u64().map_err(e)?;
                 }
-                Ok(Some(Record::Lost(lost)))
+                Ok(Some(Record::Lost(self.chain.lost_since_start(lost))))
             }
             FrameKind::Hooks => {
                 let hooks: Hooks = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
-                self.header.libraries.extend(hooks.libraries);
-                if self.header.build.is_none() {
-                    if self.header.llama_commit.is_none() {
-                        self.header.llama_commit = hooks.build.as_ref().and_then(|b| b.llama_commit.clone());
-                    }
-                    self.header.build = hooks.build;
-                }
-                if self.header.op_names.is_empty() {
-                    self.header.op_names = hooks.op_names;
-                    self.header.unary_op_names = hooks.unary_op_names;
-                    self.header.glu_op_names = hooks.glu_op_names;
-                }
+                merge_hooks(&mut self.header, hooks);
                 Ok(None)
             }
             FrameKind::Maps => {
@@ -546,54 +557,14 @@ impl<R: Read> TraceReader<R> {
         let mut srcs = Vec::with_capacity(n_src as usize);
         for _ in 0..n_src {
             let slot = c.u32().map_err(e)?;
-            let id = c.u32().map_err(e)?;
-            self.check_descriptor(id)?;
+            let id = self.global(c.u32().map_err(e)?)?;
             srcs.push((slot, id));
         }
         Ok(srcs)
     }
 
-    fn check_descriptor(&self, id: u32) -> Result<(), String> {
-        if (id as usize) < self.descriptors.len() { Ok(()) } else { Err(format!("tensor descriptor {id} not defined")) }
-    }
-
-    fn parse_descriptor(&self, c: &mut Cursor) -> Result<Result<Descriptor, String>, CodecError> {
-        let tensor = c.u64()?;
-        let name_id = c.u32()?;
-        let Some(name) = self.strings.get(name_id as usize).cloned() else {
-            return Ok(Err(format!("string {name_id} not defined")));
-        };
-        let (type_id, op, op_param0, flags) = (c.i32()?, c.i32()?, c.i32()?, c.i32()?);
-        let ne = [c.i64()?, c.i64()?, c.i64()?, c.i64()?];
-        let nb = [c.u64()?, c.u64()?, c.u64()?, c.u64()?];
-        let (data, view_src, view_offs, has_extra) = (c.u64()?, c.u64()?, c.u64()?, c.u64()? != 0);
-        let memory = match super::memory::decode(c)? {
-            Ok(memory) => memory,
-            Err(e) => return Ok(Err(e)),
-        };
-        Ok(Ok(Descriptor {
-            tensor,
-            name,
-            type_id,
-            op,
-            op_param0,
-            flags,
-            ne,
-            nb,
-            data,
-            view_src,
-            view_offs,
-            has_extra,
-            memory,
-        }))
-    }
-}
-
-/// `read_exact` that reports a clean end of file as `false`.
-fn read_exact(input: &mut impl Read, buf: &mut [u8], offset: u64) -> Result<bool, TraceError> {
-    match input.read_exact(buf) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
-        Err(error) => Err(TraceError::Io { offset, error }),
+    /// The reader's id of the current file's descriptor `id`.
+    fn global(&self, id: u32) -> Result<u32, String> {
+        self.local_ids.get(id as usize).copied().ok_or_else(|| format!("tensor descriptor {id} not defined"))
     }
 }

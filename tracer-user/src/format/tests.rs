@@ -3,7 +3,7 @@ use tracer_common::{CallEvent, EventHeader, EventKind, PageFaultEvent, SLOT_DST,
 use super::{frames::FrameKind, *};
 use crate::events::OpRecord;
 
-fn header() -> Header {
+pub(super) fn header() -> Header {
     Header {
         format_version: frames::FORMAT_VERSION,
         ttrace_version: "test".into(),
@@ -15,7 +15,7 @@ fn header() -> Header {
     }
 }
 
-fn tensor(name: &str, data: u64, slot: u32) -> TensorRecord {
+pub(super) fn tensor(name: &str, data: u64, slot: u32) -> TensorRecord {
     let mut bytes = [0u8; 64];
     bytes[..name.len()].copy_from_slice(name.as_bytes());
     TensorRecord {
@@ -36,7 +36,7 @@ fn tensor(name: &str, data: u64, slot: u32) -> TensorRecord {
     }
 }
 
-fn op(ts: u64, tid: u32, tensors: Vec<TensorRecord>) -> OpRecord {
+pub(super) fn op(ts: u64, tid: u32, tensors: Vec<TensorRecord>) -> OpRecord {
     OpRecord {
         header: EventHeader { kind: EventKind::Op as u32, cpu: 0, ts_ns: ts, tgid: 42, tid },
         ith: 0,
@@ -47,7 +47,7 @@ fn op(ts: u64, tid: u32, tensors: Vec<TensorRecord>) -> OpRecord {
     }
 }
 
-fn memory_of(r: &TensorRecord) -> Memory {
+pub(super) fn memory_of(r: &TensorRecord) -> Memory {
     if r.data >= 0x7000 { Memory::ModelFile { model: 0, tensor: 3, offset: r.data - 0x7000 } } else { Memory::Anon }
 }
 

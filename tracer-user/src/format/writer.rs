@@ -10,6 +10,7 @@ use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_
 use super::{
     codec::{put_bytes, put_i64, put_u64},
     frames::{Descriptor, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
+    ring::{GraphIds, RingPart},
 };
 use crate::events::{InputRecord, OpRecord, RoutingRecord};
 
@@ -106,7 +107,16 @@ pub struct TraceWriter<W: Write> {
     frame: Vec<u8>,
     /// A frame's kind and length, and a graph's ids: reused, not allocated per frame.
     head: Vec<u8>,
-    graph_ids: Vec<u32>,
+    /// A graph frame's descriptor ids: reused, not allocated per frame.
+    record_ids: Vec<u32>,
+    /// Graph ids as this file numbers them (see [`GraphIds`]).
+    graph_ids: GraphIds,
+    /// The header written, with what HOOKS and MAPS frames added since,
+    /// and the model tables: what the next file of a ring starts from.
+    header: Header,
+    models: Vec<ModelTable>,
+    /// `stats.total_bytes` where the current file began.
+    file_start: u64,
     /// Per graph shape (node count and the first node's `ne`, which holds
     /// the batch's token count), the last graph frame's records (slot
     /// cleared) in frame order, with their descriptor ids. A definition
@@ -124,16 +134,16 @@ pub struct TraceWriter<W: Write> {
 
 impl<W: Write> TraceWriter<W> {
     pub fn create(mut out: W, header: &Header) -> io::Result<Self> {
-        let json = serde_json::to_vec(header).map_err(io::Error::other)?;
-        out.write_all(MAGIC)?;
-        out.write_all(&(json.len() as u32).to_le_bytes())?;
-        out.write_all(&json)?;
-        let total_bytes = (MAGIC.len() + 4 + json.len()) as u64;
+        let total_bytes = write_header(&mut out, header)?;
         Ok(Self {
             out,
             frame: Vec::with_capacity(256),
             head: Vec::with_capacity(11),
-            graph_ids: Vec::new(),
+            record_ids: Vec::new(),
+            graph_ids: GraphIds::default(),
+            header: header.clone(),
+            models: Vec::new(),
+            file_start: 0,
             last_graphs: HashMap::default(),
             strings: HashMap::default(),
             threads: HashMap::default(),
@@ -141,6 +151,45 @@ impl<W: Write> TraceWriter<W> {
             last_ts: header.start_monotonic_ns,
             stats: WriterStats { total_bytes, ..Default::default() },
         })
+    }
+
+    /// Bytes written to the current file so far.
+    pub fn file_bytes(&self) -> u64 {
+        self.stats.total_bytes - self.file_start
+    }
+
+    /// Close the current file (a LOST frame with `lost`, then `trailer`)
+    /// and go on in `out`, a file that reads alone: a header (this one's,
+    /// with the file's start and `part`), the model tables again, and ids
+    /// interned afresh. The caller restates the rest (graph definitions,
+    /// buffers alive). Returns the closed file's writer.
+    pub fn restart(
+        &mut self,
+        out: W,
+        (start_unix_ns, start_monotonic_ns): (u64, u64),
+        part: RingPart,
+        lost: Lost,
+        trailer: &Trailer,
+    ) -> io::Result<W> {
+        self.lost(lost)?;
+        self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
+        self.emit(FrameKind::End)?;
+        self.out.flush()?;
+        let closed = std::mem::replace(&mut self.out, out);
+        let header = Header { start_unix_ns, start_monotonic_ns, ring: Some(part), ..self.header.clone() };
+        self.file_start = self.stats.total_bytes;
+        self.stats.total_bytes += write_header(&mut self.out, &header)?;
+        self.header = header;
+        self.strings.clear();
+        self.threads.clear();
+        self.descriptors.clear();
+        self.last_graphs.clear();
+        self.graph_ids.restart();
+        self.last_ts = start_monotonic_ns;
+        for table in std::mem::take(&mut self.models) {
+            self.model(&table)?;
+        }
+        Ok(closed)
     }
 
     fn emit(&mut self, kind: FrameKind) -> io::Result<u64> {
@@ -239,17 +288,20 @@ impl<W: Write> TraceWriter<W> {
 
     pub fn hooks(&mut self, hooks: &Hooks) -> io::Result<()> {
         self.frame = serde_json::to_vec(hooks).map_err(io::Error::other)?;
+        super::reader::merge_hooks(&mut self.header, hooks.clone());
         self.emit(FrameKind::Hooks).map(drop)
     }
 
     /// The target's /proc/PID/maps (see `FrameKind::Maps`).
     pub fn maps(&mut self, text: &str) -> io::Result<()> {
         self.frame = text.as_bytes().to_vec();
+        self.header.maps = text.to_string();
         self.emit(FrameKind::Maps).map(drop)
     }
 
     pub fn model(&mut self, table: &ModelTable) -> io::Result<()> {
         self.frame = serde_json::to_vec(table).map_err(io::Error::other)?;
+        self.models.push(table.clone());
         self.emit(FrameKind::Model).map(drop)
     }
 
@@ -289,8 +341,9 @@ impl<W: Write> TraceWriter<W> {
         Ok(())
     }
 
-    /// Define a graph (ids count up from 0): each node's descriptor and its
-    /// `(slot, descriptor)` sources.
+    /// Define a graph (the recorder's ids count up from 0; a ring's file
+    /// numbers them afresh, see [`GraphIds`]): each node's descriptor and
+    /// its `(slot, descriptor)` sources.
     pub fn graph(
         &mut self,
         definition: &GraphDefinition,
@@ -298,7 +351,8 @@ impl<W: Write> TraceWriter<W> {
     ) -> io::Result<()> {
         // Descriptors are defined (frames of their own) before the graph
         // frame is begun: one id per record, then the frame.
-        let mut ids = std::mem::take(&mut self.graph_ids);
+        let id = self.graph_ids.define(definition.id)?;
+        let mut ids = std::mem::take(&mut self.record_ids);
         ids.clear();
         let records = &definition.records;
         let shape = (definition.n_nodes, records.first().map_or([0; 4], |dst| dst.ne));
@@ -313,7 +367,7 @@ impl<W: Write> TraceWriter<W> {
             self.last_graphs.insert(shape, last);
         }
         let f = &mut self.frame;
-        put_u64(f, u64::from(definition.id));
+        put_u64(f, u64::from(id));
         put_u64(f, definition.n_nodes as u64);
         for (node, (_, sources)) in definition.nodes().enumerate() {
             put_u64(f, u64::from(ids[node]));
@@ -323,7 +377,7 @@ impl<W: Write> TraceWriter<W> {
                 put_u64(f, u64::from(ids[record as usize]));
             }
         }
-        self.graph_ids = ids;
+        self.record_ids = ids;
         self.stats.graph_bytes += self.emit(FrameKind::Graph)?;
         self.stats.graphs += 1;
         Ok(())
@@ -339,6 +393,7 @@ impl<W: Write> TraceWriter<W> {
         inputs: &[(TensorRecord, Vec<u8>)],
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<()> {
+        let graph = self.graph_ids.file_id(graph)?;
         let thread = self.thread(tid)?;
         let mut ids = Vec::with_capacity(inputs.len());
         for (record, _) in inputs {
@@ -410,6 +465,8 @@ impl<W: Write> TraceWriter<W> {
         tail: &[u8],
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<()> {
+        // A node of no captured graph names none (`u32::MAX`).
+        let graph = if node_index.is_some() { self.graph_ids.file_id(graph)? } else { graph };
         let thread = self.thread(tid)?;
         let dst = self.descriptor(dst, resolve)?;
         let fused = fused.map(|f| self.descriptor(f, resolve)).transpose()?.map_or(0, |f| f + 1);
@@ -513,6 +570,15 @@ impl<W: Write> TraceWriter<W> {
         self.out.flush()?;
         Ok(self.out)
     }
+}
+
+/// Magic, header length and header: the bytes written.
+fn write_header(out: &mut impl Write, header: &Header) -> io::Result<u64> {
+    let json = serde_json::to_vec(header).map_err(io::Error::other)?;
+    out.write_all(MAGIC)?;
+    out.write_all(&(json.len() as u32).to_le_bytes())?;
+    out.write_all(&json)?;
+    Ok((MAGIC.len() + 4 + json.len()) as u64)
 }
 
 fn descriptor_of(r: &TensorRecord, memory: Memory) -> Descriptor {

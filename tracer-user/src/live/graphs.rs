@@ -3,6 +3,8 @@
 //! graph event and its integer inputs. These become one GRAPH frame per
 //! distinct graph and one COMPUTE frame per run.
 
+use std::rc::Rc;
+
 use foldhash::HashMap;
 
 use tracer_common::{
@@ -80,8 +82,10 @@ pub struct GraphAssembler {
     layout: TensorLayout,
     /// cgraph address → id of its current definition, with the uid read.
     defined: HashMap<u64, (u32, u64)>,
-    /// Input tensors of each defined graph by address, to name a run's inputs.
-    tensors: HashMap<u32, HashMap<u64, TensorRecord>>,
+    /// Per definition a run can still name: its input tensors by address,
+    /// to name a run's inputs, and the definition, which each file of a
+    /// ring restates. One per cgraph: the memory stays flat.
+    current: HashMap<u32, (HashMap<u64, TensorRecord>, Rc<Definition>)>,
     next_id: u32,
     sources: SourceCache,
     reading: Option<Reading>,
@@ -94,7 +98,7 @@ pub struct GraphAssembler {
 /// What the recorder must write, in order.
 #[derive(Default)]
 pub struct Ready {
-    pub definition: Option<Definition>,
+    pub definition: Option<Rc<Definition>>,
     pub run: Option<Run>,
 }
 
@@ -109,7 +113,7 @@ impl GraphAssembler {
         Self {
             layout,
             defined: HashMap::default(),
-            tensors: HashMap::default(),
+            current: HashMap::default(),
             next_id: 0,
             sources: SourceCache::default(),
             reading: None,
@@ -131,7 +135,14 @@ impl GraphAssembler {
     /// Whether a run can still name definition `id` (its cgraph was not
     /// defined again since).
     pub fn is_current(&self, id: u32) -> bool {
-        self.tensors.contains_key(&id)
+        self.current.contains_key(&id)
+    }
+
+    /// The definitions a run can still name, in definition order.
+    pub fn current_definitions(&self) -> Vec<Rc<Definition>> {
+        let mut definitions: Vec<_> = self.current.values().map(|(_, d)| Rc::clone(d)).collect();
+        definitions.sort_by_key(|d| d.id);
+        definitions
     }
 
     /// A graph was entered (whatever was pending is complete), or its
@@ -180,7 +191,7 @@ impl GraphAssembler {
     pub fn on_input(&mut self, input: &InputRecord) -> Ready {
         let definition = self.finish_reading();
         if let Some(run) = self.run.as_mut().filter(|r| r.uid == input.uid)
-            && let Some(record) = self.tensors.get(&run.graph).and_then(|t| t.get(&input.tensor))
+            && let Some(record) = self.current.get(&run.graph).and_then(|(t, _)| t.get(&input.tensor))
         {
             run.inputs.push((*record, input.data.clone()));
         }
@@ -198,7 +209,7 @@ impl GraphAssembler {
             Some(Run { graph, ts_ns: event.header.ts_ns, tid: event.header.tid, uid: event.uid, inputs: Vec::new() });
     }
 
-    fn finish_reading(&mut self) -> Option<Definition> {
+    fn finish_reading(&mut self) -> Option<Rc<Definition>> {
         let reading = self.reading.take()?;
         if reading.nodes.len() != reading.event.n_nodes as usize {
             self.incomplete += 1;
@@ -236,11 +247,12 @@ impl GraphAssembler {
         let inputs = records.iter().filter(|r| r.flags & FLAG_INPUT != 0).map(|r| (r.tensor, *r)).collect();
         // Runs only ever name the current definition of their cgraph.
         if let Some((old, _)) = self.defined.insert(reading.event.cgraph, (id, reading.event.uid)) {
-            self.tensors.remove(&old);
+            self.current.remove(&old);
         }
-        self.tensors.insert(id, inputs);
+        let definition = Rc::new(Definition { id, records, n_nodes, sources, source_ends });
+        self.current.insert(id, (inputs, Rc::clone(&definition)));
         self.start_run(id, &reading.event);
-        Some(Definition { id, records, n_nodes, sources, source_ends })
+        Some(definition)
     }
 }
 

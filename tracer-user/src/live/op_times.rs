@@ -96,6 +96,12 @@ impl OpTimes {
         self.graphs.insert(definition.id, nodes);
     }
 
+    /// A new file of a ring interns descriptors afresh: the ids kept are
+    /// the last file's.
+    pub fn forget_ids(&mut self) {
+        self.graphs.values_mut().flat_map(|nodes| &mut nodes.ops).for_each(|op| op.ids.clear());
+    }
+
     /// A graph was entered: until its run is complete, no node start is its.
     pub fn graph_entered(&mut self) {
         self.current = None;

@@ -2,17 +2,31 @@
 //! the [`Resolver`] when first written.
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, HashSet},
     io::{self, Write},
 };
 
-use tracer_common::{BlockKind, markers};
+use tracer_common::{BlockKind, BufferEvent, CallEvent, buffer_action, markers};
 
 use super::{
     graphs::{GraphAssembler, Ready},
     op_times::OpTimes,
 };
-use crate::{events::Event, format::TraceWriter};
+use crate::{
+    events::Event,
+    format::{Lost, StopReason, TraceWriter, Trailer, ring::RingPart},
+};
+
+/// Where a ring of files (`--max-size`) goes on: the session's files.
+pub trait NextFile<W> {
+    /// `--max-size`: a file is closed at the first boundary after this many bytes.
+    fn max_size(&self) -> u64;
+    /// The ring's next file, its start (unix and monotonic ns) and ring
+    /// header, which says what it opens with.
+    fn open_next(&mut self, lost_before: Lost, carried_buffers: u32) -> io::Result<(W, (u64, u64), RingPart)>;
+    /// The file before it is complete (`--max-files`: the oldest beyond go).
+    fn closed(&mut self, file: W) -> io::Result<()>;
+}
 
 pub use super::resolver::{Resolver, WatchedFile, is_gguf, kernel_dev, model_table};
 
@@ -29,6 +43,16 @@ pub struct Recorder<W: Write> {
     /// `--op-timing`: node starts written as ops of the graph running,
     /// in place of the graph's GRAPH and COMPUTE frames.
     pub op_times: Option<OpTimes>,
+    /// `--max-size`: the files after the current one.
+    pub ring: Option<Box<dyn NextFile<W>>>,
+    /// The kernel's lost-event counters at the session's last tick: a
+    /// ring's file records them when it closes and the next begins.
+    pub lost: Lost,
+    /// With a ring: per backend buffer alive, its CREATED event and last
+    /// SET_USAGE, restated at each file's start.
+    alive_buffers: BTreeMap<u64, Vec<BufferEvent>>,
+    /// The target calls llama_decode: a ring's files change at decode calls only.
+    saw_decode: bool,
 }
 
 impl<W: Write> Recorder<W> {
@@ -40,6 +64,67 @@ impl<W: Write> Recorder<W> {
             in_flight: HashSet::new(),
             values: None,
             op_times: None,
+            ring: None,
+            lost: Lost::default(),
+            alive_buffers: BTreeMap::new(),
+            saw_decode: false,
+        }
+    }
+
+    /// Whether a ring's file ends before `call`: it has reached
+    /// `--max-size`, and `call` begins a decode call (or a graph, in a
+    /// target with no decode calls), so that every file holds whole ones.
+    fn file_ends_before(&mut self, call: &CallEvent) -> bool {
+        let boundary = match call.cookie {
+            markers::LLAMA_DECODE | markers::LLAMA_PROCESS => {
+                self.saw_decode = true;
+                true
+            }
+            markers::SCHED_GRAPH_COMPUTE => !self.saw_decode,
+            _ => false,
+        };
+        boundary && self.ring.as_ref().is_some_and(|ring| self.writer.file_bytes() >= ring.max_size())
+    }
+
+    /// Close the current file of the ring and open the next, restating what
+    /// a reader starting there needs: the writer restates the header and
+    /// models; here the buffers alive and the graph definitions in use.
+    fn next_file(&mut self) -> io::Result<()> {
+        let Some(ring) = self.ring.as_mut() else { return Ok(()) };
+        let carried = self.alive_buffers.values().map(|events| events.len() as u32).sum();
+        let (out, start, part) = ring.open_next(self.lost, carried)?;
+        let trailer = Trailer { stop_reason: StopReason::NextFile, end_monotonic_ns: start.1, ..Default::default() };
+        let closed = self.writer.restart(out, start, part, self.lost, &trailer)?;
+        ring.closed(closed)?;
+        for event in self.alive_buffers.values().flatten() {
+            self.writer.buffer(event)?;
+        }
+        match self.op_times.as_mut() {
+            Some(times) => times.forget_ids(),
+            None => {
+                for definition in self.graphs.current_definitions() {
+                    let resolver = &mut self.resolver;
+                    self.writer.graph(&definition, &mut |r| resolver.memory_of(r))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn track_buffer(&mut self, event: &BufferEvent) {
+        match event.action {
+            buffer_action::CREATED => {
+                self.alive_buffers.insert(event.buffer, vec![*event]);
+            }
+            buffer_action::FREED => {
+                self.alive_buffers.remove(&event.buffer);
+            }
+            _ => {
+                if let Some(events) = self.alive_buffers.get_mut(&event.buffer) {
+                    events.truncate(1);
+                    events.push(*event);
+                }
+            }
         }
     }
 
@@ -63,6 +148,11 @@ impl<W: Write> Recorder<W> {
         // A run's node outputs end before its graph returns or the next one starts.
         if matches!(event, Event::Graph(_) | Event::Call(_)) {
             self.flush_values()?;
+        }
+        if let Event::Call(call) = event
+            && self.file_ends_before(call)
+        {
+            self.next_file()?;
         }
         match event {
             Event::Value(v) => match self.values.as_mut().and_then(|values| values.on_event(v)) {
@@ -134,6 +224,9 @@ impl<W: Write> Recorder<W> {
             Event::Batch(batch) => self.writer.batch(batch),
             Event::Buffer(buffer) => {
                 self.resolver.copies.on_buffer(buffer);
+                if self.ring.is_some() {
+                    self.track_buffer(buffer);
+                }
                 self.writer.buffer(buffer)
             }
             Event::Block(event) => {

@@ -229,6 +229,7 @@ async fn trace_one(
         tracepoints: TracepointChoice::Auto,
         owner: options.owner.clone(),
         values: None,
+        ring: None,
     };
     // The server's clients, from when it answers until they are served.
     let cancel = Arc::new(AtomicBool::new(false));

@@ -39,6 +39,8 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
             values: spec.values.is_some(),
         },
         maps: String::new(),
+        ring: None,
+        ring_read: None,
     }
 }
 

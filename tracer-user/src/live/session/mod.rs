@@ -9,12 +9,14 @@ mod header;
 mod hold;
 mod late;
 mod plan;
+mod ring;
 mod signals;
 pub mod trace_file;
 mod values;
 
 #[cfg(test)]
 pub(crate) use plan::{hooks_with_cookies, uprobe_programs};
+pub use ring::RingSpec;
 
 use std::{
     fs::File,
@@ -84,6 +86,8 @@ pub struct SessionSpec {
     pub owner: Option<UserSpec>,
     /// `--values`: node output fingerprints.
     pub values: Option<ValuesSpec>,
+    /// `--max-size [--max-files]`: a ring of files named after `output`.
+    pub ring: Option<RingSpec>,
 }
 
 /// `--values [--values-filter REGEX]`.
@@ -255,12 +259,15 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         }
         _ => hold::LibraryHold::default(),
     };
-    let (trace_file, writer) = TraceFile::create(&spec.output, spec.owner.as_ref(), &header)?;
+    let (first_file, ring) = ring::first_file(&spec.output, spec.ring, spec.owner.as_ref(), &mut header)
+        .with_context(|| format!("starting the ring of files {}.NNNN", spec.output.display()))?;
+    let (trace_file, writer) = TraceFile::create(&first_file, spec.owner.as_ref(), &header)?;
     let held_at_first_graph = matches!(target, Target::Run { .. });
     if held_at_first_graph {
         tracer.stop_at_first_graph()?;
     }
     let mut recorder = Recorder::new(writer, resolver);
+    recorder.ring = ring;
     recorder.values = spec.values.as_ref().map(|v| crate::live::values::ValueRecorder::new(v.filter.clone()));
     recorder.values.iter_mut().for_each(|v| v.set_op_names(names.as_ref()));
     recorder.op_times = spec.op_timing.then(crate::live::op_times::OpTimes::new);
@@ -385,6 +392,9 @@ async fn record_until_stop(
             }
             _ = tick.tick() => {
                 memory.sample();
+                if session.recorder.ring.is_some() {
+                    session.recorder.lost = tracer.lost()?;
+                }
                 stream.drain_now(&mut |event: Event| session.take(event, &mut write_error));
                 if session.hold.has_stops() {
                     session.on_library_load(&mut tracer, child.as_ref())?;

@@ -233,9 +233,9 @@ impl Index {
     /// Reads and indexes `path`. A file still being written (or cut short)
     /// is read up to its last complete frame; a malformed one is an error.
     pub fn load(path: &Path) -> Result<Index, LoadError> {
-        let file_bytes = std::fs::metadata(path)
-            .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?
-            .len();
+        // A ring of files (`--max-size`): its members' bytes.
+        let file_bytes = crate::format::ring::trace_bytes(path)
+            .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();
