@@ -87,6 +87,9 @@ pub struct Request {
     pub prompt_only: bool,
     pub first_decode: u32,
     pub last_decode: u32,
+    /// Begun before the trace read (a ring whose oldest files are gone):
+    /// its prompt, and the tokens generated before, are not in it.
+    pub begun_before: bool,
     /// `(ubatch, tokens of this request in it)`.
     pub ubatches: Vec<(u32, u32)>,
 }
@@ -121,6 +124,9 @@ struct SeqState {
 pub struct RequestTracker {
     seqs: HashMap<i32, SeqState>,
     pub requests: Vec<Request>,
+    /// The trace starts in the middle of the run: a sequence first seen past
+    /// position 0 continues a request begun before.
+    pub mid_run: bool,
 }
 
 impl RequestTracker {
@@ -139,6 +145,12 @@ impl RequestTracker {
             let pos = b.pos.as_ref().and_then(|p| p.get(i)).copied();
             let output = b.output.as_ref().map_or(i + 1 == n, |o| o.get(i).is_some_and(|&f| f != 0));
             let st = self.seqs.entry(seq).or_default();
+            if self.mid_run && st.last_pos.is_none() && pos.is_some_and(|p| p > 0) {
+                let first_decode = decode.unwrap_or(0);
+                let index = requests.len() as u32;
+                requests.push(Request { index, seq, first_decode, begun_before: true, ..Default::default() });
+                (st.request, st.last_pos, st.last_output) = (Some(index as usize), pos.map(|p| p - 1), true);
+            }
             let (continues, restarts) = match (pos, st.last_pos) {
                 (Some(p), Some(l)) => (p == l + 1, p <= l),
                 (None, Some(_)) => (true, false),
@@ -150,7 +162,7 @@ impl RequestTracker {
                 && output
                 && continues
                 && st.last_output
-                && open.is_some_and(|r| requests[r].prompt_tokens > 0);
+                && open.is_some_and(|r| requests[r].prompt_tokens > 0 || requests[r].begun_before);
             let r = match open {
                 Some(r) if generated || requests[r].generated_tokens == 0 => r,
                 _ => {
@@ -185,7 +197,8 @@ pub fn classify(a: &mut Analysis) {
     if a.ubatches.iter().all(|u| u.arrays.is_none()) {
         return;
     }
-    let mut tracker = RequestTracker::default();
+    let mid_run = a.header.ring_read.as_ref().is_some_and(|r| r.missing.is_some());
+    let mut tracker = RequestTracker { mid_run, ..Default::default() };
     let mut truncated = 0;
     for u in 0..a.ubatches.len() {
         let Some(b) = a.ubatches[u].arrays.take() else { continue };

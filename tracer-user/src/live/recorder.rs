@@ -21,9 +21,15 @@ use crate::{
 pub trait NextFile<W> {
     /// `--max-size`: a file is closed at the first boundary after this many bytes.
     fn max_size(&self) -> u64;
-    /// The ring's next file, its start (unix and monotonic ns) and ring
-    /// header, which says what it opens with.
-    fn open_next(&mut self, lost_before: Lost, carried_buffers: u32) -> io::Result<(W, (u64, u64), RingPart)>;
+    /// The ring's next file, beginning at `at_ns` (the event that starts
+    /// it, on the trace's clock): the file, its start (unix and monotonic
+    /// ns) and ring header, which says what it opens with.
+    fn open_next(
+        &mut self,
+        at_ns: u64,
+        lost_before: Lost,
+        carried_buffers: u32,
+    ) -> io::Result<(W, (u64, u64), RingPart)>;
     /// The file before it is complete (`--max-files`: the oldest beyond go).
     fn closed(&mut self, file: W) -> io::Result<()>;
 }
@@ -89,10 +95,10 @@ impl<W: Write> Recorder<W> {
     /// Close the current file of the ring and open the next, restating what
     /// a reader starting there needs: the writer restates the header and
     /// models; here the buffers alive and the graph definitions in use.
-    fn next_file(&mut self) -> io::Result<()> {
+    fn next_file(&mut self, at_ns: u64) -> io::Result<()> {
         let Some(ring) = self.ring.as_mut() else { return Ok(()) };
         let carried = self.alive_buffers.values().map(|events| events.len() as u32).sum();
-        let (out, start, part) = ring.open_next(self.lost, carried)?;
+        let (out, start, part) = ring.open_next(at_ns, self.lost, carried)?;
         let trailer = Trailer { stop_reason: StopReason::NextFile, end_monotonic_ns: start.1, ..Default::default() };
         let closed = self.writer.restart(out, start, part, self.lost, &trailer)?;
         ring.closed(closed)?;
@@ -152,7 +158,7 @@ impl<W: Write> Recorder<W> {
         if let Event::Call(call) = event
             && self.file_ends_before(call)
         {
-            self.next_file()?;
+            self.next_file(call.header.ts_ns)?;
         }
         match event {
             Event::Value(v) => match self.values.as_mut().and_then(|values| values.on_event(v)) {

@@ -73,6 +73,7 @@ impl NextFile<BufWriter<File>> for RingFiles {
 
     fn open_next(
         &mut self,
+        at_ns: u64,
         lost_before: Lost,
         carried_buffers: u32,
     ) -> io::Result<(BufWriter<File>, (u64, u64), RingPart)> {
@@ -84,9 +85,12 @@ impl NextFile<BufWriter<File>> for RingFiles {
         }
         self.kept.push_back(path);
         self.part = RingPart { index, lost_before, carried_buffers, ..self.part.clone() };
-        let unix_ns =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        Ok((BufWriter::with_capacity(1 << 20, file), (unix_ns, monotonic_ns()), self.part.clone()))
+        // The wall clock at `at_ns`: now, less the time since.
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            .saturating_sub(monotonic_ns().saturating_sub(at_ns));
+        Ok((BufWriter::with_capacity(1 << 20, file), (unix_ns, at_ns), self.part.clone()))
     }
 
     /// Not synced here: an fsync of a whole file would stall the session
