@@ -46,7 +46,13 @@ pub enum TraceError {
     #[error("{file}: {error}")]
     InFile { file: String, error: Box<TraceError> },
     #[error(transparent)]
-    Ring(#[from] RingError),
+    Ring(Box<RingError>),
+}
+
+impl From<RingError> for TraceError {
+    fn from(error: RingError) -> Self {
+        Self::Ring(Box::new(error))
+    }
 }
 
 pub struct TraceReader<R: Read> {

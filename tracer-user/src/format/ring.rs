@@ -58,7 +58,7 @@ pub struct Missing {
 impl RingRead {
     /// The first file read, from its ring header.
     pub fn starting(part: &RingPart, file_start_ns: u64) -> Self {
-        let missing = (part.index > 0).then(|| Missing {
+        let missing = (part.index > 0).then_some(Missing {
             files: part.index,
             from_ns: part.run_start_monotonic_ns,
             to_ns: file_start_ns,

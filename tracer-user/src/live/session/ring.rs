@@ -107,6 +107,8 @@ impl NextFile<BufWriter<File>> for RingFiles {
     }
 }
 
+type NextFiles = Box<dyn NextFile<BufWriter<File>>>;
+
 /// Where the session's first file goes, with `header` given its ring
 /// header: OUTPUT itself, or OUTPUT.0000 and the ring's files.
 pub(super) fn first_file(
@@ -114,7 +116,7 @@ pub(super) fn first_file(
     spec: Option<RingSpec>,
     owner: Option<&UserSpec>,
     header: &mut crate::format::Header,
-) -> io::Result<(PathBuf, Option<Box<dyn NextFile<BufWriter<File>>>>)> {
+) -> io::Result<(PathBuf, Option<NextFiles>)> {
     let Some(spec) = spec else { return Ok((output.to_path_buf(), None)) };
     let part = RingFiles::start(output, spec, header.pid, (header.start_unix_ns, header.start_monotonic_ns))?;
     header.ring = Some(part.clone());
