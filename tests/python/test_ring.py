@@ -139,6 +139,11 @@ def test_each_file_reads_alone_and_a_ring_missing_its_oldest_is_partial(ttrace, 
     assert part["ops"] == sum(u["ops"] for u in expected)
     text = subprocess.run([ttrace, "report", kept_dir / base.name], capture_output=True, text=True, check=True).stdout
     assert f"PARTIAL: files 0000 to {first_kept - 1:04} are not read" in text
+    # Those that print no summary say it on stderr.
+    for cmd in (["export", kept_dir / base.name, "--format", "jsonl", "-o", tmp_path / "rows.jsonl"],
+                ["simulate", kept_dir / base.name, "--budgets", "8M"]):
+        proc = subprocess.run([ttrace, *cmd], capture_output=True, text=True, check=True)
+        assert "PARTIAL" in proc.stderr, (cmd, proc.stderr)
 
 
 def test_max_files_keeps_the_newest_and_says_what_is_missing(ttrace, tmp_path, llama_completion, flush_log_preload,

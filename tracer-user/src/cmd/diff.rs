@@ -42,6 +42,7 @@ pub fn run(args: DiffArgs) -> Result<ExitCode> {
 
 fn read(path: &Path) -> Result<(analyze::Analysis, analyze::stats::Stats)> {
     let analysis = super::report::read_analysis(path)?;
+    super::report::warn_if_partial(path, &analysis);
     let progress = export::progress_bar(analyze::walk::event_total(&analysis), "summarising");
     let stats =
         analyze::stats::collect(path, &analysis, &progress).with_context(|| format!("reading {}", path.display()))?;

@@ -11,6 +11,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let started = Instant::now();
     let analysis =
         export::analyze_for(args.format, &args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    super::report::warn_if_partial(&args.file, &analysis);
     let options = export::Options { ubatch: args.ubatch };
     let written = export::export(&args.file, &analysis, args.format, &args.output, &options)
         .with_context(|| format!("exporting {} as {:?}", args.file.display(), args.format))?;

@@ -86,6 +86,14 @@ fn values_section(rows: &[analyze::values::ValueRow]) -> String {
     s
 }
 
+/// A ring whose oldest files are gone: every figure covers the files read
+/// only, which those that print no summary say here.
+pub fn warn_if_partial(path: &Path, analysis: &Analysis) {
+    if let Some(ring) = analysis.header.ring_read.as_ref().filter(|r| r.missing.is_some()) {
+        eprintln!("ttrace: warning: {}: {ring}", path.display());
+    }
+}
+
 pub fn read_analysis(path: &Path) -> Result<Analysis> {
     let reader = TraceReader::open(path).with_context(|| format!("reading {}", path.display()))?;
     analyze::analyze(reader).with_context(|| format!("reading {}", path.display()))

@@ -37,6 +37,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         bail!("--readahead must be a multiple of --page ({})", human_bytes(args.page));
     }
     let analysis = super::report::read_analysis(&args.file)?;
+    super::report::warn_if_partial(&args.file, &analysis);
     let layout = match &args.layout {
         Some(path) => Some(super::diff::read_permutation(path, &args.layout_key)?),
         None => None,

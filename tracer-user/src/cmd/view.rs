@@ -51,6 +51,7 @@ pub fn run(args: ViewArgs) -> Result<()> {
                 }
             }
         };
+        super::report::warn_if_partial(&args.file, &index.analysis);
         if index.analysis.truncated {
             eprintln!(
                 "ttrace: {} ends without its end frame (still being written, or cut short): showing it up to its \

@@ -371,3 +371,128 @@ mod tests {
         assert_eq!(a.io.disk.bytes, 4096, "the read is counted");
     }
 }
+
+#[cfg(test)]
+mod ring_tests {
+    use std::{cell::RefCell, rc::Rc};
+
+    use tracer_common::{BufferEvent, CallEvent, EventHeader, EventKind, buffer_action, markers};
+
+    use super::*;
+    use crate::format::{
+        Header, Record, TraceReader,
+        ring::{member_path, scratch_dir},
+    };
+
+    /// A ring in memory: the closed files, in order.
+    struct Files {
+        closed: Rc<RefCell<Vec<Vec<u8>>>>,
+        part: RingPart,
+    }
+
+    impl NextFile<Vec<u8>> for Files {
+        fn max_size(&self) -> u64 {
+            1
+        }
+
+        fn open_next(
+            &mut self,
+            at_ns: u64,
+            lost_before: Lost,
+            carried: u32,
+        ) -> io::Result<(Vec<u8>, (u64, u64), RingPart)> {
+            self.part =
+                RingPart { index: self.part.index + 1, lost_before, carried_buffers: carried, ..self.part.clone() };
+            Ok((Vec::new(), (0, at_ns), self.part.clone()))
+        }
+
+        fn closed(&mut self, file: Vec<u8>) -> io::Result<()> {
+            self.closed.borrow_mut().push(file);
+            Ok(())
+        }
+    }
+
+    fn header(ts_ns: u64) -> EventHeader {
+        EventHeader { kind: EventKind::Call as u32, ts_ns, tgid: 1, tid: 1, cpu: 0 }
+    }
+
+    fn buffer(ts_ns: u64, buffer: u64, action: u32) -> Event {
+        Event::Buffer(BufferEvent { header: header(ts_ns), buffer, action, size: 64, ..Default::default() })
+    }
+
+    fn call(ts_ns: u64, cookie: u64) -> Event {
+        Event::Call(CallEvent { header: header(ts_ns), cookie, args: [0; 6] })
+    }
+
+    #[test]
+    fn a_full_file_ends_at_a_decode_call_and_the_next_restates_the_buffers_alive() {
+        let part = RingPart { run: "r".into(), ..Default::default() };
+        let first = Header {
+            format_version: crate::format::frames::FORMAT_VERSION,
+            ring: Some(part.clone()),
+            ..Default::default()
+        };
+        let mut recorder = Recorder::new(TraceWriter::create(Vec::new(), &first).unwrap(), Resolver::new(1));
+        let closed = Rc::new(RefCell::new(Vec::new()));
+        recorder.ring = Some(Box::new(Files { closed: Rc::clone(&closed), part }));
+        let events = [
+            buffer(10, 0xb1, buffer_action::CREATED),
+            buffer(11, 0xb2, buffer_action::CREATED),
+            buffer(12, 0xb2, buffer_action::SET_USAGE),
+            call(20, markers::LLAMA_DECODE),
+            buffer(30, 0xb2, buffer_action::FREED),
+            call(35, markers::LLAMA_PERF_RESET),
+            call(40, markers::LLAMA_DECODE),
+        ];
+        for (i, event) in events.iter().enumerate() {
+            recorder.lost.op = i as u64;
+            recorder.record(event).unwrap();
+        }
+        let last = recorder.writer.finish(&Trailer::default()).unwrap();
+        let mut files = closed.borrow().clone();
+        files.push(last);
+        assert_eq!(files.len(), 3, "a file per decode call; the reset is no boundary");
+
+        let read = |bytes: &[u8]| {
+            let mut reader = TraceReader::new(bytes).unwrap();
+            let mut seen = Vec::new();
+            while let Some(record) = reader.next_record().unwrap() {
+                match record {
+                    Record::Buffer(b) => seen.push((b.ts_ns, b.buffer)),
+                    Record::Marker(m) => seen.push((m.ts_ns, m.cookie)),
+                    _ => {}
+                }
+            }
+            (reader.header().ring.clone().unwrap(), seen)
+        };
+        // Each file alone: the buffers alive first (0xb2 with its usage), then its own events.
+        let (part, seen) = read(&files[1]);
+        assert_eq!((part.index, part.carried_buffers, part.lost_before.op), (1, 3, 3));
+        assert_eq!(
+            seen,
+            [
+                (10, 0xb1),
+                (11, 0xb2),
+                (12, 0xb2),
+                (20, markers::LLAMA_DECODE),
+                (30, 0xb2),
+                (35, markers::LLAMA_PERF_RESET)
+            ]
+        );
+        let (part, seen) = read(&files[2]);
+        assert_eq!((part.index, part.carried_buffers), (2, 1));
+        assert_eq!(seen, [(10, 0xb1), (40, markers::LLAMA_DECODE)]);
+
+        // As one run: every event once.
+        let base = scratch_dir("recorder").join("t.data");
+        for (i, bytes) in files.iter().enumerate() {
+            std::fs::write(member_path(&base, i as u32), bytes).unwrap();
+        }
+        let mut reader = TraceReader::open(&base).unwrap();
+        let mut count = 0;
+        while let Some(record) = reader.next_record().unwrap() {
+            count += usize::from(matches!(record, Record::Buffer(_) | Record::Marker(_)));
+        }
+        assert_eq!(count, events.len());
+    }
+}
