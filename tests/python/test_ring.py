@@ -38,6 +38,14 @@ def llama_counts(proc) -> tuple[int, int]:
     return int(prompt[0]), int(runs[0])
 
 
+def private_copy(model: Path, tmp_path: Path) -> Path:
+    """--drop-caches cannot evict pages another process maps: others on
+    this machine run the shared model."""
+    copy = tmp_path / model.name
+    shutil.copyfile(model, copy)
+    return copy
+
+
 def members(base: Path) -> list[Path]:
     return sorted(base.parent.glob(base.name + ".[0-9][0-9][0-9][0-9]"))
 
@@ -64,7 +72,7 @@ def ubatch_key(a: dict, u: dict) -> tuple:
 
 def test_a_ring_of_a_cold_run_totals_as_one_file_and_as_llama_counts(ttrace, tmp_path, llama_completion,
                                                                      flush_log_preload, models):
-    model = models["tiny"]
+    model = private_copy(models["tiny"], tmp_path)
     argv = completion(llama_completion, model, 200)
     one = tmp_path / "one.data"
     p1 = record(ttrace, one, argv, "--drop-caches", preload=flush_log_preload)
@@ -98,7 +106,7 @@ def test_each_file_reads_alone_and_a_ring_missing_its_oldest_is_partial(ttrace, 
                                                                         flush_log_preload, models):
     # Under a memory limit the model streams from disk as it generates: every
     # file holds disk reads and faults.
-    argv = completion(llama_completion, models["tiny"], 40, "-c", "128")
+    argv = completion(llama_completion, private_copy(models["tiny"], tmp_path), 40, "-c", "128")
     base = tmp_path / "ring.data"
     record(ttrace, base, argv, "--drop-caches", "--mem-limit", "14M", "--max-size", "400K", preload=flush_log_preload)
     files = members(base)
@@ -196,9 +204,9 @@ def test_bad_options_and_bad_rings_are_refused_by_name(ttrace, tmp_path, llama_c
         assert proc.returncode != 0 and says in proc.stderr, (opts, proc.stderr)
     assert not list(tmp_path.iterdir())
 
-    run = completion(llama_completion, models["tiny"], 60)
+    run = completion(llama_completion, models["tiny"], 100)
     for name in ("a", "b"):
-        record(ttrace, tmp_path / f"{name}.data", run, "--max-size", "30K")
+        record(ttrace, tmp_path / f"{name}.data", run, "--max-size", "20K")
     a, b = members(tmp_path / "a.data"), members(tmp_path / "b.data")
     assert len(a) >= 3 and len(b) >= 3
     # A middle file missing.

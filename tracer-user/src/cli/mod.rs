@@ -287,7 +287,8 @@ pub struct TraceArgs {
     /// trailer at the next decode call (so each holds whole decode calls)
     /// and the next begins; every file reads alone. `report`, `view`,
     /// `export` and `simulate` given OUTPUT read the files present as one
-    /// run. Earlier files named OUTPUT.NNNN, and OUTPUT itself, are removed.
+    /// run (given OUTPUT.NNNN, that file alone). Earlier files named
+    /// OUTPUT.NNNN, and OUTPUT itself, are removed when recording starts.
     #[arg(long, value_name = "SIZE", value_parser = max_size)]
     pub max_size: Option<u64>,
     /// With --max-size: keep only the newest N files, deleting the oldest as

@@ -10,8 +10,7 @@
 //! interned: a frame defines each once and later frames refer to it by index
 //! (the definition order is the index). Timestamps are varint deltas from the
 //! previous timed frame, starting at `Header::start_monotonic_ns`.
-//! A run recorded with `--max-size` is a ring of such files, each whole
-//! and readable alone: see [`super::ring`].
+//! `--max-size` writes a run as a ring of such files: see [`super::ring`].
 
 use std::collections::BTreeMap;
 

@@ -184,11 +184,18 @@ impl Members {
             _ => Path::new("."),
         };
         let Some(stem) = base.file_name().and_then(|n| n.to_str()) else { return Ok(None) };
-        let listing = std::fs::read_dir(dir).map_err(|error| RingError::List {
-            dir: dir.display().to_string(),
-            base: base.display().to_string(),
-            error,
-        })?;
+        let listing = match std::fs::read_dir(dir) {
+            Ok(listing) => listing,
+            // No directory, no ring: the caller's "no such file" says it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => {
+                return Err(RingError::List {
+                    dir: dir.display().to_string(),
+                    base: base.display().to_string(),
+                    error,
+                });
+            }
+        };
         let mut files: Vec<(u32, PathBuf)> = listing
             .filter_map(Result::ok)
             .filter_map(|entry| {

@@ -10,9 +10,11 @@ use tracer_common::{BlockEvent, CallEvent, PageCacheEvent, PageFaultEvent, SLOT_
 use super::{
     codec::{put_bytes, put_i64, put_u64},
     frames::{Descriptor, FilePos, FrameKind, Header, Hooks, Lost, MAGIC, Memory, ModelTable, Trailer},
-    ring::{GraphIds, RingPart},
+    ring::GraphIds,
 };
 use crate::events::{InputRecord, OpRecord, RoutingRecord};
+
+mod switch;
 
 /// Bytes and frames written, for the end-of-run summary and benchmarks.
 #[derive(Clone, Copy, Debug, Default)]
@@ -151,45 +153,6 @@ impl<W: Write> TraceWriter<W> {
             last_ts: header.start_monotonic_ns,
             stats: WriterStats { total_bytes, ..Default::default() },
         })
-    }
-
-    /// Bytes written to the current file so far.
-    pub fn file_bytes(&self) -> u64 {
-        self.stats.total_bytes - self.file_start
-    }
-
-    /// Close the current file (a LOST frame with `lost`, then `trailer`)
-    /// and go on in `out`, a file that reads alone: a header (this one's,
-    /// with the file's start and `part`), the model tables again, and ids
-    /// interned afresh. The caller restates the rest (graph definitions,
-    /// buffers alive). Returns the closed file's writer.
-    pub fn restart(
-        &mut self,
-        out: W,
-        (start_unix_ns, start_monotonic_ns): (u64, u64),
-        part: RingPart,
-        lost: Lost,
-        trailer: &Trailer,
-    ) -> io::Result<W> {
-        self.lost(lost)?;
-        self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
-        self.emit(FrameKind::End)?;
-        self.out.flush()?;
-        let closed = std::mem::replace(&mut self.out, out);
-        let header = Header { start_unix_ns, start_monotonic_ns, ring: Some(part), ..self.header.clone() };
-        self.file_start = self.stats.total_bytes;
-        self.stats.total_bytes += write_header(&mut self.out, &header)?;
-        self.header = header;
-        self.strings.clear();
-        self.threads.clear();
-        self.descriptors.clear();
-        self.last_graphs.clear();
-        self.graph_ids.restart();
-        self.last_ts = start_monotonic_ns;
-        for table in std::mem::take(&mut self.models) {
-            self.model(&table)?;
-        }
-        Ok(closed)
     }
 
     fn emit(&mut self, kind: FrameKind) -> io::Result<u64> {
