@@ -8,12 +8,14 @@ the ubatches the kept files hold."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from test_trace_core import PERF_EVAL, PERF_PROMPT, report
 
 NEXT_FILE = "continued in the next file of the ring"
@@ -100,6 +102,28 @@ def test_a_ring_of_a_cold_run_totals_as_one_file_and_as_llama_counts(ttrace, tmp
     assert b["models"] == a["models"]
     # The end-of-run summary names the ring.
     assert f"files 0000 to {len(files) - 1:04} of a ring" in p2.stderr
+
+
+# Per-node op records (whose descriptor ids OpTimes keeps per writer) and
+# node values (which name graphs by the file's ids) across files.
+@pytest.mark.parametrize("opts", [("--op-timing",), ("--values",)], ids=["op-timing", "values"])
+def test_op_timing_and_values_rings_total_as_one_file(ttrace, tmp_path, llama_completion, flush_log_preload, models,
+                                                      opts):
+    argv = completion(llama_completion, models["tiny"], 60)
+    one = tmp_path / "one.data"
+    record(ttrace, one, argv, *opts, preload=flush_log_preload)
+    base = tmp_path / "ring.data"
+    record(ttrace, base, argv, *opts, "--max-size", str(one.stat().st_size // 6), preload=flush_log_preload)
+    assert len(members(base)) >= 5
+    a, b = report(ttrace, one), report(ttrace, base)
+    for key in ("ops", "op_counts", "generate_runs", "prompt_tokens", "lost"):
+        assert a[key] == b[key], key
+    assert [(u["token_ids"], u["ops"]) for u in b["ubatches"]] == [(u["token_ids"], u["ops"]) for u in a["ubatches"]]
+    if "--values" in opts:
+        said = [subprocess.run([ttrace, "report", t], capture_output=True, text=True, check=True).stdout
+                for t in (one, base)]
+        values = [re.search(r"node values: .*", s).group(0) for s in said]
+        assert values[0] == values[1] and "outputs fingerprinted" in values[0]
 
 
 def test_each_file_reads_alone_and_a_ring_missing_its_oldest_is_partial(ttrace, tmp_path, llama_completion,
