@@ -14,6 +14,8 @@
 
 use std::collections::BTreeMap;
 
+pub use super::values::{ValueThread, ValuesMissing};
+
 use num_enum::TryFromPrimitive;
 use serde::{Deserialize, Serialize};
 use tracer_common::EventKind;
@@ -532,13 +534,6 @@ pub struct Trailer {
     pub value_threads: Vec<ValueThread>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValueThread {
-    pub tid: u32,
-    pub nodes: u64,
-    pub barriers: u64,
-}
-
 /// Tensors of WEIGHTS buffers compared with the model file's: named (one
 /// file tensor's bytes), left unnamed because several file tensors hold
 /// the same bytes, or because none does (changed since loading, evicted).
@@ -547,34 +542,6 @@ pub struct CopyMatches {
     pub matched: u64,
     pub ambiguous: u64,
     pub unmatched: u64,
-}
-
-/// Nodes of graph runs that `--values` left without an output record.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValuesMissing {
-    pub nodes: u64,
-    /// Runs with at least one such node, and runs whose graph was known.
-    pub runs: u64,
-    pub runs_checked: u64,
-    /// Why, where the kernel knew: a failed read of the thread's
-    /// `ith, nth` (nodes), of a barrier's return address (nodes), a run
-    /// whose state could not be made (runs).
-    #[serde(default)]
-    pub unread_params: u64,
-    #[serde(default)]
-    pub unread_site: u64,
-    #[serde(default)]
-    pub unread_runs: u64,
-    /// Reads skipped because their CPU was mid-way through another (see
-    /// `tracer_common::values::unread::BUSY`): the other read the node,
-    /// unless a node is missing beside it.
-    #[serde(default)]
-    pub unread_busy: u64,
-    /// Nodes `--values-filter` left out, and those of them the kernel did not copy.
-    #[serde(default)]
-    pub filtered: u64,
-    #[serde(default)]
-    pub filtered_uncopied: u64,
 }
 
 /// How ggml's probes reached a library the target loaded while traced.

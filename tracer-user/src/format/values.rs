@@ -8,6 +8,8 @@
 //! descriptors): site, flags, superseded reads, then if a fingerprint
 //! follows (1) its fields.
 
+use serde::{Deserialize, Serialize};
+
 use super::codec::{CodecError, Cursor, put_bytes, put_u64};
 
 /// Dimensions of [`Fingerprint::projection`].
@@ -138,4 +140,40 @@ fn f32s(bytes: &[u8]) -> Vec<f32> {
 /// A length-prefixed field of exactly `N` bytes.
 fn fixed<const N: usize>(c: &mut Cursor) -> Result<[u8; N], CodecError> {
     c.bytes()?.try_into().map_err(|_| CodecError { at: 0 })
+}
+
+/// A `--values` worker thread: the nodes and barriers its probes counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueThread {
+    pub tid: u32,
+    pub nodes: u64,
+    pub barriers: u64,
+}
+
+/// Nodes of graph runs that `--values` left without an output record.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValuesMissing {
+    pub nodes: u64,
+    /// Runs with at least one such node, and runs whose graph was known.
+    pub runs: u64,
+    pub runs_checked: u64,
+    /// Why, where the kernel knew: a failed read of the thread's
+    /// `ith, nth` (nodes), of a barrier's return address (nodes), a run
+    /// whose state could not be made (runs).
+    #[serde(default)]
+    pub unread_params: u64,
+    #[serde(default)]
+    pub unread_site: u64,
+    #[serde(default)]
+    pub unread_runs: u64,
+    /// Reads skipped because their CPU was mid-way through another (see
+    /// `tracer_common::values::unread::BUSY`): the other read the node,
+    /// unless a node is missing beside it.
+    #[serde(default)]
+    pub unread_busy: u64,
+    /// Nodes `--values-filter` left out, and those of them the kernel did not copy.
+    #[serde(default)]
+    pub filtered: u64,
+    #[serde(default)]
+    pub filtered_uncopied: u64,
 }

@@ -21,10 +21,7 @@ pub use ring::RingSpec;
 use std::{
     fs::File,
     io::BufWriter,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::process::ExitStatusExt,
-    },
+    os::{fd::OwnedFd, unix::process::ExitStatusExt},
     path::PathBuf,
     process::ExitStatus,
     time::{Duration, Instant},
@@ -304,13 +301,13 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
                 tap.started(&mut session.recorder.resolver);
             }
             let running = child.release()?;
-            (Some(running), pidfd(pid).context("watching the child for exit")?)
+            (Some(running), signals::pidfd(pid).context("watching the child for exit")?)
         }
         Target::Attach { pid } => {
             if let Some(tap) = session.tap.as_mut() {
                 tap.started(&mut session.recorder.resolver);
             }
-            (None, pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?)
+            (None, signals::pidfd(pid).with_context(|| format!("watching pid {pid} for exit"))?)
         }
     };
     session.trace_file.keep();
@@ -590,17 +587,4 @@ impl Session<'_> {
         }
         Ok(())
     }
-}
-
-/// A pidfd, readable once `pid` has exited.
-fn pidfd(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: plain syscall; the returned fd is owned below.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    debug_assert!(owned.as_raw_fd() >= 0);
-    crate::live::collect::register(owned)
 }

@@ -1,6 +1,11 @@
 //! Stopping: Ctrl-C and SIGTERM, the child's grace period, `--duration`.
 
-use std::time::Duration;
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    time::Duration,
+};
+
+use tokio::io::unix::AsyncFd;
 
 use crate::{format::StopReason, live::target::RunningChild};
 
@@ -36,4 +41,17 @@ pub(super) async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
+}
+
+/// A pidfd, readable once `pid` has exited.
+pub(super) fn pidfd(pid: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    debug_assert!(owned.as_raw_fd() >= 0);
+    crate::live::collect::register(owned)
 }
