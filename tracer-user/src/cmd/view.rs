@@ -115,6 +115,8 @@ async fn serve(
         warm.ops.warm();
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");
+        // With them: the next open does not sort either.
+        warm.save();
     });
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let (signalled, mut stopping) = tokio::sync::oneshot::channel();

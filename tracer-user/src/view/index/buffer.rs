@@ -8,6 +8,10 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
+use super::disk::column::Column;
+
 use crate::{
     analyze::tensor::view_bytes,
     format::{Descriptor, Memory},
@@ -17,7 +21,8 @@ use crate::{
 const JOIN_GAP: u64 = 1 << 20;
 
 /// Accessed bytes `[start, end)`, each `count` times.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Segment {
     pub start: u64,
     pub end: u64,
@@ -126,14 +131,16 @@ impl BufferBuilder {
         }
         let mut t = BufferTrack { regions, size: y, ..Default::default() };
         self.per_ubatch.sort_by_key(|(u, _)| *u);
+        let mut placed = Vec::new();
         for (u, segments) in self.per_ubatch {
-            let n = t.segments.len();
+            let n = placed.len();
             for s in segments {
                 let y = t.y_of_address(s.start).expect("every segment is in a region");
-                t.segments.push(Segment { start: y, end: y + (s.end - s.start), count: s.count });
+                placed.push(Segment { start: y, end: y + (s.end - s.start), count: s.count });
             }
-            t.ubatch.push((u, n as u32, t.segments.len() as u32));
+            t.ubatch.push((u, n as u32, placed.len() as u32));
         }
+        t.segments = placed.into();
         let mut copies: Vec<(u32, u64, u64)> = self
             .copies
             .into_iter()
@@ -146,21 +153,21 @@ impl BufferBuilder {
 }
 
 /// Touched addresses `[start, end)` and where they start on the track.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Region {
     pub start: u64,
     pub end: u64,
     pub y0: u64,
 }
 
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 pub struct BufferTrack {
     pub regions: Vec<Region>,
     pub size: u64,
     /// `(ubatch, first segment, end segment)`, by ubatch.
     pub ubatch: Vec<(u32, u32, u32)>,
     /// On the track (`start`, `end` are track positions).
-    pub segments: Vec<Segment>,
+    pub segments: Column<Segment>,
     /// Weight copies: `(tensor, y0, y1)`.
     pub copies: Vec<(u32, u64, u64)>,
 }

@@ -152,11 +152,10 @@ impl Builder {
         for (row, &arrival) in order.iter().enumerate() {
             row_of_arrival[arrival as usize] = row as u32;
         }
-        let io =
-            memmap::IoEvents { fault_major, fault_minor, cache_fill: self.cache_fills, block_read: self.block_reads };
+        let io = [fault_major, fault_minor, self.cache_fills, self.block_reads];
         // Two cores: the timeline beside the memory map (with its own copy
         // of the I/O events, a small fraction of the ops).
-        let counted = [io.fault_major.clone(), io.fault_minor.clone(), io.cache_fill.clone(), io.block_read.clone()];
+        let counted = io.clone();
         let (timeline, memmap) = std::thread::scope(|scope| {
             let (ops, tids) = (&ops, &tids);
             let timeline = scope.spawn(move || {

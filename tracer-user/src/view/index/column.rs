@@ -2,11 +2,15 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
+use super::disk::column::Column;
+
 /// A strictly increasing column (the ops' `seq`): each value's low 32 bits,
 /// and the rows where the high bits change.
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 pub struct Rising {
-    lo: Vec<u32>,
+    lo: Column<u32>,
     /// `(first row, high bits)`, by row.
     high: Vec<(u32, u32)>,
 }
@@ -14,15 +18,16 @@ pub struct Rising {
 impl Rising {
     /// `values` must be increasing.
     pub fn new(values: &[u64]) -> Rising {
-        let mut r = Rising { lo: Vec::with_capacity(values.len()), high: Vec::new() };
+        let mut high: Vec<(u32, u32)> = Vec::new();
+        let mut lo = Vec::with_capacity(values.len());
         for (i, &v) in values.iter().enumerate() {
             let hi = (v >> 32) as u32;
-            if r.high.last().map_or(hi != 0, |&(_, h)| h != hi) {
-                r.high.push((i as u32, hi));
+            if high.last().map_or(hi != 0, |&(_, h)| h != hi) {
+                high.push((i as u32, hi));
             }
-            r.lo.push(v as u32);
+            lo.push(v as u32);
         }
-        r
+        Rising { lo: lo.into(), high }
     }
 
     pub fn len(&self) -> usize {
@@ -55,9 +60,9 @@ impl Rising {
 }
 
 /// A column whose values nearly always fit 32 bits; the rest on the side.
-#[derive(Default)]
+#[derive(Default, Serialize, Deserialize)]
 pub struct Narrow {
-    lo: Vec<u32>,
+    lo: Column<u32>,
     big: HashMap<u32, u64>,
 }
 
@@ -65,17 +70,18 @@ const BIG: u32 = u32::MAX;
 
 impl Narrow {
     pub fn with_capacity(n: usize) -> Narrow {
-        Narrow { lo: Vec::with_capacity(n), big: HashMap::new() }
+        Narrow { lo: Vec::with_capacity(n).into(), big: HashMap::new() }
     }
 
     pub fn push(&mut self, v: u64) {
-        match u32::try_from(v) {
-            Ok(small) if small != BIG => self.lo.push(small),
+        let small = match u32::try_from(v) {
+            Ok(small) if small != BIG => small,
             _ => {
                 self.big.insert(self.lo.len() as u32, v);
-                self.lo.push(BIG);
+                BIG
             }
-        }
+        };
+        self.lo.edit(|lo| lo.push(small));
     }
 
     pub fn get(&self, i: usize) -> u64 {

@@ -3,6 +3,10 @@
 //! that nearby requests ask for the same buckets; and slices shorter than
 //! a bucket merged.
 
+use serde::{Deserialize, Serialize};
+
+use super::disk::column::Column;
+
 /// Buckets of `bin` covering `[from, to)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bins {
@@ -41,7 +45,8 @@ impl Bins {
 }
 
 /// A timeline row: a slice, or slices merged into one bucket (`count > 1`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Slice {
     pub start: u64,
     pub end: u64,
@@ -86,19 +91,21 @@ pub fn merge(slices: impl Iterator<Item = Slice>, bin: u64, out: &mut Vec<Slice>
 /// A track's slices with coarser merged copies, for whole-run views of
 /// millions of slices: each level is kept only if it at least halves the
 /// rows of the finest one below it.
+#[derive(Serialize, Deserialize)]
 pub struct Pyramid {
     base: Base,
     /// `(log2 bucket, rows)`, finest first.
-    levels: Vec<(u32, Vec<Slice>)>,
+    levels: Vec<(u32, Column<Slice>)>,
     /// Longest slice: how far before a range a slice overlapping it starts.
     longest: u64,
 }
 
 /// The unmerged slices: kept as they are, or as rows of a table that
 /// `resolve` turns into slices (the op columns: 4 bytes per op, not 32).
+#[derive(Serialize, Deserialize)]
 pub enum Base {
-    Slices(Vec<Slice>),
-    Rows(Vec<u32>),
+    Slices(Column<Slice>),
+    Rows(Column<u32>),
 }
 
 /// Turns a [`Base::Rows`] row into its slice.
@@ -109,12 +116,12 @@ const FIRST_LEVEL: u32 = 10;
 
 impl Pyramid {
     pub fn new(slices: Vec<Slice>) -> Pyramid {
-        Self::build(Base::Slices(slices), &|_| unreachable!("slices need no resolving"))
+        Self::build(Base::Slices(slices.into()), &|_| unreachable!("slices need no resolving"))
     }
 
     /// `rows` sorted by their slices' start.
     pub fn of_rows(rows: Vec<u32>, resolve: Resolve) -> Pyramid {
-        Self::build(Base::Rows(rows), resolve)
+        Self::build(Base::Rows(rows.into()), resolve)
     }
 
     fn build(base: Base, resolve: Resolve) -> Pyramid {
@@ -130,7 +137,7 @@ impl Pyramid {
             }
             if rows.len() * 2 <= below {
                 below = rows.len();
-                p.levels.push((shift, rows));
+                p.levels.push((shift, rows.into()));
             }
             shift += LEVEL_STEP;
         }

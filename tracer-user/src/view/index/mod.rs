@@ -1,12 +1,15 @@
-//! What `ttrace view` precomputes at load, so every query of docs/VIEW_API.md
+//! What `view` precomputes at load, so every query of docs/VIEW_API.md
 //! answers from memory: one pass of `analyze::analyze`, then one
 //! `analyze::walk` whose events [`build`] files into columns. The report
 //! document (`summary`) is built by `ttrace report --json`'s own code in a
-//! second thread, so the server is ready before it.
+//! second thread, so the server is ready before it. The columns are saved
+//! to an index file ([`disk`]) once built, and a later open of the same
+//! trace maps them from there instead of walking the trace again.
 
 pub mod buffer;
 pub mod build;
 pub mod column;
+pub mod disk;
 pub mod graph;
 pub mod lod;
 pub mod memmap;
@@ -140,6 +143,7 @@ pub struct Reported {
 pub struct Index {
     pub path: PathBuf,
     pub file_bytes: u64,
+    pub index_file: IndexFile,
     pub analysis: Arc<Analysis>,
     pub tensors: Tensors,
     pub tokens: Tokens,
@@ -229,6 +233,18 @@ pub enum LoadError {
     Trace(#[from] TraceError),
 }
 
+/// What the index file holds, in this order (saved from references).
+type Saved = (ops::Ops, memmap::MemoryMap, timeline::Timeline);
+
+/// Where the index of this trace comes from, or is to go.
+pub enum IndexFile {
+    /// Mapped from this file.
+    Reused(PathBuf),
+    /// Built now: to be saved for this state of the trace (`None`: its
+    /// state could not be read, so nothing is saved).
+    Built(Option<disk::Identity>),
+}
+
 impl Index {
     /// Reads and indexes `path`. A file still being written (or cut short)
     /// is read up to its last complete frame; a malformed one is an error.
@@ -236,17 +252,63 @@ impl Index {
         // A ring of files (`--max-size`): its members' bytes.
         let file_bytes = crate::format::ring::trace_bytes(path)
             .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
+        // Before the trace is read: a trace still being written is then
+        // longer than its index says, and the index is not reused for it.
+        let identity = disk::Identity::of(path)
+            .inspect_err(|e| log::warn!("no index for {}: {e}", path.display()))
+            .ok();
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();
         log::info!("analysed in {analysed:.2?} (CPU {:.2} s), RSS {} MiB", cpu_s(), rss_mib());
         let tensors = Tensors::new(&analysis.models);
         let tokens = Tokens::new(&analysis);
-        let mut builder = build::Builder::new(&analysis, &tensors);
-        walk::walk(path, &analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
+        let reused = identity.as_ref().and_then(|id| reuse(path, id));
+        let (ops, memmap, timeline, index_file) = match reused {
+            Some(((ops, memmap, timeline), file)) => {
+                log::info!("index mapped in {:.2?}, RSS {} MiB", started.elapsed() - analysed, rss_mib());
+                (ops, memmap, timeline, IndexFile::Reused(file))
+            }
+            None => {
+                let built = Self::build(path, &analysis, &tensors, started)?;
+                (built.ops, built.memmap, built.timeline, IndexFile::Built(identity))
+            }
+        };
+        // The report's own pass starts now, not beside the index's: on a
+        // small machine that would only slow both.
+        let report = Arc::new((Mutex::new(None), Condvar::new()));
+        spawn_report(path, &analysis, &report);
+        Ok(Index {
+            path: path.to_path_buf(),
+            file_bytes,
+            index_file,
+            tensors,
+            tokens,
+            ops,
+            memmap,
+            timeline,
+            analysis,
+            report,
+            meta: std::sync::OnceLock::new(),
+            simulated: Arc::default(),
+            ubatches_frame: std::sync::OnceLock::new(),
+            cache: Default::default(),
+        })
+    }
+
+    /// Walks the trace into the columns.
+    fn build(
+        path: &Path,
+        analysis: &Analysis,
+        tensors: &Tensors,
+        started: std::time::Instant,
+    ) -> Result<build::Built, LoadError> {
+        let analysed = started.elapsed();
+        let mut builder = build::Builder::new(analysis, tensors);
+        walk::walk(path, analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
         let walked = started.elapsed();
         log::info!("walked in {:.2?} (CPU so far {:.2} s), RSS {} MiB", walked - analysed, cpu_s(), rss_mib());
-        let built = builder.finish(&analysis, &tensors);
+        let built = builder.finish(analysis, tensors);
         give_back_memory();
         log::info!(
             "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}, CPU {:.2} s), RSS {} MiB: {} ops, {} signatures, {} \
@@ -263,25 +325,32 @@ impl Index {
             built.memmap.pyramid_entries().0,
             built.memmap.pyramid_entries().1,
         );
-        // The report's own pass starts now, not beside the index's: on a
-        // small machine that would only slow both.
-        let report = Arc::new((Mutex::new(None), Condvar::new()));
-        spawn_report(path, &analysis, &report);
-        Ok(Index {
-            path: path.to_path_buf(),
-            file_bytes,
-            tensors,
-            tokens,
-            ops: built.ops,
-            memmap: built.memmap,
-            timeline: built.timeline,
-            analysis,
-            report,
-            meta: std::sync::OnceLock::new(),
-            simulated: Arc::default(),
-            ubatches_frame: std::sync::OnceLock::new(),
-            cache: Default::default(),
-        })
+        Ok(built)
+    }
+
+    /// Saves what was built to the index file, beside the trace or else in
+    /// the cache, and says where (or why not) on stderr. Nothing to do for
+    /// an index that was reused.
+    pub fn save(&self) {
+        let IndexFile::Built(Some(identity)) = &self.index_file else { return };
+        let started = std::time::Instant::now();
+        let saved = (&self.ops, &self.memmap, &self.timeline);
+        let mut failures = Vec::new();
+        for place in disk::places(&self.path) {
+            match disk::write(&place, identity, &saved) {
+                Ok(()) => {
+                    let mb = std::fs::metadata(&place).map_or(0, |m| m.len() >> 20);
+                    eprintln!(
+                        "ttrace: index saved to {} ({mb} MB, {:.1} s): the next view of this trace maps it",
+                        place.display(),
+                        started.elapsed().as_secs_f64()
+                    );
+                    return;
+                }
+                Err(e) => failures.push(format!("{}: {e}", place.display())),
+            }
+        }
+        eprintln!("ttrace: the index could not be saved ({}): the next view indexes again", failures.join("; "));
     }
 
     /// The `ttrace report --json` document, waiting for it if need be.
@@ -312,6 +381,24 @@ impl Index {
         let start = ub.start_ns.saturating_sub(base);
         (start, ub.end_ns.map_or(start, |e| e.saturating_sub(base)).max(start))
     }
+}
+
+/// The saved index of `trace` as it is now, from the first place holding
+/// one; says on stderr which was used, and why any other was not.
+fn reuse(trace: &Path, identity: &disk::Identity) -> Option<(Saved, PathBuf)> {
+    for place in disk::places(trace) {
+        if !place.exists() {
+            continue;
+        }
+        match disk::open::<Saved>(&place, identity) {
+            Ok(saved) => {
+                eprintln!("ttrace: index {} reused", place.display());
+                return Some((saved, place));
+            }
+            Err(e) => eprintln!("ttrace: index {} not used: {e}; indexing the trace again", place.display()),
+        }
+    }
+    None
 }
 
 /// Returns the freed heap of the passes to the system (glibc keeps it

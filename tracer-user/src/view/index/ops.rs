@@ -7,7 +7,12 @@ use std::{collections::HashMap, sync::OnceLock};
 
 use tracer_common::ggml::MAX_SRC;
 
-use super::column::{Narrow, Rising};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    column::{Narrow, Rising},
+    disk::column::{Column, once},
+};
 use crate::{
     analyze::{
         tensor::{op_layer, weight_of},
@@ -18,7 +23,7 @@ use crate::{
 };
 
 /// An op's fields that depend only on its output and sources.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Sig {
     /// Index into [`Ops::op_names`].
     pub op: u32,
@@ -38,7 +43,7 @@ pub struct Sig {
 }
 
 /// docs/VIEW_API.md's `memory` codes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u8)]
 pub enum MemoryClass {
     ModelFile = 0,
@@ -64,7 +69,7 @@ impl MemoryClass {
 
 /// One (output, sources) descriptor combination: its signature and the
 /// tensor addresses that give the graph's edges.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Combo {
     pub sig: u32,
     /// `ggml_tensor` address of the output.
@@ -231,10 +236,10 @@ impl OpsBuilder {
         }
         let ops = Ops {
             seq,
-            start,
-            dur,
-            ubatch,
-            combo,
+            start: start.into(),
+            dur: dur.into(),
+            ubatch: ubatch.into(),
+            combo: combo.into(),
             weight_bytes,
             combos: self.combo_list,
             sigs: self.sig_list,
@@ -250,14 +255,15 @@ impl OpsBuilder {
 }
 
 /// Every op, in `seq` order.
+#[derive(Serialize, Deserialize)]
 pub struct Ops {
     seq: Rising,
     /// Since the trace's start.
-    pub start: Vec<u64>,
+    pub start: Column<u64>,
     /// `NONE_U32`: not timed.
-    pub dur: Vec<u32>,
-    pub ubatch: Vec<u32>,
-    pub combo: Vec<u32>,
+    pub dur: Column<u32>,
+    pub ubatch: Column<u32>,
+    pub combo: Column<u32>,
     weight_bytes: Narrow,
     pub combos: Vec<Combo>,
     pub sigs: Vec<Sig>,
@@ -265,9 +271,12 @@ pub struct Ops {
     pub op_names: Vec<String>,
     /// Per ubatch: `[first, end)` of its rows (empty: `(MAX, 0)`).
     pub ubatch_ops: Vec<(u32, u32)>,
-    by_dur: OnceLock<Vec<u32>>,
-    by_weight: OnceLock<Vec<u32>>,
-    by_layer: OnceLock<Vec<u32>>,
+    #[serde(with = "once")]
+    by_dur: OnceLock<Column<u32>>,
+    #[serde(with = "once")]
+    by_weight: OnceLock<Column<u32>>,
+    #[serde(with = "once")]
+    by_layer: OnceLock<Column<u32>>,
 }
 
 /// How the op table is sorted (then by `seq`).
@@ -340,11 +349,11 @@ impl Ops {
     }
 
     fn order(&self, key: SortKey) -> Option<&[u32]> {
-        let build = |k: &dyn Fn(usize) -> u64| -> Vec<u32> {
+        let build = |k: &dyn Fn(usize) -> u64| -> Column<u32> {
             // In place, ties by row (= seq): no copy of the keys.
             let mut rows: Vec<u32> = (0..self.len() as u32).collect();
             rows.sort_unstable_by_key(|&i| (k(i as usize), i));
-            rows
+            rows.into()
         };
         Some(match key {
             SortKey::Seq | SortKey::Ubatch => return None,

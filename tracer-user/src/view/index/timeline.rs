@@ -7,7 +7,10 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 use super::{
+    disk::column::{Column, once},
     lod::{Pyramid, Slice},
     memmap::IoEvent,
     ops::Ops,
@@ -16,7 +19,7 @@ use super::{
 use crate::{analyze::Analysis, view::frame::NONE_U32};
 
 /// A track, as its id in the API names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum TrackId {
     Phase,
     Ubatch,
@@ -26,7 +29,7 @@ pub enum TrackId {
     Counter(Counter),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Counter {
     FaultsMajor,
     FaultsMinor,
@@ -74,21 +77,43 @@ impl TrackId {
 
 /// Events in time order with running sums, so a bucket's total is one
 /// subtraction.
+#[derive(Serialize, Deserialize)]
 struct CounterTrack {
-    t: Vec<u64>,
+    t: Column<u64>,
     /// `prefix[i]`: the values of the first `i` events.
-    prefix: Vec<u64>,
+    prefix: Column<u64>,
 }
 
+#[derive(Serialize, Deserialize)]
 pub struct Timeline {
     /// Phase, ubatch and sequence tracks.
     slices: BTreeMap<TrackId, Pyramid>,
     counters: BTreeMap<Counter, CounterTrack>,
-    /// Per thread: its timed op rows, until its track is built at first use
-    /// (millions of rows: not before the server is ready).
-    threads: BTreeMap<u32, (Mutex<Vec<u32>>, OnceLock<Pyramid>)>,
+    threads: BTreeMap<u32, ThreadTrack>,
     layer_ids: Vec<u32>,
+    #[serde(with = "once")]
     layers: OnceLock<BTreeMap<u32, Pyramid>>,
+}
+
+/// A thread's timed op rows, until its track is built at first use
+/// (millions of rows: not before the server is ready).
+struct ThreadTrack {
+    rows: Mutex<Column<u32>>,
+    built: OnceLock<Pyramid>,
+}
+
+impl Serialize for ThreadTrack {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
+        (&*rows, self.built.get()).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ThreadTrack {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ThreadTrack, D::Error> {
+        let (rows, built): (Column<u32>, Option<Pyramid>) = Deserialize::deserialize(d)?;
+        Ok(ThreadTrack { rows: Mutex::new(rows), built: built.map(OnceLock::from).unwrap_or_default() })
+    }
 }
 
 /// An op row's slice on its thread's track.
@@ -101,7 +126,7 @@ pub fn op_slice(ops: &Ops, row: u32) -> Slice {
 impl Timeline {
     /// `tids`: per op row, its thread when timed, else `NONE_U32`.
     /// `io`: faults major, minor, page-cache fills and block reads.
-    pub fn new(a: &Analysis, ops: &Ops, tids: &[u32], io: [&Vec<IoEvent>; 4]) -> Timeline {
+    pub fn new(a: &Analysis, ops: &Ops, tids: &[u32], io: [&[IoEvent]; 4]) -> Timeline {
         let base = a.header.start_monotonic_ns;
         let span = |u: &crate::analyze::Ubatch| {
             let s = u.start_ns.saturating_sub(base);
@@ -144,7 +169,10 @@ impl Timeline {
             v.sort_by_key(|s| s.start);
             slices.insert(TrackId::Seq(id), Pyramid::new(v));
         }
-        let threads = threads.into_iter().map(|(tid, rows)| (tid, (Mutex::new(rows), OnceLock::new()))).collect();
+        let threads = threads
+            .into_iter()
+            .map(|(tid, rows)| (tid, ThreadTrack { rows: Mutex::new(rows.into()), built: OnceLock::new() }))
+            .collect();
         let mut layer_ids: Vec<u32> = if tids.iter().any(|&t| t != NONE_U32) {
             ops.sigs.iter().filter_map(|s| s.layer).collect()
         } else {
@@ -164,7 +192,8 @@ impl Timeline {
             for &(_, v) in &sorted {
                 prefix.push(prefix.last().copied().unwrap_or(0) + v);
             }
-            counters.insert(c, CounterTrack { t: sorted.iter().map(|s| s.0).collect(), prefix });
+            let t: Vec<u64> = sorted.iter().map(|s| s.0).collect();
+            counters.insert(c, CounterTrack { t: t.into(), prefix: prefix.into() });
         }
         Timeline { slices, counters, threads, layer_ids, layers: OnceLock::new() }
     }
@@ -178,9 +207,9 @@ impl Timeline {
     }
 
     fn thread_track(&self, tid: u32, ops: &Ops) -> Option<&Pyramid> {
-        let (rows, built) = self.threads.get(&tid)?;
+        let ThreadTrack { rows, built } = self.threads.get(&tid)?;
         Some(built.get_or_init(|| {
-            let mut rows = std::mem::take(&mut *rows.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut rows = std::mem::take(&mut *rows.lock().unwrap_or_else(|e| e.into_inner())).into_vec();
             rows.sort_by_key(|&r| ops.start[r as usize]);
             Pyramid::of_rows(rows, &|r| op_slice(ops, r))
         }))

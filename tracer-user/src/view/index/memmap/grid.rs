@@ -2,7 +2,7 @@
 //! buckets, from the reads (or segments, events) one by one elsewhere; and
 //! the token × tensor matrix.
 
-use super::{AddFn, COPY, Grid, MemoryMap, Metric, ReadFilter, Track, XAxis, XRange};
+use super::{AddFn, COPY, Grid, MatrixCell, MemoryMap, Metric, ReadFilter, Track, XAxis, XRange};
 use crate::view::index::{
     lod::Bins,
     pyramid::{Entry, Pyramid},
@@ -145,13 +145,14 @@ impl MemoryMap {
             }
         };
         if axis == XAxis::Ubatch && filter.ops.is_empty() {
-            let n = self.matrix.len() as u64;
+            let n = self.matrix_starts.len().saturating_sub(1) as u64;
             for u in x.from.min(n)..x.to.min(n) {
                 let Some(ix) = x.index(u) else { continue };
                 if !filter.phases.is_empty() && !phases.get(u as usize).is_some_and(|p| filter.phases.contains(p)) {
                     continue;
                 }
-                for &(tag, bytes) in &self.matrix[u as usize] {
+                let cells = self.matrix_starts[u as usize] as usize..self.matrix_starts[u as usize + 1] as usize;
+                for &MatrixCell { tag, bytes } in &self.matrix[cells] {
                     let tensor = tag & !COPY;
                     let layer_ok = filter.layers.is_empty()
                         || self.layer_of[tensor as usize].is_some_and(|l| filter.layers.contains(&l));

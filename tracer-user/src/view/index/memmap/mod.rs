@@ -5,12 +5,15 @@
 
 use std::sync::OnceLock;
 
+use serde::{Deserialize, Serialize};
+
 mod grid;
 mod inspect;
 
 use super::{
     Tensors,
     buffer::BufferTrack,
+    disk::column::{Column, once},
     lod::Bins,
     pyramid::{Entry, Pyramid},
 };
@@ -21,7 +24,8 @@ pub use super::buffer::BufferBuilder;
 pub const NO_UBATCH: u32 = u32::MAX;
 
 /// One op's read of one contiguous range of a model tensor.
-#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Read {
     /// The op's start, since the trace's start.
     pub t: u64,
@@ -81,19 +85,21 @@ pub fn push_read(reads: &mut Vec<Read>, r: Read, len: u64) {
 }
 
 /// A fault, page-cache fill or block read, on the disk track.
-#[derive(Clone, Copy, Debug)]
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct IoEvent {
     pub t: u64,
-    pub ubatch: u32,
     pub y0: u64,
     pub len: u64,
+    pub ubatch: u32,
 }
 
+#[derive(Default, Serialize, Deserialize)]
 pub struct IoEvents {
-    pub fault_major: Vec<IoEvent>,
-    pub fault_minor: Vec<IoEvent>,
-    pub cache_fill: Vec<IoEvent>,
-    pub block_read: Vec<IoEvent>,
+    pub fault_major: Column<IoEvent>,
+    pub fault_minor: Column<IoEvent>,
+    pub cache_fill: Column<IoEvent>,
+    pub block_read: Column<IoEvent>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,9 +179,19 @@ pub struct Grid {
     pub values: Vec<f32>,
 }
 
+/// A cell of the token × tensor matrix: bytes read of a tensor (`tag`:
+/// the tensor, | [`COPY`] through a copy).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct MatrixCell {
+    pub tag: u32,
+    pub bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
 pub struct MemoryMap {
     /// By time.
-    reads: Vec<Read>,
+    reads: Column<Read>,
     io: IoEvents,
     pub buffer: BufferTrack,
     /// Per ubatch: `(start, end)` since the trace's start.
@@ -187,14 +203,17 @@ pub struct MemoryMap {
     /// Per ubatch: `[first, end)` of its reads (empty: `(0, 0)`).
     ubatch_reads: Vec<(u32, u32)>,
     /// Reads outside any ubatch.
-    outside: Vec<u32>,
+    outside: Column<u32>,
     /// Reads, and buffer accesses, of groups of ubatches.
     read_pyramid: Pyramid,
     buffer_pyramid: Pyramid,
-    /// The token × tensor matrix: per ubatch, `(tensor | COPY, bytes)`.
-    matrix: Vec<Vec<(u32, u64)>>,
+    /// The token × tensor matrix: ubatch `u`'s cells are
+    /// `matrix[matrix_starts[u]..matrix_starts[u + 1]]`, by tag.
+    matrix_starts: Column<u32>,
+    matrix: Column<MatrixCell>,
     /// Loaded and never read, by fill time (built at first use).
-    unused: OnceLock<Vec<IoEvent>>,
+    #[serde(with = "once")]
+    unused: OnceLock<Column<IoEvent>>,
 }
 
 /// Largest grid answered, in cells.
@@ -206,7 +225,7 @@ impl MemoryMap {
         tensors: &Tensors,
         mut reads: Vec<Read>,
         buffer: BufferBuilder,
-        mut io: IoEvents,
+        io: [Vec<IoEvent>; 4],
         row_of_arrival: &[u32],
     ) -> MemoryMap {
         // Nearly sorted already: ops arrive as they end.
@@ -215,9 +234,11 @@ impl MemoryMap {
         for r in &mut reads {
             r.row = row_of_arrival[r.row as usize];
         }
-        for v in [&mut io.fault_major, &mut io.fault_minor, &mut io.cache_fill, &mut io.block_read] {
+        let [fault_major, fault_minor, cache_fill, block_read] = io.map(|mut v| {
             v.sort_by_key(|e| e.t);
-        }
+            Column::from(v)
+        });
+        let io = IoEvents { fault_major, fault_minor, cache_fill, block_read };
         let base = a.header.start_monotonic_ns;
         let ubatch_time: Vec<(u64, u64)> = a
             .ubatches
@@ -247,20 +268,20 @@ impl MemoryMap {
         let read_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
             out.extend(of_ubatch(u).map(|r| Entry { y0: r.y0, len: r.len, tag: tag(r), count: 1 }));
         });
-        let matrix = (0..ubatch_time.len() as u32)
-            .map(|u| {
-                let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(r), u64::from(r.len))).collect();
-                row.sort_unstable_by_key(|c| c.0);
-                row.dedup_by(|next, kept| {
-                    let same = next.0 == kept.0;
-                    if same {
-                        kept.1 += next.1;
-                    }
-                    same
-                });
-                row
-            })
-            .collect();
+        let (mut matrix, mut matrix_starts) = (Vec::new(), vec![0u32]);
+        for u in 0..ubatch_time.len() as u32 {
+            let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(r), u64::from(r.len))).collect();
+            row.sort_unstable_by_key(|c| c.0);
+            row.dedup_by(|next, kept| {
+                let same = next.0 == kept.0;
+                if same {
+                    kept.1 += next.1;
+                }
+                same
+            });
+            matrix.extend(row.into_iter().map(|(tag, bytes)| MatrixCell { tag, bytes }));
+            matrix_starts.push(matrix.len() as u32);
+        }
         let buffer = buffer.finish();
         let buffer_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
             for (_, s) in buffer.segments_of(u, u + 1) {
@@ -272,13 +293,14 @@ impl MemoryMap {
                 }
             }
         });
-        let outside = (0..reads.len() as u32).filter(|&i| reads[i as usize].ubatch == NO_UBATCH).collect();
+        let outside: Vec<u32> = (0..reads.len() as u32).filter(|&i| reads[i as usize].ubatch == NO_UBATCH).collect();
         MemoryMap {
-            outside,
+            outside: outside.into(),
             read_pyramid,
             buffer_pyramid,
-            matrix,
-            reads,
+            matrix_starts: matrix_starts.into(),
+            matrix: matrix.into(),
+            reads: reads.into(),
             io,
             buffer,
             duration: last.into_iter().flatten().max().unwrap_or(0) + 1,
@@ -387,7 +409,7 @@ impl MemoryMap {
     }
 
     /// Page-cache fills, cut to the bytes no op ever read.
-    fn build_unused(&self) -> Vec<IoEvent> {
+    fn build_unused(&self) -> Column<IoEvent> {
         let mut used: Vec<(u64, u64)> = self.reads.iter().map(|r| (r.y0, r.y0 + u64::from(r.len))).collect();
         used.sort_unstable();
         used.dedup();
@@ -399,7 +421,7 @@ impl MemoryMap {
             }
         }
         let mut out = Vec::new();
-        for e in &self.io.cache_fill {
+        for e in self.io.cache_fill.iter() {
             let (mut at, end) = (e.y0, e.y0 + e.len);
             let mut i = merged.partition_point(|m| m.1 <= at);
             while at < end {
@@ -418,6 +440,6 @@ impl MemoryMap {
                 }
             }
         }
-        out
+        out.into()
     }
 }
