@@ -254,9 +254,8 @@ impl Index {
             .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
         // Before the trace is read: a trace still being written is then
         // longer than its index says, and the index is not reused for it.
-        let identity = disk::Identity::of(path)
-            .inspect_err(|e| log::warn!("no index for {}: {e}", path.display()))
-            .ok();
+        let identity =
+            disk::Identity::of(path).inspect_err(|e| log::warn!("no index for {}: {e}", path.display())).ok();
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();

@@ -126,10 +126,10 @@ mod tests {
         assert_eq!(l.entries(0).len(), 5);
         let l = p.level_for(16).unwrap();
         assert_eq!((l.shift, l.groups()), (4, 2));
-        assert_eq!(l.entries(1)[0].count, 4);
+        assert_eq!({ l.entries(1)[0].count }, 4);
         let top = p.level_for(64).unwrap();
         assert_eq!((top.shift, top.groups()), (6, 1));
-        assert_eq!(top.entries(0)[0].count, 20);
+        assert_eq!({ top.entries(0)[0].count }, 20);
         assert!(p.level_for(2).is_none());
     }
 }

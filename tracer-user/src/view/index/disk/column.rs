@@ -89,6 +89,8 @@ pub struct Sink {
 thread_local! {
     static SINK: RefCell<Option<Sink>> = const { RefCell::new(None) };
     static SOURCE: RefCell<Option<Arc<Mmap>>> = const { RefCell::new(None) };
+    /// Why a column could not be mapped (postcard's errors carry no text).
+    static REFUSED: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// Runs `f` (a serialisation) with its columns written to `sink`; gives the
@@ -99,17 +101,19 @@ pub fn with_sink<R>(sink: Sink, f: impl FnOnce() -> R) -> (R, Option<Sink>) {
     (r, SINK.with(|s| s.borrow_mut().take()))
 }
 
-/// Runs `f` (a deserialisation) with its columns mapped from `map`.
-pub fn with_source<R>(map: &Arc<Mmap>, f: impl FnOnce() -> R) -> R {
+/// Runs `f` (a deserialisation) with its columns mapped from `map`; the
+/// first column refused, and why, if one was.
+pub fn with_source<R>(map: &Arc<Mmap>, f: impl FnOnce() -> R) -> (R, Option<String>) {
     SOURCE.with(|s| *s.borrow_mut() = Some(map.clone()));
-    struct Clear;
-    impl Drop for Clear {
-        fn drop(&mut self) {
-            SOURCE.with(|s| s.borrow_mut().take());
-        }
-    }
-    let _guard = Clear;
-    f()
+    REFUSED.with(|r| r.borrow_mut().take());
+    let r = f();
+    SOURCE.with(|s| s.borrow_mut().take());
+    (r, REFUSED.with(|r| r.borrow_mut().take()))
+}
+
+fn refuse<E: de::Error>(why: String) -> E {
+    REFUSED.with(|r| r.borrow_mut().get_or_insert_with(|| why.clone()).clone());
+    E::custom(why)
 }
 
 impl<T: Pod> Serialize for Column<T> {
@@ -136,20 +140,20 @@ impl<'de, T: Pod> Deserialize<'de> for Column<T> {
         let r = ColumnRef::deserialize(d)?;
         let map = SOURCE
             .with(|s| s.borrow().clone())
-            .ok_or_else(|| de::Error::custom("a column deserialises only from an index file"))?;
+            .ok_or_else(|| refuse("a column deserialises only from an index file".into()))?;
         let width = std::mem::size_of::<T>();
         if r.width as usize != width {
-            return Err(de::Error::custom(format!("a column of {}-byte values where {width} were expected", r.width)));
+            return Err(refuse(format!("a column of {}-byte values where {width} were expected", r.width)));
         }
         let end = usize::try_from(r.len)
             .ok()
             .and_then(|n| n.checked_mul(width))
             .and_then(|b| usize::try_from(r.offset).ok()?.checked_add(b))
             .filter(|&end| end <= map.len())
-            .ok_or_else(|| de::Error::custom("a column reaches past the end of the index file"))?;
+            .ok_or_else(|| refuse("a column reaches past the end of the index file".into()))?;
         let bytes = &map[r.offset as usize..end];
         let values: &[T] = bytemuck::try_cast_slice(bytes)
-            .map_err(|e| de::Error::custom(format!("a column is not aligned for its values: {e:?}")))?;
+            .map_err(|e| refuse(format!("a column is not aligned for its values: {e:?}")))?;
         let (ptr, len) = (values.as_ptr(), values.len());
         Ok(Column { ptr, len, owner: Owner::Mapped(map) })
     }

@@ -65,6 +65,10 @@ pub struct Identity {
 pub enum IndexError {
     #[error("cannot read {path}: {error}")]
     Io { path: PathBuf, error: std::io::Error },
+    #[error("cannot write {path}: {error}")]
+    Write { path: PathBuf, error: std::io::Error },
+    #[error("cannot serialise the index: {0}")]
+    Serialise(String),
     #[error("it is no ttrace index")]
     NotAnIndex,
     #[error("it is of index version {found}, and this ttrace reads version {VERSION}")]
@@ -92,7 +96,12 @@ impl Identity {
         f.seek(SeekFrom::Start(tail)).map_err(io)?;
         f.read_exact(&mut buf).map_err(io)?;
         h.update(&buf);
-        Ok(Identity { size, mtime_s: mtime.as_secs(), mtime_ns: u64::from(mtime.subsec_nanos()), edges: *h.finalize().as_bytes() })
+        Ok(Identity {
+            size,
+            mtime_s: mtime.as_secs(),
+            mtime_ns: u64::from(mtime.subsec_nanos()),
+            edges: *h.finalize().as_bytes(),
+        })
     }
 }
 
@@ -138,8 +147,10 @@ pub fn open<T: DeserializeOwned>(path: &Path, trace: &Identity) -> Result<T, Ind
     if header.trace != *trace {
         return Err(IndexError::OtherTrace);
     }
-    let body = map.get(BODY as usize..).ok_or_else(|| IndexError::Corrupt("it ends in its header".into()))?;
-    if hash_body(body) != header.body_hash {
+    if (map.len() as u64) < BODY {
+        return Err(IndexError::Corrupt("it ends in its header".into()));
+    }
+    if hash_body(&file, map.len() as u64).map_err(io)? != header.body_hash {
         return Err(IndexError::Corrupt("its contents do not match their hash".into()));
     }
     let tree = usize::try_from(header.tree_offset)
@@ -147,43 +158,61 @@ pub fn open<T: DeserializeOwned>(path: &Path, trace: &Identity) -> Result<T, Ind
         .zip(usize::try_from(header.tree_len).ok())
         .and_then(|(a, n)| map.get(a..a.checked_add(n)?))
         .ok_or_else(|| IndexError::Corrupt("its table of contents is outside it".into()))?;
-    column::with_source(&map, || postcard::from_bytes(tree)).map_err(|e| IndexError::Corrupt(e.to_string()))
+    match column::with_source(&map, || postcard::from_bytes(tree)) {
+        (Ok(value), _) => Ok(value),
+        (Err(_), Some(column)) => Err(IndexError::Corrupt(column)),
+        (Err(e), None) => Err(IndexError::Corrupt(format!("its table of contents does not decode: {e}"))),
+    }
 }
 
 /// Writes `value` as the index of `trace` (as it was when read) at `path`:
-/// into a new file renamed over the old one, so that no reader ever sees a
-/// half-written index.
+/// into an unnamed file (`O_TMPFILE`: a view stopped while it writes
+/// leaves nothing behind) that is then named and renamed over the old one,
+/// so that no reader ever sees a half-written index.
 pub fn write<T: Serialize>(path: &Path, trace: &Identity, value: &T) -> Result<(), IndexError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let io = |error| IndexError::Io { path: path.to_path_buf(), error };
+    use std::os::{fd::AsRawFd, unix::fs::OpenOptionsExt};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let io = |error| IndexError::Write { path: path.to_path_buf(), error };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut tmp = tempfile_in(dir, path).map_err(io)?;
-    let written = write_to(&mut tmp.1, trace, value);
-    let done = written.and_then(|()| tmp.1.sync_all().map_err(io)).and_then(|()| std::fs::rename(&tmp.0, path).map_err(io));
-    if done.is_err() {
-        let _ = std::fs::remove_file(&tmp.0);
-    }
-    done
-}
-
-fn tempfile_in(dir: &Path, path: &Path) -> std::io::Result<(PathBuf, File)> {
+    let mut file =
+        File::options().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o644).open(dir).map_err(io)?;
+    write_to(&mut file, path, trace, value)?;
+    file.sync_all().map_err(io)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    Ok((tmp.clone(), File::options().read(true).write(true).create(true).truncate(true).open(&tmp)?))
+    let named = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&named);
+    let (from, to) = (c_path(&PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))), c_path(&named));
+    // SAFETY: two NUL-terminated paths; AT_SYMLINK_FOLLOW links the file
+    // the descriptor's /proc link names, not the link.
+    let linked =
+        unsafe { libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW) };
+    if linked != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    std::fs::rename(&named, path).inspect_err(|_| drop(std::fs::remove_file(&named))).map_err(io)
 }
 
-fn write_to<T: Serialize>(file: &mut File, trace: &Identity, value: &T) -> Result<(), IndexError> {
-    let io = |error| IndexError::Io { path: PathBuf::from("the new index"), error };
+fn c_path(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+fn write_to<T: Serialize>(file: &mut File, path: &Path, trace: &Identity, value: &T) -> Result<(), IndexError> {
+    let io = |error| IndexError::Write { path: path.to_path_buf(), error };
     file.seek(SeekFrom::Start(BODY)).map_err(io)?;
     let out = BufWriter::with_capacity(1 << 20, file.try_clone().map_err(io)?);
-    let (tree, sink) = column::with_sink(column::Sink { out: Box::new(out), pos: BODY }, || postcard::to_allocvec(value));
-    let tree = tree.map_err(|e| IndexError::Corrupt(format!("cannot serialise: {e}")))?;
-    let column::Sink { mut out, pos } = sink.ok_or_else(|| IndexError::Corrupt("the column sink went missing".into()))?;
+    let (tree, sink) =
+        column::with_sink(column::Sink { out: Box::new(out), pos: BODY }, || postcard::to_allocvec(value));
+    let tree = tree.map_err(|e| IndexError::Serialise(e.to_string()))?;
+    let column::Sink { mut out, pos } =
+        sink.ok_or_else(|| IndexError::Serialise("the column sink went missing".into()))?;
     out.write_all(&tree).map_err(io)?;
     out.flush().map_err(io)?;
     drop(out);
-    // SAFETY: our own new file, mapped read-only to hash it.
-    let map = unsafe { Mmap::map(&*file) }.map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
     let mut header = Header {
         magic: MAGIC,
         version: VERSION,
@@ -191,7 +220,7 @@ fn write_to<T: Serialize>(file: &mut File, trace: &Identity, value: &T) -> Resul
         trace: *trace,
         tree_offset: pos,
         tree_len: tree.len() as u64,
-        body_hash: hash_body(&map[BODY as usize..]),
+        body_hash: hash_body(file, len).map_err(io)?,
         header_hash: [0; 32],
     };
     header.header_hash = header_hash(&header);
@@ -205,16 +234,139 @@ fn header_hash(h: &Header) -> [u8; 32] {
     *blake3::hash(bytemuck::bytes_of(&h)).as_bytes()
 }
 
-/// blake3 of the two halves on two threads, then of the two hashes: the
-/// check costs half the time on the machines `view` runs on.
-fn hash_body(body: &[u8]) -> [u8; 32] {
-    let (a, b) = body.split_at(body.len() / 2);
-    let (ha, hb) = std::thread::scope(|s| {
-        let ha = s.spawn(|| blake3::hash(a));
-        (ha.join(), blake3::hash(b))
+/// blake3 of the file's bytes `[BODY, len)`: of its two halves on two
+/// threads, then of the two hashes (the check costs half the time on the
+/// machines `view` runs on). Read, not through the mapping: the pages read
+/// would count in the process's RSS.
+fn hash_body(file: &File, len: u64) -> std::io::Result<[u8; 32]> {
+    use std::os::unix::fs::FileExt;
+    let half = BODY + (len.saturating_sub(BODY)) / 2;
+    let hash = |from: u64, to: u64| -> std::io::Result<[u8; 32]> {
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = from;
+        while at < to {
+            let n = ((to - at) as usize).min(buf.len());
+            file.read_exact_at(&mut buf[..n], at)?;
+            h.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(*h.finalize().as_bytes())
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| hash(BODY, half));
+        (a.join(), hash(half, len))
     });
+    let a = a.unwrap_or_else(|_| Err(std::io::Error::other("the hashing thread failed")))?;
     let mut h = blake3::Hasher::new();
-    h.update(ha.map(|h| *h.as_bytes()).unwrap_or_default().as_slice());
-    h.update(hb.as_bytes());
-    *h.finalize().as_bytes()
+    h.update(&a);
+    h.update(&b?);
+    Ok(*h.finalize().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::{column::Column, *};
+
+    #[derive(Serialize, Deserialize)]
+    struct Sample {
+        wide: Column<u64>,
+        name: String,
+        narrow: Column<u8>,
+        empty: Column<u32>,
+    }
+
+    fn sample() -> Sample {
+        Sample {
+            wide: (0..1000u64).map(|i| i * 0x1_0000_0001).collect::<Vec<_>>().into(),
+            name: "x".into(),
+            narrow: vec![1u8, 2, 3].into(),
+            empty: Column::default(),
+        }
+    }
+
+    fn setup() -> (tempdir::Dir, PathBuf, Identity) {
+        let dir = tempdir::Dir::new();
+        let trace = dir.0.join("t.data");
+        std::fs::write(&trace, vec![7u8; 200_000]).unwrap();
+        let id = Identity::of(&trace).unwrap();
+        (dir, trace, id)
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+
+        impl Dir {
+            pub fn new() -> Dir {
+                use std::sync::atomic::{AtomicU32, Ordering};
+                static N: AtomicU32 = AtomicU32::new(0);
+                let d = std::env::temp_dir().join(format!(
+                    "ttidx-test-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::create_dir_all(&d).unwrap();
+                Dir(d)
+            }
+        }
+
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn columns_come_back_mapped_and_equal() {
+        let (_dir, trace, id) = setup();
+        let [beside, _] = places(&trace);
+        write(&beside, &id, &sample()).unwrap();
+        let back: Sample = open(&beside, &id).unwrap();
+        let want = sample();
+        assert_eq!((&*back.wide, &*back.narrow, &*back.empty), (&*want.wide, &*want.narrow, &*want.empty));
+        assert_eq!(back.name, "x");
+        assert_eq!(back.wide.as_ptr() as usize % 64, 0, "columns are aligned in the mapping");
+    }
+
+    #[test]
+    fn a_changed_trace_or_a_damaged_index_is_refused() {
+        let (_dir, trace, id) = setup();
+        let [beside, _] = places(&trace);
+        write(&beside, &id, &sample()).unwrap();
+        let mut other = id;
+        other.size += 1;
+        assert!(matches!(open::<Sample>(&beside, &other), Err(IndexError::OtherTrace)));
+        let mut bytes = std::fs::read(&beside).unwrap();
+        let n = bytes.len();
+        bytes[n - 10] ^= 1;
+        std::fs::write(&beside, &bytes).unwrap();
+        assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::Corrupt(_))));
+        bytes[n - 10] ^= 1;
+        bytes[8] = bytes[8].wrapping_add(1);
+        std::fs::write(&beside, &bytes).unwrap();
+        assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::Version { .. })));
+        std::fs::write(&beside, b"short").unwrap();
+        assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::NotAnIndex)));
+    }
+
+    #[test]
+    fn a_column_outside_the_file_is_refused() {
+        // A table of contents whose column reaches past the end.
+        #[derive(Serialize)]
+        struct Forged {
+            offset: u64,
+            len: u64,
+            width: u32,
+        }
+        let (_dir, trace, id) = setup();
+        let [beside, _] = places(&trace);
+        write(&beside, &id, &(Forged { offset: BODY, len: 1 << 40, width: 8 },)).unwrap();
+        let got = open::<(Column<u64>,)>(&beside, &id);
+        assert!(matches!(got, Err(IndexError::Corrupt(ref e)) if e.contains("past the end")), "{:?}", got.err());
+        write(&beside, &id, &(Forged { offset: BODY + 4, len: 1, width: 8 },)).unwrap();
+        assert!(matches!(open::<(Column<u64>,)>(&beside, &id), Err(IndexError::Corrupt(_))));
+    }
 }
