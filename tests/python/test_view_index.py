@@ -305,3 +305,33 @@ def test_read_only_directory_keeps_the_index_in_the_cache(ttrace, traces, fresh,
             second.close()
     finally:
         subprocess.run(["umount", ro], check=True)
+
+
+def test_a_ring_of_files_is_indexed_as_one_trace(ttrace, tmp_path, llama_completion, models, flush_log_preload):
+    """`--max-size` writes t.data.NNNN only: `view t.data` indexes the set,
+    a second open reuses that index with the same answers, and a member
+    changed since makes it stale."""
+    d = tmp_path / "trace"
+    d.mkdir()
+    record(ttrace, d / NAME, llama_completion, models["moe"], flush_log_preload, ("--max-size", "64K"))
+    members = sorted(d.glob(f"{NAME}.[0-9][0-9][0-9][0-9]"))
+    assert len(members) >= 2 and not (d / NAME).exists(), members
+    first = View(ttrace, d / NAME, tmp_path / "cache")
+    try:
+        assert first.saved() == Path(f"{NAME}.ttidx")
+        urls = queries(first)
+        expected = answers(first, urls)
+    finally:
+        first.close()
+    second = View(ttrace, d / NAME, tmp_path / "cache")
+    try:
+        assert f"ttrace: index {NAME}.ttidx reused" in second.text(), second.text()
+        same_answers(second, (urls, expected))
+    finally:
+        second.close()
+    touch(members[-1])
+    third = View(ttrace, d / NAME, tmp_path / "cache")
+    try:
+        assert "reused" not in third.text() and "not used" in third.text(), third.text()
+    finally:
+        third.close()

@@ -81,7 +81,31 @@ pub enum IndexError {
 
 impl Identity {
     /// The state of `trace` now.
+    /// Of a trace file, or of a ring (`--max-size`) named by its base when
+    /// only its members exist: their sizes summed, the newest mtime, and a
+    /// hash of each member's own identity (so a member added, removed or
+    /// changed is another state).
     pub fn of(trace: &Path) -> Result<Identity, IndexError> {
+        if !trace.exists()
+            && let Ok(Some(ring)) = crate::format::ring::Members::find(trace)
+        {
+            let mut whole = Identity::zeroed();
+            let mut h = blake3::Hasher::new();
+            for (index, path) in &ring.files {
+                let member = Identity::of_file(path)?;
+                whole.size += member.size;
+                (whole.mtime_s, whole.mtime_ns) =
+                    (whole.mtime_s, whole.mtime_ns).max((member.mtime_s, member.mtime_ns));
+                h.update(&index.to_le_bytes());
+                h.update(bytemuck::bytes_of(&member));
+            }
+            whole.edges = *h.finalize().as_bytes();
+            return Ok(whole);
+        }
+        Identity::of_file(trace)
+    }
+
+    fn of_file(trace: &Path) -> Result<Identity, IndexError> {
         let io = |error| IndexError::Io { path: trace.to_path_buf(), error };
         let mut f = File::open(trace).map_err(io)?;
         let meta = f.metadata().map_err(io)?;
