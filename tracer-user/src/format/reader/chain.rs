@@ -161,7 +161,7 @@ impl<R: Read> TraceReader<R> {
         let expected_run = self.chain.run.clone().unwrap_or_default();
         if part.run != expected_run {
             let first = self.header.ring_read.as_ref().map_or(0, |r| r.first_index);
-            let first = super::super::ring::member_path(&self.chain.base, first).display().to_string();
+            let first = crate::format::ring::member_path(&self.chain.base, first).display().to_string();
             return Err(
                 RingError::MixedRuns { path: name, first, base, found: part.run, expected: expected_run }.into()
             );

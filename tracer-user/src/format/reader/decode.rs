@@ -60,7 +60,7 @@ impl<R: Read> TraceReader<R> {
         let ne = [c.i64()?, c.i64()?, c.i64()?, c.i64()?];
         let nb = [c.u64()?, c.u64()?, c.u64()?, c.u64()?];
         let (data, view_src, view_offs, has_extra) = (c.u64()?, c.u64()?, c.u64()?, c.u64()? != 0);
-        let memory = match super::super::memory::decode(c)?.and_then(|m| self.global_memory(m)) {
+        let memory = match crate::format::memory::decode(c)?.and_then(|m| self.global_memory(m)) {
             Ok(memory) => memory,
             Err(e) => return Ok(Err(e)),
         };
