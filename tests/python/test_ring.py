@@ -229,6 +229,11 @@ def test_bad_options_and_bad_rings_are_refused_by_name(ttrace, tmp_path, llama_c
     assert not list(tmp_path.iterdir())
 
     run = completion(llama_completion, models["tiny"], 100)
+    # A ring named after /dev/null would remove it (as root): refused.
+    proc = subprocess.run([ttrace, "run", "-o", "/dev/null", "--max-size", "1M", "--", *run], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0 and "give -o a file name" in proc.stderr, proc.stderr
+    assert Path("/dev/null").is_char_device()
     for name in ("a", "b"):
         record(ttrace, tmp_path / f"{name}.data", run, "--max-size", "20K")
     a, b = members(tmp_path / "a.data"), members(tmp_path / "b.data")

@@ -94,6 +94,13 @@ fn cmd_line(cmd: &mut Command) -> String {
     shell::output(cmd).map(|s| s.lines().next().unwrap_or("").trim().to_string()).unwrap_or_else(|e| format!("? ({e})"))
 }
 
+/// A `kB` field of `/proc/PID/status` (`VmHWM`, `VmRSS`), if the process
+/// is still there.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
+}
+
 pub fn met(ok: bool) -> &'static str {
     if ok { "**met**" } else { "**not met**" }
 }

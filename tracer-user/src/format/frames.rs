@@ -350,6 +350,16 @@ impl Lost {
     pub fn total(&self) -> u64 {
         self.call + self.page_fault + self.op + self.page_cache + self.block + self.value
     }
+
+    /// Each count less `base`'s, floored at 0.
+    pub fn saturating_sub(&self, base: &Lost) -> Lost {
+        let mut out = *self;
+        for kind in Self::COUNTED {
+            out[kind] = self[kind].saturating_sub(base[kind]);
+        }
+        out.value = self.value.saturating_sub(base.value);
+        out
+    }
 }
 
 impl std::ops::Index<EventKind> for Lost {

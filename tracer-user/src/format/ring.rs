@@ -119,6 +119,10 @@ impl GraphIds {
     /// The file's id for the run's definition `run`; an error if it is not
     /// defined in this file (the first file's ids are the recorder's).
     pub fn file_id(&self, run: u32) -> std::io::Result<u32> {
+        // Every COMPUTE and VALUE frame asks: the first file's ids are the run's.
+        if !self.restarted {
+            return Ok(run);
+        }
         let first_new = self.next_new - self.new_in_file;
         match self.carried.iter().position(|&r| r == run) {
             Some(at) => Ok(at as u32),

@@ -151,12 +151,17 @@ fn read(path: &Path) -> Result<(Header, Vec<Canonical>), TraceError> {
     Ok((reader.header().clone(), records))
 }
 
+/// The run written as one file (in its own directory `dir`), read back.
+fn one_file_records(dir: &str) -> Vec<Canonical> {
+    let single = write(Out::One(TraceWriter::create(Vec::new(), &header()).unwrap())).remove(0);
+    let one = scratch_dir(dir).join("one.data");
+    std::fs::write(&one, single).unwrap();
+    read(&one).unwrap().1
+}
+
 #[test]
 fn a_ring_reads_as_the_same_run_written_as_one_file() {
-    let single = write(Out::One(TraceWriter::create(Vec::new(), &header()).unwrap())).remove(0);
-    let one = scratch_dir("one").join("one.data");
-    std::fs::write(&one, single).unwrap();
-    let (_, expected) = read(&one).unwrap();
+    let expected = one_file_records("one");
     let (base, paths) = ring_files("whole", "r1");
     assert_eq!(paths.len(), 3);
     let (header, records) = read(&base).unwrap();
@@ -181,10 +186,7 @@ fn a_ring_reads_as_the_same_run_written_as_one_file() {
 
 #[test]
 fn a_ring_missing_its_oldest_files_says_so_and_counts_from_there() {
-    let single = write(Out::One(TraceWriter::create(Vec::new(), &header()).unwrap())).remove(0);
-    let one = scratch_dir("one-partial").join("one.data");
-    std::fs::write(&one, single).unwrap();
-    let (_, whole) = read(&one).unwrap();
+    let whole = one_file_records("one-partial");
     let (base, paths) = ring_files("partial", "r1");
     std::fs::remove_file(&paths[0]).unwrap();
     let (header, records) = read(&base).unwrap();

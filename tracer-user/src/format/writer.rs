@@ -528,10 +528,15 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn finish(mut self, trailer: &Trailer) -> io::Result<W> {
+        self.end(trailer)?;
+        Ok(self.out)
+    }
+
+    /// The END frame, flushed: the file is whole.
+    fn end(&mut self, trailer: &Trailer) -> io::Result<()> {
         self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
         self.emit(FrameKind::End)?;
-        self.out.flush()?;
-        Ok(self.out)
+        self.out.flush()
     }
 }
 

@@ -155,11 +155,6 @@ impl<W: Write> Recorder<W> {
         if matches!(event, Event::Graph(_) | Event::Call(_)) {
             self.flush_values()?;
         }
-        if let Event::Call(call) = event
-            && self.file_ends_before(call)
-        {
-            self.next_file(call.header.ts_ns)?;
-        }
         match event {
             Event::Value(v) => match self.values.as_mut().and_then(|values| values.on_event(v)) {
                 Some(done) => self.write_value(done),
@@ -196,6 +191,9 @@ impl<W: Write> Recorder<W> {
                 })
             }
             Event::Call(call) => {
+                if self.ring.is_some() && self.file_ends_before(call) {
+                    self.next_file(call.header.ts_ns)?;
+                }
                 // A graph starting means loading is done: until the maps show
                 // a model mapped, re-read them now, while the target is alive,
                 // so the graph's weights resolve to the file mapping rather

@@ -202,12 +202,8 @@ fn watch(child: Child, timeout: Duration, mut tick: impl FnMut(Duration)) -> Res
                 success: status.success(),
             });
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |name: &str| -> Option<u64> {
-            status.lines().find_map(|l| l.strip_prefix(name)?.split_whitespace().next()?.parse().ok())
-        };
-        peak = peak.max(field("VmHWM:").unwrap_or(0));
-        last = field("VmRSS:").unwrap_or(last);
+        peak = peak.max(super::status_kib(pid, "VmHWM").unwrap_or(0));
+        last = super::status_kib(pid, "VmRSS").unwrap_or(last);
         let elapsed = started.elapsed();
         if elapsed >= timeout {
             drop(child);
@@ -273,21 +269,14 @@ pub fn section(md: &mut String, b: &LongRun) -> Result<()> {
     let wall =
         |t: &Timed| if t.finished { format!("{:.1} s", t.secs) } else { format!("stopped after {:.0} s", t.secs) };
     let rss = |t: &Timed| format!("{:.0} MiB", t.peak_rss_kib as f64 / 1024.0);
-    let in_time = |t: &Timed, goal: f64| t.finished && t.secs <= goal;
-    writeln!(
-        md,
-        "| `ttrace report` | {} | {} | ≤ {REPORT_GOAL_S:.0} s: {} |",
-        wall(&b.report),
-        rss(&b.report),
-        met(in_time(&b.report, REPORT_GOAL_S))
-    )?;
-    writeln!(
-        md,
-        "| `ttrace simulate` (defaults: LRU, OPT, 2q at 8 budgets) | {} | {} | ≤ {SIMULATE_GOAL_S:.0} s: {} |",
-        wall(&b.simulate),
-        rss(&b.simulate),
-        met(in_time(&b.simulate, SIMULATE_GOAL_S))
-    )?;
+    let timed_rows = [
+        ("`ttrace report`", &b.report, REPORT_GOAL_S),
+        ("`ttrace simulate` (defaults: LRU, OPT, 2q at 8 budgets)", &b.simulate, SIMULATE_GOAL_S),
+    ];
+    for (command, t, goal) in timed_rows {
+        let in_time = t.finished && t.secs <= goal;
+        writeln!(md, "| {command} | {} | {} | ≤ {goal:.0} s: {} |", wall(t), rss(t), met(in_time))?;
+    }
     let rate = if b.export.finished { long.ops as f64 / b.export.secs } else { 0.0 };
     writeln!(
         md,

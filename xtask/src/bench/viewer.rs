@@ -141,15 +141,6 @@ fn serve(ctx: &Ctx, trace: &Path, log: &Path) -> Result<(super::stopper::StopOnD
     Ok((server, format!("127.0.0.1:{port}")))
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// Serves `trace` with `ttrace`, times the server's queries, then the front
 /// end; then opens it again, through the index the first open saved.
 fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
@@ -171,7 +162,7 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     let simulate_s = simulating.elapsed().as_secs_f64();
     let result = queries(&addr, &meta);
     let frames = front_end(ctx, &addr);
-    let peak_rss_kib = vm_hwm_kib(server.id());
+    let peak_rss_kib = super::status_kib(server.id(), "VmHWM").unwrap_or(0);
     let saved_s = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if let Some(line) = text.lines().find(|l| l.starts_with("ttrace: index saved to")) {
@@ -195,7 +186,7 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
         index_bytes: std::fs::metadata(&index_file)?.len(),
         ready_s: reopened.elapsed().as_secs_f64(),
         queries: queries(&addr, &meta)?,
-        peak_rss_kib: vm_hwm_kib(server.id()),
+        peak_rss_kib: super::status_kib(server.id(), "VmHWM").unwrap_or(0),
     };
     if !std::fs::read_to_string(&log)?.contains("reused") {
         bail!("the second ttrace view did not reuse {}", index_file.display());
@@ -418,25 +409,48 @@ pub fn csv(out: &mut String, v: &Viewer) -> std::fmt::Result {
     writeln!(out, "viewer_peak_rss_kib,,,{}", v.peak_rss_kib)?;
     writeln!(out, "viewer_ops,,,{}", v.ops)?;
     writeln!(out, "viewer_load_average,,,{}", v.load)?;
-    for (kind, times) in &v.queries {
-        for (i, t) in times.iter().enumerate() {
-            writeln!(out, "viewer_query_ms,{kind},{},{t}", i + 1)?;
-        }
-    }
+    query_rows(out, "viewer_query_ms", &v.queries)?;
     writeln!(out, "viewer_index_saved_s,,,{}", v.index.saved_s)?;
     writeln!(out, "viewer_index_bytes,,,{}", v.index.index_bytes)?;
     writeln!(out, "viewer_reopen_ready_s,,,{}", v.index.ready_s)?;
     writeln!(out, "viewer_reopen_peak_rss_kib,,,{}", v.index.peak_rss_kib)?;
-    for (kind, times) in &v.index.queries {
-        for (i, t) in times.iter().enumerate() {
-            writeln!(out, "viewer_reopen_query_ms,{kind},{},{t}", i + 1)?;
-        }
-    }
+    query_rows(out, "viewer_reopen_query_ms", &v.index.queries)?;
     writeln!(out, "viewer_first_paint_ms,,,{}", v.frames.first_paint_ms)?;
     for (name, g) in v.frames.gestures() {
         let key = name.replace(' ', "_");
         writeln!(out, "viewer_fps,{key},,{}", g.fps)?;
         writeln!(out, "viewer_frame_p95_ms,{key},,{}", g.p95_ms)?;
+    }
+    Ok(())
+}
+
+/// Per query kind: p50, p95 and max of the server's times, then a blank
+/// line; the worst p95.
+fn query_table(
+    md: &mut String,
+    first_column: &str,
+    queries: &[(&'static str, Vec<f64>)],
+) -> Result<f64, std::fmt::Error> {
+    use std::fmt::Write as _;
+    writeln!(md, "| {first_column} | p50 ms | p95 ms | max ms |")?;
+    writeln!(md, "|---|---|---|---|")?;
+    let mut worst: f64 = 0.0;
+    for (kind, times) in queries {
+        let p95 = percentile(times, 0.95);
+        worst = worst.max(p95);
+        writeln!(md, "| {kind} | {:.2} | {p95:.2} | {:.2} |", median(times), percentile(times, 1.0))?;
+    }
+    writeln!(md)?;
+    Ok(worst)
+}
+
+/// Each query's time as a CSV row under `key`.
+fn query_rows(out: &mut String, key: &str, queries: &[(&'static str, Vec<f64>)]) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    for (kind, times) in queries {
+        for (i, t) in times.iter().enumerate() {
+            writeln!(out, "{key},{kind},{},{t}", i + 1)?;
+        }
     }
     Ok(())
 }
@@ -470,15 +484,7 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
         v.peak_rss_kib as f64 / 1024.0,
         v.load
     )?;
-    writeln!(md, "| query | p50 ms | p95 ms | max ms |")?;
-    writeln!(md, "|---|---|---|---|")?;
-    let mut worst: f64 = 0.0;
-    for (kind, times) in &v.queries {
-        let p95 = percentile(times, 0.95);
-        worst = worst.max(p95);
-        writeln!(md, "| {kind} | {:.2} | {p95:.2} | {:.2} |", median(times), percentile(times, 1.0))?;
-    }
-    writeln!(md)?;
+    let worst = query_table(md, "query", &v.queries)?;
     writeln!(md, "- Goal ≥ 10 M ops in the trace: {} ({})", met(v.ops >= 10_000_000), v.ops)?;
     writeln!(md, "- Goal ready ≤ 5 s: {} ({:.2} s)", met(v.ready_s <= 5.0), v.ready_s)?;
     writeln!(
@@ -500,15 +506,7 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
         r.ready_s,
         r.peak_rss_kib as f64 / 1024.0
     )?;
-    writeln!(md, "| query (second open) | p50 ms | p95 ms | max ms |")?;
-    writeln!(md, "|---|---|---|---|")?;
-    let mut reopened_worst: f64 = 0.0;
-    for (kind, times) in &r.queries {
-        let p95 = percentile(times, 0.95);
-        reopened_worst = reopened_worst.max(p95);
-        writeln!(md, "| {kind} | {:.2} | {p95:.2} | {:.2} |", median(times), percentile(times, 1.0))?;
-    }
-    writeln!(md)?;
+    let reopened_worst = query_table(md, "query (second open)", &r.queries)?;
     writeln!(md, "- Goal second open ready ≤ 2 s: {} ({:.2} s)", met(r.ready_s <= 2.0), r.ready_s)?;
     writeln!(
         md,

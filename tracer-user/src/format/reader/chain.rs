@@ -103,15 +103,7 @@ impl<R> Chain<R> {
 
     /// LOST frames count from the run's start: from the first file read's.
     pub fn lost_since_start(&self, lost: Lost) -> Lost {
-        let b = &self.lost_base;
-        Lost {
-            call: lost.call.saturating_sub(b.call),
-            page_fault: lost.page_fault.saturating_sub(b.page_fault),
-            op: lost.op.saturating_sub(b.op),
-            page_cache: lost.page_cache.saturating_sub(b.page_cache),
-            block: lost.block.saturating_sub(b.block),
-            value: lost.value.saturating_sub(b.value),
-        }
+        lost.saturating_sub(&self.lost_base)
     }
 
     /// Whether a BUFFER frame just read restates a buffer (skipped).

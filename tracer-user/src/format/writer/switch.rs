@@ -5,7 +5,7 @@ use std::io::{self, Write};
 
 use super::{
     super::{
-        frames::{FrameKind, Header, Lost, Trailer},
+        frames::{Header, Lost, Trailer},
         ring::RingPart,
     },
     TraceWriter, write_header,
@@ -31,9 +31,7 @@ impl<W: Write> TraceWriter<W> {
         trailer: &Trailer,
     ) -> io::Result<W> {
         self.lost(lost)?;
-        self.frame = serde_json::to_vec(trailer).map_err(io::Error::other)?;
-        self.emit(FrameKind::End)?;
-        self.out.flush()?;
+        self.end(trailer)?;
         let closed = std::mem::replace(&mut self.out, out);
         let header = Header { start_unix_ns, start_monotonic_ns, ring: Some(part), ..self.header.clone() };
         self.file_start = self.stats.total_bytes;

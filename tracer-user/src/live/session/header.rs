@@ -16,9 +16,7 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
         mode,
         command: command.to_vec(),
         pid,
-        start_unix_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
+        start_unix_ns: unix_ns(),
         start_monotonic_ns: monotonic_ns(),
         kernel: kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -42,6 +40,11 @@ pub(super) fn header(spec: &SessionSpec, pid: u32, mode: Mode, command: &[String
         ring: None,
         ring_read: None,
     }
+}
+
+/// The wall clock, in ns since the Unix epoch.
+pub(super) fn unix_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// CLOCK_MONOTONIC, the clock of the kernel's event timestamps.

@@ -27,13 +27,9 @@ impl TraceFile {
         owner: Option<&UserSpec>,
         header: &Header,
     ) -> Result<(Self, TraceWriter<BufWriter<File>>)> {
-        let file = File::create(path).with_context(|| format!("creating trace file {}", path.display()))?;
+        let file = create_owned(path, owner)?;
         let guard = Self { path: path.to_path_buf(), keep: false };
-        if let Some(owner) = owner.filter(|_| !is_discard(path)) {
-            std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid))
-                .with_context(|| format!("giving {} to user {}", path.display(), owner.name))?;
-        }
-        let writer = TraceWriter::create(BufWriter::with_capacity(1 << 20, file), header)?;
+        let writer = TraceWriter::create(file, header)?;
         Ok((guard, writer))
     }
 
@@ -46,6 +42,17 @@ impl TraceFile {
     pub fn discard(&mut self) {
         self.keep = false;
     }
+}
+
+/// `path` created for writing a trace, given to `owner` (the user behind
+/// sudo), buffered as the writer wants it.
+pub(super) fn create_owned(path: &Path, owner: Option<&UserSpec>) -> Result<BufWriter<File>> {
+    let file = File::create(path).with_context(|| format!("creating trace file {}", path.display()))?;
+    if let Some(owner) = owner.filter(|_| !is_discard(path)) {
+        std::os::unix::fs::chown(path, Some(owner.uid), Some(owner.gid))
+            .with_context(|| format!("giving {} to user {}", path.display(), owner.name))?;
+    }
+    Ok(BufWriter::with_capacity(1 << 20, file))
 }
 
 /// `/dev/null`: `top` without `-o` records nowhere; never chowned or removed.

@@ -54,9 +54,24 @@ pub(super) fn start(
             cpu.display()
         );
     };
-    // The barrier program tells its library's load bias from the page of
-    // its own address: the probe's, which may lie past the symbol.
-    let barrier = target::probe_sites(cpu, &[(BARRIER, Reads::ReturnAddress)])?[0]
+    // Each probe's library and site, found once: the barrier's site is
+    // also what its program tells the load bias from.
+    let mut sites = Vec::new();
+    for (symbol, program, cookie, reads) in PROBES {
+        // ggml_barrier is not among the hook symbols searched: it is in the CPU library.
+        let path = if symbol == BARRIER { Some(cpu) } else { libs.path_of(symbol) };
+        let Some(path) = path else {
+            if symbol == "ggml_compute_forward_rms_norm_mul_fused" {
+                continue; // a build from before the fusion
+            }
+            bail!("--values: no library defines `{symbol}`");
+        };
+        let site = target::probe_sites(path, &[(symbol, reads)])?[0];
+        sites.push((symbol, program, cookie, path, site));
+    }
+    let barrier = sites
+        .iter()
+        .find_map(|s| (s.0 == BARRIER).then_some(s.4).flatten())
         .with_context(|| format!("--values: `{BARRIER}` of {} is in no loaded segment", cpu.display()))?;
     let set_rows = names.and_then(|n| n.ops.iter().position(|o| o == "SET_ROWS")).map_or(u64::MAX, |i| i as u64);
     tracer.set_array(
@@ -71,16 +86,7 @@ pub(super) fn start(
             (config::FILTERING, u64::from(filtering)),
         ],
     )?;
-    for (symbol, program, cookie, reads) in PROBES {
-        // ggml_barrier is not among the hook symbols searched: it is in the CPU library.
-        let path = if symbol == BARRIER { Some(cpu) } else { libs.path_of(symbol) };
-        let Some(path) = path else {
-            if symbol == "ggml_compute_forward_rms_norm_mul_fused" {
-                continue; // a build from before the fusion
-            }
-            bail!("--values: no library defines `{symbol}`");
-        };
-        let site = target::probe_sites(path, &[(symbol, reads)])?[0];
+    for (symbol, program, cookie, path, site) in sites {
         tracer.attach_uprobe_at(program, path, symbol, site.map(|s| s.file_offset), Some(pid), u64::from(cookie))?;
     }
     Ok(())

@@ -249,13 +249,16 @@ impl Index {
     /// Reads and indexes `path`. A file still being written (or cut short)
     /// is read up to its last complete frame; a malformed one is an error.
     pub fn load(path: &Path) -> Result<Index, LoadError> {
-        // A ring of files (`--max-size`): its members' bytes.
-        let file_bytes = crate::format::ring::trace_bytes(path)
-            .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
         // Before the trace is read: a trace still being written is then
         // longer than its index says, and the index is not reused for it.
         let identity =
             disk::Identity::of(path).inspect_err(|e| log::warn!("no index for {}: {e}", path.display())).ok();
+        // Its size (a ring's members' bytes, `--max-size`), or why it has none.
+        let file_bytes = match &identity {
+            Some(id) => id.size,
+            None => crate::format::ring::trace_bytes(path)
+                .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?,
+        };
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();
@@ -269,7 +272,7 @@ impl Index {
                 (ops, memmap, timeline, IndexFile::Reused(file))
             }
             None => {
-                let built = Self::build(path, &analysis, &tensors, started)?;
+                let built = Self::build(path, &analysis, &tensors, (started, analysed))?;
                 (built.ops, built.memmap, built.timeline, IndexFile::Built(identity))
             }
         };
@@ -300,20 +303,19 @@ impl Index {
         path: &Path,
         analysis: &Analysis,
         tensors: &Tensors,
-        started: std::time::Instant,
+        (started, analysed): (std::time::Instant, std::time::Duration),
     ) -> Result<build::Built, LoadError> {
-        let analysed = started.elapsed();
+        let walk_started = std::time::Instant::now();
         let mut builder = build::Builder::new(analysis, tensors);
         walk::walk(path, analysis, &indicatif::ProgressBar::hidden(), &mut builder)?;
-        let walked = started.elapsed();
-        log::info!("walked in {:.2?} (CPU so far {:.2} s), RSS {} MiB", walked - analysed, cpu_s(), rss_mib());
+        let walk = walk_started.elapsed();
+        log::info!("walked in {walk:.2?} (CPU so far {:.2} s), RSS {} MiB", cpu_s(), rss_mib());
         let built = builder.finish(analysis, tensors);
         give_back_memory();
         log::info!(
-            "indexed in {:.2?} (analysis {analysed:.2?}, walk {:.2?}, CPU {:.2} s), RSS {} MiB: {} ops, {} signatures, {} \
-             combinations, {} reads, {} buffer segments, {} + {} pyramid entries",
+            "indexed in {:.2?} (analysis {analysed:.2?}, walk {walk:.2?}, CPU {:.2} s), RSS {} MiB: {} ops, {} \
+             signatures, {} combinations, {} reads, {} buffer segments, {} + {} pyramid entries",
             started.elapsed(),
-            walked - analysed,
             cpu_s(),
             rss_mib(),
             built.ops.len(),

@@ -7,7 +7,7 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use super::{
     disk::column::{Column, once},
@@ -97,23 +97,11 @@ pub struct Timeline {
 
 /// A thread's timed op rows, until its track is built at first use
 /// (millions of rows: not before the server is ready).
+#[derive(Serialize, Deserialize)]
 struct ThreadTrack {
     rows: Mutex<Column<u32>>,
+    #[serde(with = "once")]
     built: OnceLock<Pyramid>,
-}
-
-impl Serialize for ThreadTrack {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let rows = self.rows.lock().unwrap_or_else(|e| e.into_inner());
-        (&*rows, self.built.get()).serialize(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for ThreadTrack {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ThreadTrack, D::Error> {
-        let (rows, built): (Column<u32>, Option<Pyramid>) = Deserialize::deserialize(d)?;
-        Ok(ThreadTrack { rows: Mutex::new(rows), built: built.map(OnceLock::from).unwrap_or_default() })
-    }
 }
 
 /// An op row's slice on its thread's track.

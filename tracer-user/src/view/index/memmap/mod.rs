@@ -94,7 +94,7 @@ pub struct IoEvent {
     pub ubatch: u32,
 }
 
-#[derive(Default, Serialize, Deserialize)]
+#[derive(Serialize, Deserialize)]
 pub struct IoEvents {
     pub fault_major: Column<IoEvent>,
     pub fault_minor: Column<IoEvent>,
