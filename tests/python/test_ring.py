@@ -212,10 +212,15 @@ def test_ctrl_c_closes_the_last_file(ttrace, tmp_path, llama_completion, models)
     _, stderr = proc.communicate(timeout=60)
     files = members(base)
     assert len(files) >= 4, stderr[-2000:]
+    # llama-completion's SIGINT handler joins llama's log thread and
+    # deadlocks when the signal lands while the log lock is held (about one
+    # run in two here, without ttrace too; see run_controls.rs): ttrace then
+    # kills it after its grace. Either way the last file is closed whole.
+    endings = {"interrupted", "interrupted (target killed after 10 s)"}
     last = report(ttrace, files[-1])
-    assert last["trailer"]["stop_reason"] == "interrupted" and not last["truncated"]
+    assert last["trailer"]["stop_reason"] in endings and not last["truncated"]
     whole = report(ttrace, base)
-    assert not whole["truncated"] and whole["trailer"]["stop_reason"] == "interrupted"
+    assert not whole["truncated"] and whole["trailer"]["stop_reason"] == last["trailer"]["stop_reason"]
     assert len(whole["ubatches"]) == sum(len(report(ttrace, f)["ubatches"]) for f in files)
 
 

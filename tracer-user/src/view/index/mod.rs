@@ -251,14 +251,19 @@ impl Index {
     pub fn load(path: &Path) -> Result<Index, LoadError> {
         // Before the trace is read: a trace still being written is then
         // longer than its index says, and the index is not reused for it.
-        let identity =
-            disk::Identity::of(path).inspect_err(|e| log::warn!("no index for {}: {e}", path.display())).ok();
-        // Its size (a ring's members' bytes, `--max-size`), or why it has none.
+        let identity = disk::Identity::of(path);
+        // Its size (a ring's members' bytes, `--max-size`), or why it has
+        // none: a trace that cannot be read is one error, not a warning too.
         let file_bytes = match &identity {
-            Some(id) => id.size,
-            None => crate::format::ring::trace_bytes(path)
-                .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?,
+            Ok(id) => id.size,
+            Err(e) => {
+                let bytes = crate::format::ring::trace_bytes(path)
+                    .map_err(|error| TraceError::Open { path: path.display().to_string(), error })?;
+                log::warn!("no index for {}: {e}", path.display());
+                bytes
+            }
         };
+        let identity = identity.ok();
         let started = std::time::Instant::now();
         let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
         let analysed = started.elapsed();
