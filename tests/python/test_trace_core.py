@@ -252,3 +252,34 @@ def test_python_client_matches_llama_completion_per_ubatch(ttrace, tmp_path, lla
         return [(u["phase"], u["n_tokens"], u["ops"]) for u in a["ubatches"] if u["phase"] in ("prompt", "generate")]
     assert ops_by_phase(py) == ops_by_phase(cli)
     assert [l["path"] for l in py["header"]["libraries"] if l["role"] == "cpu"][0].endswith(".so.0")
+
+
+@pytest.mark.parametrize("opts", [(), ("--op-timing",)], ids=["graph-capture", "op-timing"])
+def test_a_long_runs_summary_is_the_recorders_and_says_what_report_adds(ttrace, tmp_path, llama_completion, flush_log_preload,
+                                                                        models, monkeypatch, opts):
+    """Past READ_BACK_MAX_OPS (5 M; lowered here) the end-of-run summary is
+    made from the recorder's counts, header and trailer, not read back: its
+    op count, stop, trace size and losses are those `report --json` reads
+    from the file, and it names the command that gives the rest."""
+    monkeypatch.setenv("TTRACE_TEST_READ_BACK_MAX_OPS", "100")
+    a, _, _, proc = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models["tiny"], 8,
+                                   ttrace_opts=opts)
+    lines = proc.stderr.splitlines()
+    at = [i for i, l in enumerate(lines) if SUMMARY["head"].match(l)]
+    assert len(at) == 1, proc.stderr[-3000:]
+    rows = lines[at[0]:]
+    head = SUMMARY["head"].match(rows[0])
+    assert int(head.group(1)) == a["header"]["pid"]
+    traced_ns = a["trailer"]["end_monotonic_ns"] - a["header"]["start_monotonic_ns"]
+    assert head.group(3) == f"{traced_ns / 1e9:.3f}"
+    trace = tmp_path / "trace.data"
+    assert f"  stopped      {a['trailer']['stop_reason']}, exit status 0" in rows
+    ops = [l for l in rows if l.startswith("  ops          ")]
+    assert ops == [f"  ops          {a['ops']} recorded; per-phase, token and weight figures are not read back at the "
+                   f"end of a run this long (`ttrace report {trace}` reads them)"], rows
+    assert a["ops"] > 100
+    size = human_bytes(trace.stat().st_size)
+    assert any(l.startswith(f"  trace        {trace}: {size}, ") for l in rows), (size, rows)
+    assert "  lost events  none" in rows
+    # What only a read of the ops gives is left to `report`.
+    assert not any(l.startswith(("  ubatches", "  tokens", "  weights")) for l in rows), rows

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 
-use super::report;
+use super::traced;
 use crate::{
     cli::AttachArgs,
     live::privileges::require_tracing_privileges,
@@ -20,5 +20,5 @@ pub async fn run(args: AttachArgs) -> Result<()> {
     }
     let spec = SessionSpec { duration: args.duration, ..super::session_spec(&args.common, UserSpec::from_sudo_env()?) };
     let outcome = session::trace(Target::Attach { pid: args.pid }, &spec).await?;
-    report::print_summary(&spec.output, Some(&outcome.stats))
+    traced::print_summary(&spec.output, &outcome)
 }

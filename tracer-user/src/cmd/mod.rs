@@ -14,6 +14,8 @@ pub mod simulate;
 pub mod sweep;
 #[cfg(feature = "live")]
 pub mod top;
+#[cfg(feature = "live")]
+mod traced;
 pub mod view;
 
 /// `run` and `attach`'s shared arguments as a session's options, in one

@@ -15,7 +15,7 @@ use crate::{
     },
     cli::ReportArgs,
     export::{self, summary},
-    format::{TraceReader, WriterStats},
+    format::TraceReader,
 };
 use anyhow::{Context, Result};
 
@@ -97,11 +97,4 @@ pub fn warn_if_partial(path: &Path, analysis: &Analysis) {
 pub fn read_analysis(path: &Path) -> Result<Analysis> {
     let reader = TraceReader::open(path).with_context(|| format!("reading {}", path.display()))?;
     analyze::analyze(reader).with_context(|| format!("reading {}", path.display()))
-}
-
-/// After tracing: the summary of what was written, read back from the file.
-pub fn print_summary(path: &Path, stats: Option<&WriterStats>) -> Result<()> {
-    let analysis = read_analysis(path)?;
-    eprint!("{}", summary::render(&Summary::new(&analysis, &path.display().to_string(), stats)));
-    Ok(())
 }

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 
 use anyhow::{Result, bail};
 
-use super::report;
+use super::traced;
 use crate::{
     cli::RunArgs,
     live::privileges::require_tracing_privileges,
@@ -27,7 +27,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     spec.models.extend(models_in_command(&args.command));
     let outcome = session::trace(Target::Run { child, argv: args.command.clone() }, &spec).await?;
-    report::print_summary(&spec.output, Some(&outcome.stats))?;
+    traced::print_summary(&spec.output, &outcome)?;
     if let Some(cgroup) = cgroup.as_mut() {
         if let Ok(stats) = cgroup.stats() {
             eprintln!(

@@ -6,7 +6,7 @@ use std::{io::IsTerminal, os::fd::AsRawFd, path::PathBuf, sync::Arc};
 
 use anyhow::{Result, bail};
 
-use super::report;
+use super::traced;
 use crate::{
     cli::{TopArgs, TracepointChoice},
     live::{
@@ -95,7 +95,7 @@ pub async fn run(args: TopArgs) -> Result<()> {
     // before anything below prints.
     let outcome = session::trace_with_tap(target, &spec, Some(Box::new(tap))).await?;
     if let Some(path) = &args.output {
-        report::print_summary(path, Some(&outcome.stats))?;
+        traced::print_summary(path, &outcome)?;
     }
     if let Some(mut cgroup) = cgroup.and_then(|c| Arc::try_unwrap(c).ok()) {
         cgroup.remove()?;

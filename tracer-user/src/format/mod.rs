@@ -2,6 +2,7 @@
 //! paths: the live side writes it, the offline side reads it.
 pub mod buffers;
 pub mod codec;
+pub mod executed;
 pub mod frames;
 mod memory;
 pub mod reader;

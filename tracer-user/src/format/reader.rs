@@ -97,11 +97,6 @@ struct GraphNode {
     srcs: Vec<(u32, u32)>,
 }
 
-/// Ops that only re-describe memory: the CPU backend's compute loop skips them.
-const EMPTY_OPS: [&str; 5] = ["NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"];
-/// `GGML_TENSOR_FLAG_COMPUTE`: the scheduler marks the nodes a backend runs.
-const FLAG_COMPUTE: i32 = 16;
-
 impl TraceReader<BufReader<File>> {
     /// The trace at `path`; when no such file exists but a ring's files
     /// `path.NNNN` do (`--max-size`), those as one run.
@@ -540,16 +535,15 @@ impl<R: Read> TraceReader<R> {
         self.strings.get(id as usize).cloned().ok_or_else(|| format!("string {id} not defined"))
     }
 
-    /// The nodes of graph `graph` that the CPU backend executes. ggml marks
-    /// them with `FLAG_COMPUTE` since 2026; before, it ran every node (a
-    /// graph with no node so marked comes from such a build).
+    /// The nodes of graph `graph` that the CPU backend executes.
     fn graph_ops(&self, graph: u32) -> Result<impl Iterator<Item = &GraphNode>, String> {
         let nodes = self.graphs.get(graph as usize).ok_or_else(|| format!("graph {graph} not defined"))?;
-        let empty: Vec<i32> = EMPTY_OPS.iter().filter_map(|name| self.header.op_id(name)).collect();
-        let flagged = nodes.iter().any(|node| self.descriptors[node.dst as usize].flags & FLAG_COMPUTE != 0);
+        let empty = super::executed::empty_op_ids(&self.header);
+        let flagged =
+            nodes.iter().any(|node| self.descriptors[node.dst as usize].flags & super::executed::FLAG_COMPUTE != 0);
         Ok(nodes.iter().filter(move |node| {
             let d = &self.descriptors[node.dst as usize];
-            !empty.contains(&d.op) && (!flagged || d.flags & FLAG_COMPUTE != 0)
+            super::executed::is_executed(d.op, d.flags, flagged, &empty)
         }))
     }
 

@@ -39,6 +39,18 @@ pub struct WriterStats {
     /// VALUE frames (`--values`) and their bytes.
     pub values: u64,
     pub value_bytes: u64,
+    /// Ops the COMPUTE frames' runs executed (as the reader expands them),
+    /// and the runs whose graph's count was no longer kept.
+    pub graph_run_ops: u64,
+    pub graph_runs_uncounted: u64,
+}
+
+impl WriterStats {
+    /// Every executed op written (OP frames and graph runs'); `None` when
+    /// some run's count was not kept.
+    pub fn executed_ops(&self) -> Option<u64> {
+        (self.graph_runs_uncounted == 0).then_some(self.ops + self.graph_run_ops)
+    }
 }
 
 /// Who ran an op, and when: an OP frame's fixed fields.
@@ -131,6 +143,7 @@ pub struct TraceWriter<W: Write> {
     threads: HashMap<u32, u32>,
     descriptors: HashMap<TensorRecord, u32>,
     last_ts: u64,
+    ops_per_graph: super::executed::OpsPerGraph,
     pub stats: WriterStats,
 }
 
@@ -151,6 +164,7 @@ impl<W: Write> TraceWriter<W> {
             threads: HashMap::default(),
             descriptors: HashMap::default(),
             last_ts: header.start_monotonic_ns,
+            ops_per_graph: Default::default(),
             stats: WriterStats { total_bytes, ..Default::default() },
         })
     }
@@ -343,6 +357,10 @@ impl<W: Write> TraceWriter<W> {
         self.record_ids = ids;
         self.stats.graph_bytes += self.emit(FrameKind::Graph)?;
         self.stats.graphs += 1;
+        let empty = super::executed::empty_op_ids(&self.header);
+        let nodes = &definition.records[..definition.n_nodes];
+        let ops = super::executed::count(nodes.iter().map(|r| (r.op, r.flags)), &empty);
+        self.ops_per_graph.define(definition.id, ops);
         Ok(())
     }
 
@@ -356,6 +374,10 @@ impl<W: Write> TraceWriter<W> {
         inputs: &[(TensorRecord, Vec<u8>)],
         resolve: &mut dyn FnMut(&TensorRecord) -> Memory,
     ) -> io::Result<()> {
+        match self.ops_per_graph.of(graph) {
+            Some(ops) => self.stats.graph_run_ops += ops,
+            None => self.stats.graph_runs_uncounted += 1,
+        }
         let graph = self.graph_ids.file_id(graph)?;
         let thread = self.thread(tid)?;
         let mut ids = Vec::with_capacity(inputs.len());
@@ -527,9 +549,14 @@ impl<W: Write> TraceWriter<W> {
         self.out.flush()
     }
 
-    pub fn finish(mut self, trailer: &Trailer) -> io::Result<W> {
+    pub fn finish(self, trailer: &Trailer) -> io::Result<W> {
+        self.finish_counted(trailer).map(|(out, _)| out)
+    }
+
+    /// [`Self::finish`], with the counts of everything written, END included.
+    pub fn finish_counted(mut self, trailer: &Trailer) -> io::Result<(W, WriterStats)> {
         self.end(trailer)?;
-        Ok(self.out)
+        Ok((self.out, self.stats))
     }
 
     /// The END frame, flushed: the file is whole.

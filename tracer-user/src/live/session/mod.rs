@@ -110,6 +110,8 @@ pub struct Outcome {
     pub exit: Option<ExitStatus>,
     pub stats: WriterStats,
     pub lost: Lost,
+    /// What the trace's last frame says, for the summary of a long run.
+    pub trailer: Trailer,
 }
 
 /// The longest wait at the end for model-file reads still in flight.
@@ -509,12 +511,12 @@ async fn record_until_stop(
         copies: Some(recorder.resolver.copies.counts).filter(|c| *c != Default::default()),
         value_threads,
     };
-    let stats = recorder.writer.stats;
-    let file = recorder.writer.finish(&trailer)?.into_inner().map_err(|e| e.into_error())?;
+    let (file, stats) = recorder.writer.finish_counted(&trailer)?;
+    let file = file.into_inner().map_err(|e| e.into_error())?;
     if !trace_file::is_discard(&spec.output) {
         file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
     }
-    Ok(Outcome { stop_reason, exit, stats, lost })
+    Ok(Outcome { stop_reason, exit, stats, lost, trailer })
 }
 
 /// Stop before anything is kept: a `run` target is killed (ttrace started

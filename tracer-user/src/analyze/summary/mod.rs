@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use super::{Analysis, Phase, correlate::Stage};
+
+mod recorded;
 use crate::{
     format::{
         CopyMatches, Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, ValueThread, ValuesMissing,
@@ -85,6 +87,11 @@ pub struct Summary {
     pub copies: Option<CopyMatches>,
     /// `--values`: the team's per-thread node and barrier counts.
     pub value_threads: Vec<ValueThread>,
+    /// Made at the end of a long run from what the recorder knew (these
+    /// counts), without reading the trace back: the per-phase, token and
+    /// weight figures are then not known ([`Summary::recorded`]).
+    #[serde(skip)]
+    pub not_read_back: Option<WriterStats>,
 }
 
 /// The program traced, as far as the hooks it provided tell.
@@ -98,8 +105,8 @@ pub enum Program {
 }
 
 impl Program {
-    fn of(a: &Analysis) -> Self {
-        if a.header.libraries.iter().any(|l| l.role == "whisper") { Program::WhisperCpp } else { Program::LlamaCpp }
+    fn of(header: &crate::format::Header) -> Self {
+        if header.libraries.iter().any(|l| l.role == "whisper") { Program::WhisperCpp } else { Program::LlamaCpp }
     }
 
     fn name(self) -> &'static str {
@@ -194,7 +201,7 @@ impl Summary {
         let per_op = |bytes: u64| if a.ops == 0 { 0.0 } else { bytes as f64 / a.ops as f64 };
         let stage = |s: Stage| a.ubatches.iter().filter(|u| u.stage == Some(s)).count();
         Summary {
-            program: Program::of(a),
+            program: Program::of(h),
             mode: h.mode.to_string(),
             pid: h.pid,
             commit: h.llama_commit.clone(),
@@ -245,6 +252,7 @@ impl Summary {
             values_missing: a.trailer.as_ref().and_then(|t| t.values_missing),
             copies: a.trailer.as_ref().and_then(|t| t.copies),
             value_threads: a.trailer.as_ref().map(|t| t.value_threads.clone()).unwrap_or_default(),
+            not_read_back: None,
         }
     }
 
@@ -279,26 +287,10 @@ impl Summary {
         )
     }
 
-    /// `(key, value)` rows: the text summary's lines and the HTML table's.
-    pub fn rows(&self) -> Vec<(&'static str, String)> {
+    /// The rows only a read of the whole trace gives: graphs per phase,
+    /// tokens and ops.
+    fn graph_and_token_rows(&self) -> Vec<(&'static str, String)> {
         let mut rows = Vec::new();
-        rows.push((
-            "stopped",
-            match &self.stopped {
-                Some(s) => {
-                    let exit = match (s.exit_code, s.exit_signal) {
-                        (Some(code), _) => format!(", exit status {code}"),
-                        (None, Some(sig)) => format!(", killed by signal {sig}"),
-                        _ => String::new(),
-                    };
-                    format!("{}{exit}", s.reason)
-                }
-                None => "trace cut short (no end record): read up to its last complete record".to_string(),
-            },
-        ));
-        if let Some(ring) = &self.ring {
-            rows.push(("files", ring.to_string()));
-        }
         rows.push(match self.program {
             Program::LlamaCpp => (
                 "ubatches",
@@ -342,6 +334,33 @@ impl Summary {
             ));
         }
         rows.push(("ops", format!("{} recorded ({} outside any graph)", self.ops, self.ops_outside_graphs)));
+        rows
+    }
+
+    /// `(key, value)` rows: the text summary's lines and the HTML table's.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let mut rows = Vec::new();
+        rows.push((
+            "stopped",
+            match &self.stopped {
+                Some(s) => {
+                    let exit = match (s.exit_code, s.exit_signal) {
+                        (Some(code), _) => format!(", exit status {code}"),
+                        (None, Some(sig)) => format!(", killed by signal {sig}"),
+                        _ => String::new(),
+                    };
+                    format!("{}{exit}", s.reason)
+                }
+                None => "trace cut short (no end record): read up to its last complete record".to_string(),
+            },
+        ));
+        if let Some(ring) = &self.ring {
+            rows.push(("files", ring.to_string()));
+        }
+        match &self.not_read_back {
+            None => rows.extend(self.graph_and_token_rows()),
+            Some(stats) => rows.push(("ops", recorded::ops_row(stats, &self.trace.path))),
+        }
         if let Some(build) = &self.build {
             rows.push((self.program.name(), build_row(build, self.commit.as_deref(), self.program)));
             rows.push(("layouts", layouts_row(build, self.layout_check, self.program)));
@@ -387,19 +406,21 @@ impl Summary {
             Program::LlamaCpp => format!("{} per generated token; ", human_bytes(self.weight_bytes_per_token)),
             Program::WhisperCpp => String::new(),
         };
-        rows.push((
-            "weights",
-            if self.program == Program::WhisperCpp {
-                self.whisper_weights()
-            } else {
-                format!(
-                    "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
-                    self.distinct_weights,
-                    share(self.file_backed_accesses),
-                    share(self.copy_accesses)
-                )
-            },
-        ));
+        rows.extend(self.not_read_back.is_none().then(|| {
+            (
+                "weights",
+                if self.program == Program::WhisperCpp {
+                    self.whisper_weights()
+                } else {
+                    format!(
+                        "{} distinct tensors touched; {per_token}accesses {:.1}% file-backed, {:.1}% copies",
+                        self.distinct_weights,
+                        share(self.file_backed_accesses),
+                        share(self.copy_accesses)
+                    )
+                },
+            )
+        }));
         let t = &self.trace;
         rows.push((
             "trace",
