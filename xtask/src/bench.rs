@@ -119,6 +119,7 @@ pub fn run(rounds: usize, quick: bool, only: &[Part]) -> Result<()> {
     if !shell::is_root() {
         bail!("`cargo xtask bench` loads eBPF programs and needs root: run it with sudo");
     }
+    stopper::default_sigint();
     let paths = setup::run_quiet()?;
     let ttrace = demo::build_ttrace()?;
     let root = cache::repo_root();

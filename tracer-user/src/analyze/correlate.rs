@@ -244,7 +244,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
             }
             Record::Op(op) => {
                 a.ops += 1;
-                for &(_, id) in &op.srcs {
+                for &(_, id) in op.srcs.iter() {
                     let d = reader.descriptor(id);
                     if !matches!(d.memory, Memory::ModelFile { .. }) {
                         a.buffers.note_read(d.data);
@@ -406,7 +406,7 @@ fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceR
     } else {
         Vec::new()
     };
-    for &(slot, id) in &op.srcs {
+    for &(slot, id) in op.srcs.iter() {
         let src: &Descriptor = reader.descriptor(id);
         let (model, tensor, copy) = match src.memory {
             Memory::ModelFile { model, tensor, .. } => (model, tensor, false),

@@ -283,7 +283,7 @@ impl Collector {
             Event::Op(e) => {
                 let period = self.period(e.ctx.ubatch, tables);
                 let name = tables.op_name_ref(&e.op);
-                for &(slot, id) in &e.op.srcs {
+                for &(slot, id) in e.op.srcs.iter() {
                     let d = tables.descriptor(id);
                     let Some(w) = weight_of(d) else { continue };
                     let Some(t) = model_tensor(tables.models, w.model, w.tensor) else { continue };

@@ -296,7 +296,7 @@ struct GraphOps {
 
 impl GraphOps {
     fn add(&mut self, op: &Op, seq: u64, descriptors: &[Descriptor]) {
-        for &(_, id) in &op.srcs {
+        for &(_, id) in op.srcs.iter() {
             let d = &descriptors[id as usize];
             if d.data != 0
                 && let Some(bytes) = super::tensor::view_bytes(d)

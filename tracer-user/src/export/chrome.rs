@@ -147,7 +147,7 @@ impl<W: Write> Sink for ChromeSink<W> {
                     return Ok(());
                 }
                 let mut seen = BTreeSet::new();
-                for &(_, id) in &e.op.srcs {
+                for &(_, id) in e.op.srcs.iter() {
                     let d = t.descriptor(id);
                     let Some(w) = weight_of(d) else { continue };
                     let Some(tensor) = model_tensor(t.models, w.model, w.tensor) else { continue };

@@ -112,7 +112,7 @@ impl Sink for DotSink {
             dst.tensor,
             Node { label: label(dst), memory: memory_class(&dst.memory), op: Some(t.op_name(&e.op)) },
         );
-        for &(_, id) in &e.op.srcs {
+        for &(_, id) in e.op.srcs.iter() {
             let src = t.descriptor(id);
             self.nodes.entry(src.tensor).or_insert_with(|| Node {
                 label: label(src),

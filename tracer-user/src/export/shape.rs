@@ -84,7 +84,7 @@ impl<V> OpShapes<V> {
         if self.by_dst.len() <= i {
             self.by_dst.resize_with(i + 1, || None);
         }
-        &self.by_dst[i].insert((op.srcs.as_slice().into(), value)).1
+        &self.by_dst[i].insert((op.srcs[..].into(), value)).1
     }
 
     pub fn clear(&mut self) {

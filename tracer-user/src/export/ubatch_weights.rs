@@ -20,7 +20,7 @@ pub struct UbatchWeights {
 
 impl UbatchWeights {
     pub fn note(&mut self, e: &OpEvent, t: &Tables) {
-        for &(_, id) in &e.op.srcs {
+        for &(_, id) in e.op.srcs.iter() {
             let Some(w) = weight_of(t.descriptor(id)) else { continue };
             let Some(tensor) = model_tensor(t.models, w.model, w.tensor) else { continue };
             let weights = self.by_layer.entry((w.model, tensor.layer)).or_default();

@@ -94,7 +94,7 @@ pub struct TraceReader<R: Read> {
 #[derive(Clone, Debug, PartialEq)]
 struct GraphNode {
     dst: u32,
-    srcs: Vec<(u32, u32)>,
+    srcs: std::sync::Arc<[(u32, u32)]>,
 }
 
 impl TraceReader<BufReader<File>> {
@@ -309,7 +309,7 @@ impl<R: Read> TraceReader<R> {
                 for _ in 0..n_ids {
                     token_ids.push(c.i32().map_err(e)?);
                 }
-                Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs, token_ids })))
+                Ok(Some(Record::Op(Op { ts_ns, tid, ith, nth, hook, dst, srcs: srcs.into(), token_ids })))
             }
             FrameKind::Graph => {
                 let id = c.u32().map_err(e)?;
@@ -321,7 +321,7 @@ impl<R: Read> TraceReader<R> {
                 for _ in 0..n_nodes {
                     let dst = self.global(c.u32().map_err(e)?)?;
                     let srcs = self.sources(&mut c)?;
-                    nodes.push(GraphNode { dst, srcs });
+                    nodes.push(GraphNode { dst, srcs: srcs.into() });
                 }
                 self.graphs.push(nodes);
                 Ok(None)

@@ -14,8 +14,9 @@ pub struct Op {
     pub nth: u32,
     pub hook: u32,
     pub dst: u32,
-    /// `(source slot, descriptor)` pairs.
-    pub srcs: Vec<(u32, u32)>,
+    /// `(source slot, descriptor)` pairs; shared by every run of a graph's
+    /// node (one allocation per node defined, not per op read).
+    pub srcs: std::sync::Arc<[(u32, u32)]>,
     pub token_ids: Vec<i32>,
 }
 

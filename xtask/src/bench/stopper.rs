@@ -15,6 +15,15 @@ const GRACE: Duration = Duration::from_secs(60);
 
 pub struct StopOnDrop(Child, Duration);
 
+/// SIGINT back to its default action, for this process and what it starts.
+/// A bench run as a script's background job (`cargo xtask bench &`)
+/// inherits SIGINT ignored, as does every process it starts: the stop's
+/// SIGINT then did nothing, and a `ttrace simulate` ran out its grace.
+pub fn default_sigint() {
+    // SAFETY: plain syscall, no handler installed.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+}
+
 impl StopOnDrop {
     pub fn new(child: Child) -> Self {
         Self(child, GRACE)

@@ -297,7 +297,7 @@ impl Sink for Collector<'_> {
         if self.touched_anon {
             self.touch_anon(e, tables);
         }
-        for &(slot, id) in &e.op.srcs {
+        for &(slot, id) in e.op.srcs.iter() {
             let d = tables.descriptor(id);
             // Copies (repacked, or read in with --no-mmap) live in anonymous
             // memory: reading them touches no file page.

@@ -558,7 +558,7 @@ impl<W: Write> PerfettoSink<W> {
 
     fn layer_slices(&mut self, e: &walk::OpEvent, end: u64, t: &Tables) -> Result<(), ExportError> {
         let mut seen: Vec<u64> = Vec::new();
-        for &(_, id) in &e.op.srcs {
+        for &(_, id) in e.op.srcs.iter() {
             let d = t.descriptor(id);
             let Some(w) = weight_of(d) else { continue };
             let Some(tensor) = model_tensor(t.models, w.model, w.tensor) else { continue };

@@ -47,7 +47,7 @@ impl GraphOps {
         }
         self.ops.push(op.dst);
         self.ops.push(op.srcs.len() as u32);
-        for &(slot, id) in &op.srcs {
+        for &(slot, id) in op.srcs.iter() {
             self.ops.extend([slot, id]);
         }
     }

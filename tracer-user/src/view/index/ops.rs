@@ -125,7 +125,7 @@ impl OpsBuilder {
     /// The combination of `op`'s output and sources, interned.
     pub fn combo(&mut self, op: &Op, name: &str, tables: &Tables, first_of_model: &[u32]) -> u32 {
         self.key.clear();
-        for &(slot, id) in &op.srcs {
+        for &(slot, id) in op.srcs.iter() {
             self.key.extend([slot, id]);
         }
         let by_dst = op.dst as usize;
