@@ -71,10 +71,18 @@ mod tests {
 
     #[test]
     fn a_process_is_stopped_when_its_guard_goes() {
+        // As in a bench started as a background job: SIGINT ignored, and
+        // in what it starts, until `default_sigint`.
+        // SAFETY: plain syscall, no handler installed.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        default_sigint();
         let child = Command::new("sleep").arg("600").spawn().unwrap();
         let pid = child.id();
+        let started = Instant::now();
         drop(StopOnDrop::new(child));
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} still running");
+        // Ended by the SIGINT, not killed after the grace.
+        assert!(started.elapsed() < GRACE / 2, "took {:?}", started.elapsed());
     }
 
     #[test]
