@@ -196,27 +196,13 @@ impl Summary {
             .flat_map(|u| u.weights.values())
             .fold((0u64, 0u64), |(f, c), w| (f + u64::from(w.file_backed), c + u64::from(w.copy)));
         let distinct: BTreeSet<(u32, u32)> = a.ubatches.iter().flat_map(|u| u.weights.keys().copied()).collect();
-        // Per executed op, whichever frames carried the ops (OP frames with
-        // --op-timing; GRAPH and COMPUTE frames with graph capture).
-        let per_op = |bytes: u64| if a.ops == 0 { 0.0 } else { bytes as f64 / a.ops as f64 };
         let stage = |s: Stage| a.ubatches.iter().filter(|u| u.stage == Some(s)).count();
         Summary {
-            program: Program::of(h),
-            mode: h.mode.to_string(),
-            pid: h.pid,
-            commit: h.llama_commit.clone(),
-            command: h.command.clone(),
             duration_ns: a.duration_ns(),
             traced_ns: a
                 .trailer
                 .as_ref()
                 .map_or(a.duration_ns(), |t| t.end_monotonic_ns.saturating_sub(h.start_monotonic_ns)),
-            stopped: a.trailer.as_ref().map(|t| Stopped {
-                reason: t.stop_reason.to_string(),
-                exit_code: t.exit_code,
-                exit_signal: t.exit_signal,
-            }),
-            ring: h.ring_read.clone(),
             prompt_ubatches: count(Phase::Prompt),
             prompt_tokens: a.tokens.as_ref().map_or(a.prompt_tokens, |t| t.prompt),
             generate_ubatches: count(Phase::Generate),
@@ -225,7 +211,6 @@ impl Summary {
             encoder_graphs: stage(Stage::Encoder),
             decoder_graphs: stage(Stage::Decoder),
             tokens: a.tokens.clone(),
-            ops: a.ops,
             ops_outside_graphs: a.ops_outside_ubatches,
             distinct_weights: distinct.len(),
             model_files: a.models.iter().flat_map(|m| m.files.iter().cloned()).collect(),
@@ -233,26 +218,8 @@ impl Summary {
             weight_bytes_per_token: per_token as u64,
             file_backed_accesses: file,
             copy_accesses: copy,
-            trace: TraceFile {
-                path: path.to_string(),
-                bytes: stats.map(|s| s.total_bytes),
-                bytes_per_op_frame: stats.map(|s| per_op(s.op_bytes + s.graph_bytes)),
-                bytes_per_op_with_descriptors: stats.map(|s| per_op(s.op_bytes + s.graph_bytes + s.descriptor_bytes)),
-            },
-            lost: a.lost,
-            tracepoints: a.trailer.as_ref().and_then(|t| t.tracepoints),
-            recursion_misses: a.trailer.as_ref().map(|t| t.recursion_misses.clone()).unwrap_or_default(),
-            skipped: a.trailer.as_ref().map(|t| t.skipped).unwrap_or_default(),
             uncompleted_reads: a.io.disk.uncompleted,
-            decode_errors: a.trailer.as_ref().map_or(0, |t| t.decode_errors),
-            build: h.build.clone(),
-            layout_check: a.trailer.as_ref().and_then(|t| t.layout_check),
-            disabled: a.trailer.as_ref().map(|t| t.disabled.clone()).unwrap_or_default(),
-            late_attach: a.trailer.as_ref().and_then(|t| t.late_attach.clone()),
-            values_missing: a.trailer.as_ref().and_then(|t| t.values_missing),
-            copies: a.trailer.as_ref().and_then(|t| t.copies),
-            value_threads: a.trailer.as_ref().map(|t| t.value_threads.clone()).unwrap_or_default(),
-            not_read_back: None,
+            ..Self::of_record(h, a.trailer.as_ref(), a.lost, path, stats, Some(a.ops))
         }
     }
 

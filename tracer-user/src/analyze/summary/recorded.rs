@@ -10,20 +10,39 @@ impl Summary {
     /// The summary of a trace just written, from its header, trailer and
     /// the writer's counts: no figure that needs the ops read back.
     pub fn recorded(header: &Header, trailer: &Trailer, lost: Lost, path: &str, stats: &WriterStats) -> Self {
-        let ops = stats.executed_ops();
-        let per_op = |bytes: u64| ops.filter(|&n| n > 0).map(|n| bytes as f64 / n as f64);
+        Summary {
+            not_read_back: Some(*stats),
+            ..Self::of_record(header, Some(trailer), lost, path, Some(stats), stats.executed_ops())
+        }
+    }
+
+    /// What the header, the trailer and the writer's counts say, with every
+    /// figure only a read of the ops gives left empty: both summaries' base.
+    /// `ops`: the executed ops, where known (per-op trace sizes need them).
+    pub(super) fn of_record(
+        header: &Header,
+        trailer: Option<&Trailer>,
+        lost: Lost,
+        path: &str,
+        stats: Option<&WriterStats>,
+        ops: Option<u64>,
+    ) -> Self {
+        // Per executed op, whichever frames carried the ops (OP frames with
+        // --op-timing; GRAPH and COMPUTE frames with graph capture).
+        let per_op = |bytes: u64| ops.map(|n| if n == 0 { 0.0 } else { bytes as f64 / n as f64 });
+        let traced_ns = trailer.map_or(0, |t| t.end_monotonic_ns.saturating_sub(header.start_monotonic_ns));
         Summary {
             program: Program::of(header),
             mode: header.mode.to_string(),
             pid: header.pid,
             commit: header.llama_commit.clone(),
             command: header.command.clone(),
-            duration_ns: trailer.end_monotonic_ns.saturating_sub(header.start_monotonic_ns),
-            traced_ns: trailer.end_monotonic_ns.saturating_sub(header.start_monotonic_ns),
-            stopped: Some(Stopped {
-                reason: trailer.stop_reason.to_string(),
-                exit_code: trailer.exit_code,
-                exit_signal: trailer.exit_signal,
+            duration_ns: traced_ns,
+            traced_ns,
+            stopped: trailer.map(|t| Stopped {
+                reason: t.stop_reason.to_string(),
+                exit_code: t.exit_code,
+                exit_signal: t.exit_signal,
             }),
             ring: header.ring_read.clone(),
             prompt_ubatches: 0,
@@ -44,24 +63,25 @@ impl Summary {
             copy_accesses: 0,
             trace: TraceFile {
                 path: path.to_string(),
-                bytes: Some(stats.total_bytes),
-                bytes_per_op_frame: per_op(stats.op_bytes + stats.graph_bytes),
-                bytes_per_op_with_descriptors: per_op(stats.op_bytes + stats.graph_bytes + stats.descriptor_bytes),
+                bytes: stats.map(|s| s.total_bytes),
+                bytes_per_op_frame: stats.and_then(|s| per_op(s.op_bytes + s.graph_bytes)),
+                bytes_per_op_with_descriptors: stats
+                    .and_then(|s| per_op(s.op_bytes + s.graph_bytes + s.descriptor_bytes)),
             },
             lost,
-            tracepoints: trailer.tracepoints,
-            recursion_misses: trailer.recursion_misses.clone(),
-            skipped: trailer.skipped,
+            tracepoints: trailer.and_then(|t| t.tracepoints),
+            recursion_misses: trailer.map(|t| t.recursion_misses.clone()).unwrap_or_default(),
+            skipped: trailer.map(|t| t.skipped).unwrap_or_default(),
             uncompleted_reads: 0,
-            decode_errors: trailer.decode_errors,
+            decode_errors: trailer.map_or(0, |t| t.decode_errors),
             build: header.build.clone(),
-            layout_check: trailer.layout_check,
-            disabled: trailer.disabled.clone(),
-            late_attach: trailer.late_attach.clone(),
-            values_missing: trailer.values_missing,
-            copies: trailer.copies,
-            value_threads: trailer.value_threads.clone(),
-            not_read_back: Some(*stats),
+            layout_check: trailer.and_then(|t| t.layout_check),
+            disabled: trailer.map(|t| t.disabled.clone()).unwrap_or_default(),
+            late_attach: trailer.and_then(|t| t.late_attach.clone()),
+            values_missing: trailer.and_then(|t| t.values_missing),
+            copies: trailer.and_then(|t| t.copies),
+            value_threads: trailer.map(|t| t.value_threads.clone()).unwrap_or_default(),
+            not_read_back: None,
         }
     }
 }
