@@ -283,3 +283,18 @@ def test_a_long_runs_summary_is_the_recorders_and_says_what_report_adds(ttrace, 
     assert "  lost events  none" in rows
     # What only a read of the ops gives is left to `report`.
     assert not any(l.startswith(("  ubatches", "  tokens", "  weights")) for l in rows), rows
+
+
+def test_a_run_written_to_dev_null_ends_with_the_recorders_summary(ttrace, tmp_path, llama_completion, flush_log_preload,
+                                                                   models):
+    """`-o /dev/null` keeps nothing to read back: the run still succeeds, and
+    its summary's op count is that of the same run written to a file."""
+    a, _, _, _ = run_completion(ttrace, tmp_path, llama_completion, flush_log_preload, models["tiny"], 8)
+    argv = [llama_completion, "-m", models["tiny"], "-p", "hello world", "-n", "8", "-no-cnv", "--ignore-eos", "--perf",
+            "-t", "2", "--seed", "1"]
+    proc = trace_run(ttrace, Path("/dev/null"), argv, flush_log_preload)
+    rows = proc.stderr.splitlines()
+    assert f"  ops          {a['ops']} recorded; written to /dev/null, so per-phase, token and weight figures are not " \
+           "known" in rows, proc.stderr[-3000:]
+    assert "  stopped      target exited, exit status 0" in rows and "  lost events  none" in rows
+    assert Path("/dev/null").is_char_device()

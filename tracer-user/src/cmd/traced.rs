@@ -5,7 +5,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::report::read_analysis;
-use crate::{analyze::summary::Summary, export::summary, format::TraceReader, live::session::Outcome};
+use crate::{
+    analyze::summary::{Summary, Unread},
+    export::summary,
+    format::TraceReader,
+    live::session::{Outcome, trace_file},
+};
 
 /// Above this many ops, the summary after tracing is made from what the
 /// recorder knew, not read back: reading back takes about half a second
@@ -22,12 +27,17 @@ fn read_back_max_ops() -> u64 {
 }
 
 /// After tracing: the summary of what was written, read back from the file
-/// (for a long run, from the recorder's counts, header and trailer).
+/// (for a long run, or one written to /dev/null, from the recorder's
+/// counts, header and trailer).
 pub fn print_summary(path: &Path, outcome: &Outcome) -> Result<()> {
     let name = path.display().to_string();
-    let summary = if outcome.stats.executed_ops().is_none_or(|ops| ops > read_back_max_ops()) {
+    let (stats, trailer, lost) = (&outcome.stats, &outcome.trailer, outcome.lost);
+    let summary = if trace_file::is_discard(path) {
+        Summary::recorded(&outcome.header, trailer, lost, &name, stats, Unread::Discarded)
+    } else if stats.executed_ops().is_none_or(|ops| ops > read_back_max_ops()) {
+        // The file's header: a ring's says which of its files are kept.
         let reader = TraceReader::open(path).with_context(|| format!("reading {name}"))?;
-        Summary::recorded(reader.header(), &outcome.trailer, outcome.lost, &name, &outcome.stats)
+        Summary::recorded(reader.header(), trailer, lost, &name, stats, Unread::LongRun)
     } else {
         Summary::new(&read_analysis(path)?, &name, Some(&outcome.stats))
     };

@@ -148,6 +148,11 @@ pub struct TraceWriter<W: Write> {
 }
 
 impl<W: Write> TraceWriter<W> {
+    /// The header written, with what HOOKS and MAPS frames added since.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
     pub fn create(mut out: W, header: &Header) -> io::Result<Self> {
         let total_bytes = write_header(&mut out, header)?;
         Ok(Self {

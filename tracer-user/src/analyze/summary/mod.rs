@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Analysis, Phase, correlate::Stage};
 
 mod recorded;
+
 use crate::{
     format::{
         CopyMatches, Disabled, LateAttach, LayoutCheck, Lost, TargetBuild, Tracepoints, ValueThread, ValuesMissing,
@@ -17,6 +18,7 @@ use crate::{
     },
     units::human_bytes,
 };
+pub use recorded::Unread;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
@@ -87,11 +89,11 @@ pub struct Summary {
     pub copies: Option<CopyMatches>,
     /// `--values`: the team's per-thread node and barrier counts.
     pub value_threads: Vec<ValueThread>,
-    /// Made at the end of a long run from what the recorder knew (these
-    /// counts), without reading the trace back: the per-phase, token and
-    /// weight figures are then not known ([`Summary::recorded`]).
+    /// Made at the end of a run from what the recorder knew (these counts),
+    /// without reading the trace back: the per-phase, token and weight
+    /// figures are then not known ([`Summary::recorded`]).
     #[serde(skip)]
-    pub not_read_back: Option<WriterStats>,
+    pub not_read_back: Option<(WriterStats, Unread)>,
 }
 
 /// The program traced, as far as the hooks it provided tell.
@@ -326,7 +328,7 @@ impl Summary {
         }
         match &self.not_read_back {
             None => rows.extend(self.graph_and_token_rows()),
-            Some(stats) => rows.push(("ops", recorded::ops_row(stats, &self.trace.path))),
+            Some((stats, unread)) => rows.push(("ops", recorded::ops_row(stats, *unread, &self.trace.path))),
         }
         if let Some(build) = &self.build {
             rows.push((self.program.name(), build_row(build, self.commit.as_deref(), self.program)));

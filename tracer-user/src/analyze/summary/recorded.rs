@@ -6,12 +6,28 @@
 use super::{Program, Stopped, Summary, TraceFile};
 use crate::format::{Header, Lost, Trailer, WriterStats};
 
+/// Why a summary was not read back from its trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unread {
+    /// Past the ops a run's end reads back.
+    LongRun,
+    /// Written to `/dev/null`: there is nothing to read.
+    Discarded,
+}
+
 impl Summary {
     /// The summary of a trace just written, from its header, trailer and
     /// the writer's counts: no figure that needs the ops read back.
-    pub fn recorded(header: &Header, trailer: &Trailer, lost: Lost, path: &str, stats: &WriterStats) -> Self {
+    pub fn recorded(
+        header: &Header,
+        trailer: &Trailer,
+        lost: Lost,
+        path: &str,
+        stats: &WriterStats,
+        unread: Unread,
+    ) -> Self {
         Summary {
-            not_read_back: Some(*stats),
+            not_read_back: Some((*stats, unread)),
             ..Self::of_record(header, Some(trailer), lost, path, Some(stats), stats.executed_ops())
         }
     }
@@ -87,13 +103,16 @@ impl Summary {
 }
 
 /// The ops row of a summary not read back, with what gives the rest.
-pub(super) fn ops_row(stats: &WriterStats, path: &str) -> String {
+pub(super) fn ops_row(stats: &WriterStats, unread: Unread, path: &str) -> String {
     let ops = match stats.executed_ops() {
         Some(n) => format!("{n} recorded"),
         None => format!("{} graph runs and {} op records written", stats.computes, stats.ops),
     };
-    format!(
-        "{ops}; per-phase, token and weight figures are not read back at the end of a run this long \
-         (`ttrace report {path}` reads them)"
-    )
+    match unread {
+        Unread::LongRun => format!(
+            "{ops}; per-phase, token and weight figures are not read back at the end of a run this long \
+             (`ttrace report {path}` reads them)"
+        ),
+        Unread::Discarded => format!("{ops}; written to {path}, so per-phase, token and weight figures are not known"),
+    }
 }

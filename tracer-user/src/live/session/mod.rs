@@ -110,7 +110,9 @@ pub struct Outcome {
     pub exit: Option<ExitStatus>,
     pub stats: WriterStats,
     pub lost: Lost,
-    /// What the trace's last frame says, for the summary of a long run.
+    /// What the trace's first and last frames say, for a summary made
+    /// without reading the trace back.
+    pub header: crate::format::Header,
     pub trailer: Trailer,
 }
 
@@ -511,12 +513,13 @@ async fn record_until_stop(
         copies: Some(recorder.resolver.copies.counts).filter(|c| *c != Default::default()),
         value_threads,
     };
+    let header = recorder.writer.header().clone();
     let (file, stats) = recorder.writer.finish_counted(&trailer)?;
     let file = file.into_inner().map_err(|e| e.into_error())?;
     if !trace_file::is_discard(&spec.output) {
         file.sync_all().with_context(|| format!("syncing {}", spec.output.display()))?;
     }
-    Ok(Outcome { stop_reason, exit, stats, lost, trailer })
+    Ok(Outcome { stop_reason, exit, stats, lost, header, trailer })
 }
 
 /// Stop before anything is kept: a `run` target is killed (ttrace started

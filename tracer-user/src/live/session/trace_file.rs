@@ -56,7 +56,7 @@ pub(super) fn create_owned(path: &Path, owner: Option<&UserSpec>) -> Result<BufW
 }
 
 /// `/dev/null`: `top` without `-o` records nowhere; never chowned or removed.
-pub(super) fn is_discard(path: &Path) -> bool {
+pub fn is_discard(path: &Path) -> bool {
     path == Path::new(DISCARD)
 }
 
