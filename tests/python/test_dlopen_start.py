@@ -11,6 +11,9 @@ The hold follows the processes the command starts to their exec (a program
 run by `unshare --fork ... sh -c`, as a container runs one), hooking each
 one's own loader there.
 
+A process that loads ggml and ends before any graph does not keep ttrace
+from the next one that loads it.
+
 The same hold covers a program run by the loader itself (`ld.so PROGRAM`,
 whose executable names no libraries): judged by llama-completion's perf lines."""
 from __future__ import annotations
@@ -63,6 +66,20 @@ def test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph(ttrace, path
         script = f"'{program}' '{libllama}' '{models['gemma']}' 'hello world' {N_PREDICT}; true"
         argv = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "sh", "-c", script]
         assert_traced_from_first_graph(ttrace, argv, tmp_path / f"t{run}.data", f"run {run}")
+
+
+def test_a_process_that_loads_ggml_and_ends_before_a_graph_leaves_the_next_traced(
+        ttrace, paths, models, llama_completion, program, tmp_path):
+    """A process that loads ggml and ends without computing (a version
+    check; node-llama-cpp tests its binary in a child first), then the one
+    that computes: ttrace lets the first go and traces the second from its
+    first graph. Before, it kept to the ended process: an empty trace, exit
+    status 0."""
+    libllama = Path(paths["llama_lib_dir"]) / "libllama.so"
+    for run in range(min(RUNS, 5)):
+        script = (f"'{llama_completion}' --version >/dev/null 2>&1; "
+                  f"'{program}' '{libllama}' '{models['gemma']}' 'hello world' {N_PREDICT}")
+        assert_traced_from_first_graph(ttrace, ["sh", "-c", script], tmp_path / f"t{run}.data", f"run {run}")
 
 
 def assert_traced_from_first_graph(ttrace, argv: list, out: Path, where: str) -> None:

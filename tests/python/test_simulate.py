@@ -20,15 +20,19 @@ PROMPT = "The history of the printing press begins in"
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def moe_trace(ttrace, tmp_path_factory, llama_completion, models, flush_log_preload):
-    out = tmp_path_factory.mktemp("simulate") / "moe.data"
-    argv = [ttrace, "run", "-o", out, "--", llama_completion, "-m", models["moe"], "-p", PROMPT, "-n", "12",
+def trace_moe(ttrace, out, llama_completion, models, flush_log_preload, tokens: int):
+    argv = [ttrace, "run", "-o", out, "--", llama_completion, "-m", models["moe"], "-p", PROMPT, "-n", str(tokens),
             "-no-cnv", "--ignore-eos", "-t", "2", "--temp", "0", "-c", "256"]
     env = dict(os.environ, LD_PRELOAD=str(flush_log_preload))
     proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def moe_trace(ttrace, tmp_path_factory, llama_completion, models, flush_log_preload):
+    out = tmp_path_factory.mktemp("simulate") / "moe.data"
+    return trace_moe(ttrace, out, llama_completion, models, flush_log_preload, 12)
 
 
 def simulate(ttrace, trace, *args) -> subprocess.CompletedProcess:
@@ -147,11 +151,38 @@ def test_the_run_replay_equals_the_page_by_page_replay(ttrace, moe_trace, readah
     (["--policy", "fifo"], "invalid value"),
     (["--detail", "0"], "above zero"),
     (["--detail", "12Q"], "unknown unit"),
+    (["--tokens", "0"], "at least one generated token"),
+    (["--tokens", "some"], "expected a number of generated tokens"),
 ])
 def test_bad_arguments_are_one_clear_error(ttrace, moe_trace, args, message):
     proc = simulate(ttrace, moe_trace, *args)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert "panicked" not in proc.stderr
+
+
+def test_a_token_window_replays_what_a_shorter_run_of_the_same_text_read(
+        ttrace, moe_trace, tmp_path, llama_completion, models, flush_log_preload):
+    """`--tokens N` replays the trace up to its N-th generated token: the
+    same rows as the whole trace of a run that generated only those tokens
+    (greedy, so the same tokens, routing and reads), recorded separately."""
+    short = trace_moe(ttrace, tmp_path / "short.data", llama_completion, models, flush_log_preload, 5)
+    common = ["--json", "--anon", "4M", "--budgets", "8M,16M,24M,32M"]
+    whole = json.loads(simulate(ttrace, short, *common, "--tokens", "all").stdout)
+    assert whole["generated_tokens"] == 4 and "window" not in whole
+    proc = simulate(ttrace, moe_trace, *common, "--tokens", "4")
+    assert proc.returncode == 0, proc.stderr
+    cut = json.loads(proc.stdout)
+    assert cut["generated_tokens"] == 4
+    assert cut["window"]["tokens"] == 4 and cut["window"]["trace_tokens"] == 11
+    for key in ("rows", "footprint_bytes", "fit_budget_bytes", "first_read_bytes", "readahead"):
+        assert cut[key] == whole[key], key
+    assert any(r["misses"] for r in cut["rows"])
+    text = simulate(ttrace, moe_trace, "--tokens", "4").stdout
+    assert "the first 4 of 11 generated tokens replayed (--tokens all replays every one)" in text
+    # A window as long as the run, or the default on a short trace, is the whole trace.
+    for tokens in (["--tokens", "11"], ["--tokens", "1000"], []):
+        doc = json.loads(simulate(ttrace, moe_trace, *common, *tokens).stdout)
+        assert "window" not in doc and doc["generated_tokens"] == 11, tokens
 
 
 def test_missing_and_malformed_traces_are_refused(ttrace, tmp_path):

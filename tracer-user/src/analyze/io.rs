@@ -207,7 +207,8 @@ pub struct IoCorrelator {
     extents: HashMap<FileId, DiskRanges>,
     /// Per model file: tensors `(file_offset, end, index)` sorted.
     spans: HashMap<FileId, Vec<(u64, u64, u32)>>,
-    open: HashMap<u32, OpenFault>,
+    /// Asked on every op (`close`): a fast hash.
+    open: foldhash::HashMap<u32, OpenFault>,
     pending: HashMap<(u32, u64), (u64, When)>,
     tensors: BTreeMap<(u32, u32), TensorIo>,
     /// (ubatch, model, tensor) → disk bytes (`u32::MAX`: between tensors).

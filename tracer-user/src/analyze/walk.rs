@@ -80,11 +80,7 @@ impl<'a> Tables<'a> {
 
     /// [`Self::op_name`], borrowed from the header's table when it is there.
     pub fn op_name_ref(&self, op: &Op) -> Cow<'a, str> {
-        let id = self.descriptor(op.dst).op;
-        match usize::try_from(id).ok().and_then(|i| self.analysis.header.op_names.get(i)) {
-            Some(name) => Cow::Borrowed(name),
-            None => Cow::Owned(crate::analyze::op_name(&self.analysis.header, id)),
-        }
+        super::correlate::op_name_ref(&self.analysis.header, self.descriptor(op.dst).op)
     }
 
     pub fn phase(&self, ubatch: Option<u32>) -> Option<Phase> {
@@ -186,7 +182,7 @@ pub fn walk<S: Sink + ?Sized>(
                 let ctx = Context { seq, ubatch };
                 seq += 1;
                 if !op.timed() {
-                    graph_ops.add(&op, ctx.seq, reader.descriptors());
+                    graph_ops.add(&op, ctx.seq);
                     emit(Event::Op(OpEvent { ctx, op, end_ns: None }), &reader)?;
                 } else if let Some(ended) = clock.start(op.tid, op.ts_ns, OpEvent { ctx, op, end_ns: None }) {
                     emit(Event::Op(ended.into_op()), &reader)?;
@@ -219,7 +215,7 @@ pub fn walk<S: Sink + ?Sized>(
                 // the current graph reading the faulting address is the cause.
                 let running = clock.running_on(fault.tid).map(|o| o.ctx.seq);
                 let op_timed = running.is_some();
-                let op_seq = running.or_else(|| graph_ops.reading(fault.address));
+                let op_seq = running.or_else(|| graph_ops.reading(fault.address, reader.descriptors()));
                 // Newer traces carry the file position; older ones are resolved here.
                 let hit = match fault.file {
                     Some(pos) => {
@@ -287,32 +283,40 @@ impl super::op_time::Ended<OpEvent> {
     }
 }
 
-/// The untimed ops of the current ubatch, by the memory their sources read.
+/// An op's `(slot, descriptor)` sources, shared with its record.
+type Sources = std::sync::Arc<[(u32, u32)]>;
+
+/// The untimed ops of the current ubatch, kept to find the op whose source
+/// holds a faulting address. Their byte ranges are worked out only when a
+/// fault asks: most graphs fault nowhere, and working them out per op was a
+/// sixth of `report`.
 #[derive(Default)]
 struct GraphOps {
-    /// `(start, end, op seq)` of every source's bytes, in op order.
-    reads: Vec<(u64, u64, u64)>,
+    /// `(op seq, sources)`, in op order.
+    ops: Vec<(u64, Sources)>,
 }
 
 impl GraphOps {
-    fn add(&mut self, op: &Op, seq: u64, descriptors: &[Descriptor]) {
-        for &(_, id) in op.srcs.iter() {
-            let d = &descriptors[id as usize];
-            if d.data != 0
-                && let Some(bytes) = super::tensor::view_bytes(d)
-            {
-                self.reads.push((d.data, d.data.saturating_add(bytes), seq));
-            }
-        }
+    fn add(&mut self, op: &Op, seq: u64) {
+        self.ops.push((seq, op.srcs.clone()));
     }
 
     fn clear(&mut self) {
-        self.reads.clear();
+        self.ops.clear();
     }
 
     /// The first op whose source holds `address`.
-    fn reading(&self, address: u64) -> Option<u64> {
-        self.reads.iter().find(|&&(start, end, _)| (start..end).contains(&address)).map(|&(_, _, seq)| seq)
+    fn reading(&self, address: u64, descriptors: &[Descriptor]) -> Option<u64> {
+        self.ops.iter().find_map(|(seq, srcs)| {
+            srcs.iter()
+                .any(|&(_, id)| {
+                    let d = &descriptors[id as usize];
+                    d.data != 0
+                        && super::tensor::view_bytes(d)
+                            .is_some_and(|bytes| (d.data..d.data.saturating_add(bytes)).contains(&address))
+                })
+                .then_some(*seq)
+        })
     }
 }
 

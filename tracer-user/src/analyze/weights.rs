@@ -5,7 +5,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    hash::{BuildHasher, Hash, RandomState},
+    hash::{BuildHasher, Hash},
     ops::Deref,
     sync::Arc,
 };
@@ -37,7 +37,8 @@ impl Weights {
 /// The distinct lists seen so far.
 #[derive(Default)]
 pub struct Interner {
-    hasher: RandomState,
+    /// Every ubatch's list is hashed: SipHash was a fortieth of `report`.
+    hasher: foldhash::fast::RandomState,
     by_hash: HashMap<u64, Vec<Weights>>,
 }
 

@@ -2,6 +2,8 @@
 
 use clap::Args;
 
+use crate::analyze::simulate::TokenWindow;
+
 /// A size argument (`160M`, `1.5G`, `4K`, bytes).
 fn size(text: &str) -> Result<u64, String> {
     match crate::units::parse_size(text) {
@@ -41,6 +43,19 @@ fn anon(text: &str) -> Result<Anon, String> {
         "auto" => Ok(Anon::Auto),
         "0" => Ok(Anon::Bytes(0)),
         _ => size(text).map(Anon::Bytes),
+    }
+}
+
+/// `--tokens`: `auto`, `all` or a count.
+fn tokens(text: &str) -> Result<TokenWindow, String> {
+    match text {
+        "auto" => Ok(TokenWindow::Auto),
+        "all" => Ok(TokenWindow::All),
+        _ => match text.parse::<u64>() {
+            Ok(0) => Err("replay at least one generated token (or `all`)".into()),
+            Ok(n) => Ok(TokenWindow::First(n)),
+            Err(_) => Err(format!("{text:?}: expected a number of generated tokens, `all` or `auto`")),
+        },
     }
 }
 
@@ -104,6 +119,14 @@ pub struct SimulateArgs {
     /// What the figures count.
     #[arg(long, value_enum, default_value = "generate")]
     pub phase: crate::analyze::simulate::Counting,
+    /// Which generated tokens to replay: the first N (and everything the
+    /// run did before them), `all`, or `auto`: all when the ops read fewer
+    /// than 16 Mi pages in all, else the first tokens within that many (at
+    /// least 64), so that a day-long trace answers in about half a minute.
+    /// The figures are exact for the tokens replayed, and say how many.
+    /// Example: `ttrace simulate --tokens all long.data`.
+    #[arg(long, value_name = "N|all|auto", default_value = "auto", value_parser = tokens)]
+    pub tokens: TokenWindow,
     /// Anonymous memory inside the budget: `auto` (from the trace) or a size.
     #[arg(long, default_value = "auto", value_parser = anon)]
     pub anon: Anon,

@@ -54,6 +54,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
                 LoadReplay::Populate => Some(true),
                 LoadReplay::None => Some(false),
             },
+            tokens: args.tokens,
         },
         readahead_choice: match args.readahead {
             Some(0) => ReadaheadChoice::None,
@@ -134,10 +135,16 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
         Counting::Generate => "generation's disk bytes per generated token",
         Counting::All => "all disk bytes (from loading on) per generated token",
     };
+    let tokens = match curve.window {
+        Some(cut) => format!(
+            "the first {} of {} generated tokens replayed (--tokens all replays every one)",
+            cut.tokens, cut.trace_tokens
+        ),
+        None => format!("{} generated tokens", curve.generated_tokens),
+    };
     s += &format!(
-        "ttrace simulate: {} — {} generated tokens; the ops read {} of the model files\n",
+        "ttrace simulate: {} — {tokens}; the ops read {} of the model files\n",
         args.file.display(),
-        curve.generated_tokens,
         human_bytes(curve.footprint_bytes)
     );
     s += &format!(
@@ -196,10 +203,11 @@ fn render(args: &SimulateArgs, curve: &Curve) -> String {
     }
     if let Some(m) = &curve.measured {
         s += &format!(
-            "\nthis trace ran under --mem-limit {}: generation read {} per generated token from disk \
+            "\nthis trace ran under --mem-limit {}: generation read {} per generated token from disk{} \
              (block reads in the model files; the row at {} is its prediction)\n",
             human_bytes(m.budget_bytes),
             m.disk_bytes_per_token.map_or("-".into(), |b| human_bytes(b.round() as u64)),
+            if curve.window.is_some() { " in the tokens replayed" } else { "" },
             human_bytes(m.budget_bytes),
         );
     }

@@ -23,6 +23,7 @@ use super::{
 
 mod chain;
 mod decode;
+mod expand;
 pub use chain::merge_hooks;
 use decode::read_header;
 
@@ -59,6 +60,7 @@ pub struct TraceReader<R: Read> {
     input: R,
     offset: u64,
     header: Header,
+    op_ids: expand::OpIds,
     strings: Vec<String>,
     threads: Vec<u32>,
     descriptors: Vec<Descriptor>,
@@ -84,8 +86,8 @@ pub struct TraceReader<R: Read> {
     skipped_ops: u64,
     /// GRAPH definitions, by id.
     graphs: Vec<Vec<GraphNode>>,
-    /// Ops of the last COMPUTE frame not returned yet.
-    expanded: std::collections::VecDeque<Op>,
+    /// The last COMPUTE frame's graph run, its ops not all returned yet.
+    expanding: Option<expand::Expansion>,
     /// A ring's files after the first, and what reading one needs (see `chain`).
     chain: chain::Chain<R>,
 }
@@ -126,6 +128,7 @@ impl<R: Read> TraceReader<R> {
             input,
             offset,
             last_ts: header.start_monotonic_ns,
+            op_ids: expand::OpIds::of(&header),
             header,
             strings: Vec::new(),
             threads: Vec::new(),
@@ -143,13 +146,18 @@ impl<R: Read> TraceReader<R> {
             skip_ops: false,
             skipped_ops: 0,
             graphs: Vec::new(),
-            expanded: std::collections::VecDeque::new(),
+            expanding: None,
             chain,
         })
     }
 
     pub fn header(&self) -> &Header {
         &self.header
+    }
+
+    /// The header's id of GET_ROWS.
+    pub fn get_rows_op(&self) -> Option<i32> {
+        self.op_ids.get_rows
     }
 
     pub fn descriptor(&self, id: u32) -> &Descriptor {
@@ -178,7 +186,7 @@ impl<R: Read> TraceReader<R> {
     /// The next event record, or `None` at the end (check `truncated`).
     pub fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
         loop {
-            if let Some(op) = self.expanded.pop_front() {
+            if let Some(op) = self.next_expanded() {
                 return Ok(Some(Record::Op(op)));
             }
             if self.ended {
@@ -347,35 +355,7 @@ impl<R: Read> TraceReader<R> {
                     self.skipped_ops += n as u64;
                     return Ok(None);
                 }
-                let get_rows = self.header.op_id(tracer_common::ggml::OP_GET_ROWS);
-                let mut ops = Vec::new();
-                for node in self.graph_ops(graph)? {
-                    let token_ids = if Some(self.descriptors[node.dst as usize].op) == get_rows {
-                        node.srcs
-                            .iter()
-                            .find(|(slot, _)| *slot == 1)
-                            .and_then(|&(_, id)| {
-                                let tensor = self.descriptors[id as usize].tensor;
-                                inputs.iter().find(|(t, _)| *t == tensor)
-                            })
-                            .map(|(_, ids)| ids.clone())
-                            .unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    };
-                    let hook = tracer_common::hooks::GRAPH;
-                    ops.push(Op {
-                        ts_ns,
-                        tid,
-                        ith: 0,
-                        nth: 0,
-                        hook,
-                        dst: node.dst,
-                        srcs: node.srcs.clone(),
-                        token_ids,
-                    });
-                }
-                self.expanded.extend(ops);
+                self.expand(graph, ts_ns, tid, inputs)?;
                 Ok(None)
             }
             FrameKind::Routing => {
@@ -508,6 +488,8 @@ impl<R: Read> TraceReader<R> {
             FrameKind::Hooks => {
                 let hooks: Hooks = serde_json::from_slice(c.rest()).map_err(|e| e.to_string())?;
                 merge_hooks(&mut self.header, hooks);
+                // Op names may come only now (a library loaded late).
+                self.op_ids = expand::OpIds::of(&self.header);
                 Ok(None)
             }
             FrameKind::Maps => {
@@ -533,18 +515,6 @@ impl<R: Read> TraceReader<R> {
 
     fn string(&self, id: u32) -> Result<String, String> {
         self.strings.get(id as usize).cloned().ok_or_else(|| format!("string {id} not defined"))
-    }
-
-    /// The nodes of graph `graph` that the CPU backend executes.
-    fn graph_ops(&self, graph: u32) -> Result<impl Iterator<Item = &GraphNode>, String> {
-        let nodes = self.graphs.get(graph as usize).ok_or_else(|| format!("graph {graph} not defined"))?;
-        let empty = super::executed::empty_op_ids(&self.header);
-        let flagged =
-            nodes.iter().any(|node| self.descriptors[node.dst as usize].flags & super::executed::FLAG_COMPUTE != 0);
-        Ok(nodes.iter().filter(move |node| {
-            let d = &self.descriptors[node.dst as usize];
-            super::executed::is_executed(d.op, d.flags, flagged, &empty)
-        }))
     }
 
     /// A node's sources: a count, then `(slot, descriptor)` pairs.

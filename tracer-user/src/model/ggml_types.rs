@@ -59,9 +59,23 @@ pub const GGML_TYPES: &[GgmlType] = &[
     t(41, "Q1_0", 128, 18),
 ];
 
+/// `GGML_TYPES`' position + 1 of each id below 64 (0: unknown), so that
+/// `from_id`, asked for every source of every op a trace holds, is one load.
+const POSITION_OF_ID: [u8; 64] = {
+    let mut table = [0u8; 64];
+    let mut i = 0;
+    while i < GGML_TYPES.len() {
+        assert!(GGML_TYPES[i].id < 64 && GGML_TYPES.len() < 255);
+        table[GGML_TYPES[i].id as usize] = i as u8 + 1;
+        i += 1;
+    }
+    table
+};
+
 impl GgmlType {
     pub fn from_id(id: u32) -> Option<GgmlType> {
-        GGML_TYPES.binary_search_by_key(&id, |t| t.id).ok().map(|i| GGML_TYPES[i])
+        let at = *POSITION_OF_ID.get(id as usize)?;
+        (at > 0).then(|| GGML_TYPES[at as usize - 1])
     }
 
     pub fn from_name(name: &str) -> Option<GgmlType> {

@@ -50,12 +50,14 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The last line on stderr must be ttrace's one-line error.
+/// The last line on stderr must be ttrace's one-line error (after what a
+/// target it stopped may have left of its own last line).
 pub fn assert_fails_with(out: &Output, needle: &str) {
     let err = stderr(out);
     assert!(!out.status.success(), "expected failure, got success:\n{err}");
     let last = err.lines().last().unwrap_or_default();
-    assert!(last.starts_with("ttrace: error: ") && last.contains(needle), "want `{needle}` in:\n{err}");
+    let own = last.find("ttrace: error: ").map(|at| &last[at..]);
+    assert!(own.is_some_and(|line| line.contains(needle)), "want `{needle}` in:\n{err}");
 }
 
 /// Waits for `child` (stdout/stderr piped or not) at most `limit`; a child

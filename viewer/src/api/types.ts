@@ -179,6 +179,8 @@ export interface SimulateAnswer {
   anon_bytes: number;
   anon_source: string;
   generated_tokens: number;
+  /** Present when the replay stopped before the trace's end (simulate's `--tokens`). */
+  window?: { ubatch: number; tokens: number; trace_tokens: number };
   footprint_bytes: number;
   fit_budget_bytes: number | null;
   first_read_bytes: number | null;

@@ -56,7 +56,7 @@ export class SimulateView {
       h(
         "div",
         { class: "caption" },
-        `${int(a.generated_tokens)} generated tokens; the ops read ${bytes(a.footprint_bytes)} of the model files; anonymous memory ${bytes(a.anon_bytes)} (${a.anon_source}); page ${bytes(a.page_bytes)}, readahead ${a.readahead ? `${bytes(a.readahead.window_bytes)} read-around for LRU and 2q (${a.readahead_source})` : "none"}, loading ${a.populate ? "replayed as MAP_POPULATE's read" : "not replayed"}.`,
+        `${a.window ? `the first ${int(a.window.tokens)} of ${int(a.window.trace_tokens)} generated tokens replayed (\`ttrace simulate --tokens all\` replays every one)` : `${int(a.generated_tokens)} generated tokens`}; the ops read ${bytes(a.footprint_bytes)} of the model files; anonymous memory ${bytes(a.anon_bytes)} (${a.anon_source}); page ${bytes(a.page_bytes)}, readahead ${a.readahead ? `${bytes(a.readahead.window_bytes)} read-around for LRU and 2q (${a.readahead_source})` : "none"}, loading ${a.populate ? "replayed as MAP_POPULATE's read" : "not replayed"}.`,
       ),
       ...(a.fit_budget_bytes === null
         ? []

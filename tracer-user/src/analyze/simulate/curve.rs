@@ -8,7 +8,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::{
-    Counting, Engine, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError,
+    Counting, Cut, Engine, FAULT_AROUND_DEFAULT, LruCurve, Options, Policy, Readahead, Row, SimulateError, TokenWindow,
     detail::{self, Detail},
     lru_fit, recorded_readahead, replay, run,
 };
@@ -113,7 +113,14 @@ impl Request {
     /// defaults.
     pub fn defaults() -> Request {
         Request {
-            options: Options { page_bytes: 4096, engine: Engine::Runs, readahead: None, layout: None, populate: None },
+            options: Options {
+                page_bytes: 4096,
+                engine: Engine::Runs,
+                readahead: None,
+                layout: None,
+                populate: None,
+                tokens: TokenWindow::Auto,
+            },
             readahead_choice: ReadaheadChoice::Recorded,
             budgets: Budgets::Default,
             policies: vec![Policy::Lru, Policy::Opt, Policy::TwoList],
@@ -139,7 +146,12 @@ pub struct Curve {
     /// 2q's rows: the median of its replays at capacities this far either
     /// side of the budget's ([`super::TWO_LIST_BAND_BYTES`]).
     pub two_list_band_bytes: u64,
+    /// Generated tokens replayed: the figures are per one of these.
     pub generated_tokens: u64,
+    /// Where the replay stopped (`--tokens`), when before the trace's end:
+    /// every figure is of the ops before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<Cut>,
     /// Model-file bytes the run's ops read at least once.
     pub footprint_bytes: u64,
     /// Smallest budget at which generation re-reads nothing under LRU on
@@ -169,11 +181,12 @@ pub struct Measured {
 }
 
 /// The run's own reads, when it ran under a limit, recorded block I/O, and
-/// generation is what is counted.
-fn measured(a: &Analysis, counting: Counting, generated_tokens: u64) -> Option<Measured> {
+/// generation is what is counted; within the replay's window.
+fn measured(a: &Analysis, counting: Counting, generated_tokens: u64, cut: Option<&Cut>) -> Option<Measured> {
     let budget_bytes = a.header.options.mem_limit.filter(|_| counting == Counting::Generate && a.io.disk.issues > 0)?;
+    let end = cut.map_or(u32::MAX, |c| c.ubatch);
     let disk_bytes = (a.ubatches.iter())
-        .filter(|u| u.phase == Phase::Generate)
+        .filter(|u| u.phase == Phase::Generate && u.index < end)
         .filter_map(|u| a.io.by_when.get(&When::Ubatch(u.index)))
         .map(|w| w.disk.bytes)
         .sum();
@@ -224,7 +237,7 @@ pub fn compute(
     // Up to where the curve reaches zero: past the footprint when loading
     // left pages the ops never read in the cache ahead of them.
     let everything = (footprint_bytes + anon_bytes).max(fit.map_or(0, |f| f.0));
-    let measured = measured(a, request.counting, replay.generated_tokens);
+    let measured = measured(a, request.counting, replay.generated_tokens, replay.cut.as_ref());
     let mut budgets = budgets(&request.budgets, anon_bytes, everything);
     for b in [request.detail, measured.map(|m| m.budget_bytes)].into_iter().flatten() {
         if !budgets.contains(&b) {
@@ -261,6 +274,7 @@ pub fn compute(
         anon_source,
         two_list_band_bytes: super::TWO_LIST_BAND_BYTES,
         generated_tokens: replay.generated_tokens,
+        window: replay.cut,
         footprint_bytes,
         fit_budget_bytes: fit.map(|f| f.0),
         first_read_bytes: fit.map(|f| f.1),

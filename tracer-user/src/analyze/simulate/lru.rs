@@ -19,23 +19,14 @@ impl LruCurve {
         let total = stream.total_pages() as usize;
         let cold = total + 1;
         let mut needed: [Vec<u64>; 5] = std::array::from_fn(|_| vec![0u64; total + 2]);
-        let mut last: Vec<u32> = vec![u32::MAX; stream.atom_pages.len()];
-        let mut tree = Fenwick::new(stream.accesses.len());
-        for (t, (atom, period)) in stream.iter().enumerate() {
+        let mut recency = Recency::new(stream.atom_pages.len());
+        for (atom, period) in stream.iter() {
             let w = stream.atom_pages[atom as usize];
-            let prev = last[atom as usize];
-            let slot = if prev == u32::MAX {
-                cold
-            } else {
-                // Distinct pages read since: atoms whose last access lies
-                // strictly between the two accesses of this one.
-                let between = tree.prefix(t) - tree.prefix(prev as usize + 1);
-                tree.add(prev as usize, -(i64::from(w)));
-                (between + u64::from(w)) as usize
+            let slot = match recency.access(atom, w) {
+                Some(between) => (between + u64::from(w)) as usize,
+                None => cold,
             };
             needed[period.index()][slot] += u64::from(w);
-            tree.add(t, i64::from(w));
-            last[atom as usize] = t as u32;
         }
         let missed_at = std::array::from_fn(|p| {
             let mut sums = vec![0u64; total + 2];
@@ -72,6 +63,75 @@ impl LruCurve {
     pub fn max_need(&self, period: crate::analyze::usage::Period) -> u64 {
         let n = &self.needed[period.index()];
         n[..n.len() - 1].iter().rposition(|&p| p > 0).unwrap_or(0) as u64
+    }
+}
+
+/// Each atom's last access, in access order, weighted by its pages: the
+/// pages of the atoms read between two accesses of one are a range sum.
+///
+/// Only the last access of each atom is live, so the times are renumbered
+/// (in order) whenever they run out: the tree stays a few times the number
+/// of atoms, in cache, instead of one slot per access of the whole trace
+/// (tens of millions on a long one, where the misses were most of
+/// `simulate`).
+struct Recency {
+    tree: Fenwick,
+    /// Per atom, the slot of its last access (`NONE`: not read yet).
+    last: Vec<u32>,
+    /// Per slot, the atom last read there (`NONE`: no live access).
+    atom_at: Vec<u32>,
+    weight_at: Vec<u32>,
+    now: usize,
+}
+
+const NONE: u32 = u32::MAX;
+
+impl Recency {
+    fn new(atoms: usize) -> Recency {
+        let slots = (4 * atoms).max(1024);
+        Recency {
+            tree: Fenwick::new(slots),
+            last: vec![NONE; atoms],
+            atom_at: vec![NONE; slots],
+            weight_at: vec![0; slots],
+            now: 0,
+        }
+    }
+
+    /// Reads `atom` of `w` pages now: the pages of the other atoms read
+    /// since its last read, or `None` on its first.
+    fn access(&mut self, atom: u32, w: u32) -> Option<u64> {
+        if self.now == self.atom_at.len() {
+            self.renumber();
+        }
+        let prev = self.last[atom as usize];
+        let between = (prev != NONE).then(|| {
+            let prev = prev as usize;
+            let between = self.tree.prefix(self.now) - self.tree.prefix(prev + 1);
+            self.tree.add(prev, -i64::from(self.weight_at[prev]));
+            self.atom_at[prev] = NONE;
+            between
+        });
+        self.tree.add(self.now, i64::from(w));
+        (self.atom_at[self.now], self.weight_at[self.now]) = (atom, w);
+        self.last[atom as usize] = self.now as u32;
+        self.now += 1;
+        between
+    }
+
+    /// Moves the live accesses to the first slots, keeping their order.
+    fn renumber(&mut self) {
+        let slots = self.atom_at.len();
+        let live: Vec<(u32, u32)> =
+            (0..slots).filter(|&s| self.atom_at[s] != NONE).map(|s| (self.atom_at[s], self.weight_at[s])).collect();
+        self.tree.0.fill(0);
+        self.atom_at.fill(NONE);
+        for (slot, &(atom, w)) in live.iter().enumerate() {
+            self.tree.add(slot, i64::from(w));
+            (self.atom_at[slot], self.weight_at[slot]) = (atom, w);
+            self.last[atom as usize] = slot as u32;
+        }
+        self.now = live.len();
     }
 }
 

@@ -20,6 +20,7 @@ mod rows;
 mod runs;
 pub mod stream;
 pub mod twolist;
+pub mod window;
 
 #[cfg(test)]
 mod tests;
@@ -30,7 +31,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::{
-    Analysis, Phase,
+    Analysis,
     diff::Permutation,
     tensor::{is_expert_tensor, model_tensor, view_bytes, weight_of},
     usage::{LoadMode, PERIODS, Period, routed_experts, source_ranges},
@@ -40,6 +41,7 @@ use crate::format::{Memory, ModelTensor, TraceError};
 pub use lru::LruCurve;
 pub use rows::{TWO_LIST_BAND_BYTES, run};
 pub use stream::{Stream, StreamBuilder};
+pub use window::{Cut, TokenWindow};
 
 /// Replacement policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
@@ -101,6 +103,8 @@ pub struct Options {
     /// Replay model loading as a sequential read of every model file
     /// (llama.cpp's default MAP_POPULATE), else from the first op.
     pub populate: Option<bool>,
+    /// Which generated tokens to replay.
+    pub tokens: TokenWindow,
 }
 
 /// The kernel's readahead for the model's mapping, in bytes.
@@ -144,6 +148,20 @@ impl Misses {
     }
 }
 
+/// Why the walk feeding the replay stopped early.
+#[derive(Debug)]
+enum Stop {
+    Trace(TraceError),
+    /// The token window ended before this ubatch.
+    WindowEnd(u32),
+}
+
+impl From<TraceError> for Stop {
+    fn from(e: TraceError) -> Stop {
+        Stop::Trace(e)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SimulateError {
     #[error(transparent)]
@@ -161,8 +179,10 @@ pub enum SimulateError {
 pub struct Replay {
     pub stream: Stream,
     pub page_bytes: u64,
-    /// Generated tokens (tokens of generate ubatches).
+    /// Generated tokens replayed (tokens of generate ubatches).
     pub generated_tokens: u64,
+    /// Where the replay stopped, when before the trace's end.
+    pub cut: Option<Cut>,
     /// Whether loading was replayed as a sequential read.
     pub populate: bool,
     /// The readahead replayed (from [`Options`]).
@@ -198,6 +218,7 @@ pub fn replay(
         touched_anon,
         anon: rangemap::RangeSet::new(),
         anon_seen: Default::default(),
+        window: window::Windowing::new(options.tokens, a),
     };
     sink.builder.period(Period::Load);
     for (m, model) in a.models.iter().enumerate() {
@@ -217,7 +238,11 @@ pub fn replay(
             }
         }
     }
-    walk::walk(path, a, progress, &mut sink)?;
+    let cut = match walk::walk(path, a, progress, &mut sink) {
+        Ok(()) => None,
+        Err(Stop::WindowEnd(ubatch)) => Some(sink.window.cut(ubatch)),
+        Err(Stop::Trace(e)) => return Err(e.into()),
+    };
     if let Some(e) = sink.error {
         return Err(e);
     }
@@ -225,18 +250,14 @@ pub fn replay(
         return Err(SimulateError::NoModelReads);
     }
     let stream = sink.builder.build();
-    let generated_tokens = a
-        .ubatches
-        .iter()
-        .filter(|u| u.phase == Phase::Generate)
-        .map(|u| u64::from(u.n_tokens.unwrap_or(1).max(1)))
-        .sum();
+    let generated_tokens = window::generated_tokens(a, cut.map(|c| c.ubatch));
     let footprint_pages = footprint(&stream);
     let anon_bytes = sink.anon.iter().map(|r| r.end - r.start).sum();
     Ok(Replay {
         stream,
         page_bytes: options.page_bytes,
         generated_tokens,
+        cut,
         populate,
         readahead: options.readahead,
         engine: options.engine,
@@ -281,13 +302,17 @@ struct Collector<'a> {
     layout: Option<&'a Permutation>,
     routed: std::collections::BTreeMap<(u32, u32), std::collections::BTreeSet<u32>>,
     error: Option<SimulateError>,
+    window: window::Windowing<'a>,
 }
 
 impl Sink for Collector<'_> {
-    type Error = TraceError;
+    type Error = Stop;
 
-    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), TraceError> {
+    fn event(&mut self, event: &Event, tables: &Tables) -> Result<(), Stop> {
         let Event::Op(e) = event else { return Ok(()) };
+        if self.window.ends_before(e.ctx.ubatch) {
+            return Err(Stop::WindowEnd(e.ctx.ubatch.expect("a window ends before a ubatch")));
+        }
         let period = match tables.phase(e.ctx.ubatch) {
             Some(p) => Period::of(p),
             None => Period::Other,
@@ -309,6 +334,7 @@ impl Sink for Collector<'_> {
             for r in ranges {
                 for r in self.relocate(t, r) {
                     let pages = r.start / self.page..r.end.div_ceil(self.page);
+                    self.window.pages += pages.end - pages.start;
                     self.builder.access(file_key(w.model, t.file), pages);
                 }
             }

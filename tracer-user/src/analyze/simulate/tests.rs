@@ -147,6 +147,20 @@ fn naive_opt(pages: &[u32], capacity: usize, bypass: bool) -> u64 {
     misses
 }
 
+/// Streams many times longer than the recency tree, which renumbers its
+/// slots each time they run out.
+#[test]
+fn stack_distances_stay_exact_across_the_recency_trees_renumbering() {
+    let mut rng = Rng(0x1e57);
+    for atoms in [3, 12, 300] {
+        let s = random_stream(&mut rng, atoms, 9000);
+        let curve = LruCurve::new(&s);
+        for c in 0..=s.total_pages() + 1 {
+            assert_eq!(curve.misses(c), lru_one_size(&s, c), "{atoms} atoms, capacity {c}");
+        }
+    }
+}
+
 #[test]
 fn stack_distance_lru_equals_naive_lru_on_random_streams() {
     let mut rng = Rng(0x5eed);
@@ -461,6 +475,7 @@ fn the_detail_budget_changes_no_row_and_its_pages_sum_to_it() {
                 stream: stream.clone(),
                 page_bytes: 4096,
                 generated_tokens: 3,
+                cut: None,
                 populate: false,
                 readahead: readahead
                     .map(|pages| Readahead { window_bytes: pages * 4096, fault_around_bytes: 4 * 4096 }),
@@ -501,6 +516,7 @@ fn two_list_rows_are_the_median_of_the_band() {
             stream: stream.clone(),
             page_bytes: page,
             generated_tokens: 3,
+            cut: None,
             populate: false,
             readahead: None,
             engine: Engine::Runs,

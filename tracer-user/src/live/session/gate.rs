@@ -79,9 +79,17 @@ impl Layouts {
             get_rows,
             ubatch: choice.layout.ubatch.known(),
         });
-        self.disabled.extend(choice.disabled.iter().cloned());
+        choice.disabled.iter().for_each(|d| self.disable(d.clone()));
         self.choice = Some(choice);
         Ok(())
+    }
+
+    /// Turn a feature off, once: the probes may be armed again when the
+    /// process that loaded ggml is not the one that runs graphs.
+    pub fn disable(&mut self, off: Disabled) {
+        if !self.disabled.contains(&off) {
+            self.disabled.push(off);
+        }
     }
 
     /// Whether the buffer probes should be attached.

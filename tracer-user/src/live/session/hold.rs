@@ -161,6 +161,16 @@ impl LibraryHold {
         std::mem::take(&mut self.stopped)
     }
 
+    /// Hold again the processes held before a disarm (none if the hold
+    /// never took).
+    pub fn rearm(&mut self, tracer: &mut Tracer) -> Result<()> {
+        if !self.armed && !self.hooked.is_empty() {
+            tracer.hold_at_library_load(true)?;
+            self.armed = true;
+        }
+        Ok(())
+    }
+
     /// ggml's probes are in: later loads and execs run freely.
     pub fn disarm(&mut self, tracer: &mut Tracer) -> Result<()> {
         if self.armed {

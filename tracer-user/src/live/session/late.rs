@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 
-use super::{Session, gate, op_options, plan, values};
+use super::{Session, gate, op_options, plan, plan::Attached, values};
 use crate::{
     format::{Hooks, LateAttach, TargetBuild},
     live::{
@@ -29,7 +29,7 @@ impl Session<'_> {
         self.recorder.graphs.set_layout(choice.layout.tensor);
         self.layouts.arm(tracer, choice, names)?;
         if plan::routing_hook(libs).is_none() {
-            self.layouts.disabled.push(crate::live::layouts::routing_off());
+            self.layouts.disable(crate::live::layouts::routing_off());
         }
         self.attached.start_ops(tracer, op_options(self.spec, &self.layouts), libs)?;
         self.recorder.op_times.iter_mut().for_each(|t| t.set_op_names(names));
@@ -88,7 +88,11 @@ impl Session<'_> {
         if started.is_ok() {
             let library = libs.cpu.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
             self.late_attach = Some(LateAttach { library, held: held_at_load });
-            self.hold.disarm(tracer)?;
+            // A process the target started may end without a graph, and the
+            // next one must be held as this one was: until a graph runs.
+            if pid == self.target_pid {
+                self.hold.disarm(tracer)?;
+            }
         }
         if held {
             target::signal(pid, libc::SIGCONT)?;
@@ -103,6 +107,29 @@ impl Session<'_> {
             return Ok(());
         }
         started
+    }
+
+    /// A process the target started, traced since it loaded ggml, ended
+    /// before running a graph (node-llama-cpp's test of its binary in a
+    /// child; `sh -c 'llama-server --version; llama-server …'`): the graphs
+    /// are yet to come, from another process. Look for ggml again from the
+    /// target, held at library loads as before. Once a graph ran, the hold
+    /// ends.
+    pub(super) fn follow_the_graphs(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
+        let (pid, target) = (self.attached.pid, self.target_pid);
+        if self.first_graph_started {
+            return self.hold.disarm(tracer);
+        }
+        if pid == target || target::running(pid) {
+            return Ok(());
+        }
+        log::info!("pid {pid} loaded ggml and ended before running a graph: looking for ggml again from pid {target}");
+        self.attached = Attached::new(target);
+        self.late_attach = None;
+        self.hold.rearm(tracer)?;
+        // The next one may have loaded ggml already, let go while the
+        // ended one still had the probes: its loads will not stop again.
+        self.find_late_hooks(tracer, child)
     }
 
     /// ggml's backend loader (`ggml_backend_load_best`, Debian's build)
@@ -193,6 +220,9 @@ impl Session<'_> {
     /// then let them go on (also when attaching failed).
     pub(super) fn on_library_load(&mut self, tracer: &mut Tracer, child: Option<&RunningChild>) -> Result<()> {
         self.hold.hook_exec_stopped(tracer);
+        // Before the has-ops test: the probes may belong to a process that
+        // ended, and this stop may be its successor's load of ggml.
+        self.follow_the_graphs(tracer, child)?;
         let found = if self.attached.has_ops { Ok(()) } else { self.find_late_hooks(tracer, child) };
         for pid in self.hold.take_stopped() {
             match child {

@@ -277,6 +277,7 @@ fn start<'a>(target: Target, spec: &'a SessionSpec, tap: Option<Box<dyn Tap>>) -
         recorder.graphs.set_layout(layout);
     }
     let mut session = Session {
+        target_pid: attached.pid,
         attached,
         recorder,
         layouts,
@@ -400,6 +401,7 @@ async fn record_until_stop(
                 if session.hold.has_stops() {
                     session.on_library_load(&mut tracer, child.as_ref())?;
                 }
+                session.follow_the_graphs(&mut tracer, child.as_ref())?;
                 if !session.attached.has_ops {
                     session.scan_on_tick(&mut tracer, child.as_ref())?;
                     if session.attached.has_ops {
@@ -542,6 +544,9 @@ fn refuse(session: &mut Session<'_>, child: Option<&mut RunningChild>, refusal: 
 struct CommandStopped(Refusal);
 
 struct Session<'a> {
+    /// The process ttrace started or attached to; `attached.pid` may be one
+    /// it started.
+    target_pid: u32,
     attached: Attached,
     recorder: Recorder<BufWriter<File>>,
     layouts: Layouts,
