@@ -2,7 +2,7 @@
 //! eBPF ones load real programs and need root; they fail, never skip, without
 //! it) and the Python oracle tests in tests/python.
 
-use std::process::Command;
+use std::{process::Command, time::Instant};
 
 use anyhow::{Result, bail};
 
@@ -16,6 +16,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     if cargo_args.is_empty() {
         scratch::check_free_space()?;
     }
+    let mut phases = Phases::start();
     let paths = setup::run()?;
     let paths_json = demo::write_paths_file(&paths)?;
     if !shell::is_root() {
@@ -31,6 +32,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     ]))?;
     let ttrace = demo::build_ttrace()?;
     let tmp = TestTmp::create()?;
+    phases.end("set-up and build");
 
     let mut failures = Vec::new();
     let mut cargo = Command::new("cargo");
@@ -47,6 +49,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
     if let Err(e) = shell::run(&mut cargo) {
         failures.push(e.to_string());
     }
+    phases.end("Rust suites");
     if cargo_args.is_empty() {
         // Screenshots of the HTML reports outlive the run (target/ is
         // gitignored), so they can be looked at afterwards.
@@ -55,7 +58,8 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         let mut pytest = Command::new(&paths.venv_python);
         pytest
             .current_dir(&root)
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"])
+            // The slowest tests listed: CI has 90 minutes for everything.
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15", "tests/python"])
             .env("TTRACE_PATHS", &paths_json)
             .env("TTRACE_BIN", &ttrace)
             .env("TMPDIR", tmp.path())
@@ -64,13 +68,17 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
             failures.push(e.to_string());
         }
         eprintln!("xtask: screenshots of the HTML reports in {}", screenshots.display());
+        phases.end("Python suites");
         // Last: the release users install (static, in a clean Debian root),
         // then the same tests inside each kernel of the matrix, with it.
         let release = dist::build_and_verify(&paths);
+        phases.end("release and clean root");
         if let Err(e) = release.and_then(|r| kernel_matrix(&paths, &r.binary, &tmp, &[], None)) {
             failures.push(format!("{e:#}"));
         }
+        phases.end("kernel matrix");
     }
+    phases.print();
     if !failures.is_empty() {
         eprintln!("xtask: the failed run's scratch files are kept in {}", tmp.path().display());
         bail!("test suites failed: {}", failures.join("; "));
@@ -128,4 +136,30 @@ fn kernel_matrix(
         bail!("the kernel matrix failed (table above; logs in {})", tmp.path().display());
     }
     Ok(())
+}
+
+/// How long each part of a test run took, printed at its end (CI's limit is
+/// 90 minutes for all of them, set-up included).
+struct Phases {
+    started: Instant,
+    last: Instant,
+    done: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn start() -> Self {
+        let now = Instant::now();
+        Self { started: now, last: now, done: Vec::new() }
+    }
+
+    fn end(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.done.push((name, (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+
+    fn print(&self) {
+        let parts: Vec<String> = self.done.iter().map(|(name, s)| format!("{name} {:.0}s", s)).collect();
+        eprintln!("xtask: test run {:.0}s: {}", self.started.elapsed().as_secs_f64(), parts.join(", "));
+    }
 }

@@ -69,10 +69,12 @@ const CASES: &[(&str, Run)] = &[
     ("--values", Run::PytestKept("test_values.py::test_values_match_the_eval_callback[tiny]")),
     ("top --json", Run::Pytest("test_top.py::test_moe_expert_grid_equals_the_traces_routing")),
     // The library hold following a command's children to their exec (the
-    // fork record's layout differs between kernels).
+    // fork record's layout differs between kernels). One run: the layout is
+    // what differs here, and each run of Gemma under emulation costs 60-100 s
+    // of CI's 90 minutes; the host repeats it for races.
     (
         "dlopen grandchild",
-        Run::PytestRuns("test_dlopen_start.py::test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph", 3),
+        Run::PytestRuns("test_dlopen_start.py::test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph", 1),
     ),
 ];
 
