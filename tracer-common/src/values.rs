@@ -58,7 +58,8 @@ pub mod flags {
     pub const TOO_BIG: u32 = 16;
     /// The node's struct or data could not be read.
     pub const READ_FAILED: u32 = 32;
-    /// Its name is one `--values-filter` leaves out: not copied.
+    /// Its name is one `--values-filter` leaves out: not copied. (Traces
+    /// before the kernel stopped sending such nodes; see `unread::FILTERED`.)
     pub const FILTERED: u32 = 64;
 }
 
@@ -150,7 +151,7 @@ pub mod team {
 }
 
 pub mod unread {
-    pub const SLOTS: u32 = 4;
+    pub const SLOTS: u32 = 5;
     /// The thread's `ith, nth`, unreadable at a node's entry (with no
     /// earlier read of the same compute call to fall back on) and again at
     /// its first barrier. (7.2 in qemu fails a nofault read of a thread's
@@ -166,6 +167,11 @@ pub mod unread {
     /// same CPU, arriving last at the same barrier too. The first reads the
     /// node; the per-CPU scratch both copy through is not shared.
     pub const BUSY: u32 = 3;
+    /// Reads of a node `--values-filter` leaves out (its name in the skip
+    /// map): nothing is sent, not even its head. The recorder knows from the
+    /// graph which nodes those are; sending each one's head cost a ring
+    /// record and a wake-up's share per node and thread team.
+    pub const FILTERED: u32 = 4;
 }
 
 /// Where one team member last arrived: which node, and `run << 16 |

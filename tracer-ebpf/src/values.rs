@@ -405,8 +405,11 @@ fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site:
         }
         let mut name = t.name();
         if setting(config::FILTERING) != 0 && filtered_out(&mut name) {
-            bits |= flags::FILTERED;
-        } else if size == 0 {
+            // Not sent at all (see `unread::FILTERED`).
+            count_unread(unread::FILTERED);
+            return Ok(());
+        }
+        if size == 0 {
             bits |= flags::UNSUPPORTED_TYPE;
         } else if t.op() as u64 == setting(config::SET_ROWS_OP) {
             bits |= flags::SET_ROWS;
@@ -415,7 +418,7 @@ fn send<const BOUNDED: bool>(task: (u32, u32), run: u64, state: ValueTask, site:
         {
             bits |= flags::TOO_BIG;
         }
-        if bits & (flags::FILTERED | flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
+        if bits & (flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG) != 0 {
             span = 0;
         }
         let record = TensorRecord {

@@ -17,6 +17,7 @@ mod stopper;
 mod sweep;
 mod thesis_webui;
 mod values;
+mod values_account;
 mod viewer;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command};

@@ -102,6 +102,18 @@ pub struct Tracer {
 }
 
 /// What the kernel skipped running ttrace's programs for.
+/// `--values`: the kernel's counts of reads it did not send, by reason
+/// (`tracer_common::values::unread`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ValueCounts {
+    pub unread_params: u64,
+    pub unread_site: u64,
+    pub unread_runs: u64,
+    pub unread_busy: u64,
+    /// Reads of nodes `--values-filter` leaves out.
+    pub filtered_skipped: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct RecursionMisses {
     pub per_program: BTreeMap<String, u64>,
@@ -364,18 +376,21 @@ impl Tracer {
         Ok(threads)
     }
 
-    /// `--values`: nodes and runs the kernel could not read, by reason
-    /// (`tracer_common::values::unread`); zeros without the map.
-    pub fn values_unread(&self) -> Result<[u64; 4], LoadError> {
+    /// `--values`: nodes and runs the kernel did not send, by reason; zeros
+    /// without the map.
+    pub fn values_unread(&self) -> Result<ValueCounts, LoadError> {
         use tracer_common::values::{MAP_VALUE_UNREAD, unread};
-        let Some(map) = self.ebpf.map(MAP_VALUE_UNREAD) else { return Ok([0; 4]) };
+        let Some(map) = self.ebpf.map(MAP_VALUE_UNREAD) else { return Ok(ValueCounts::default()) };
         let error = |source| LoadError::Map { map: MAP_VALUE_UNREAD, error: Box::new(source) };
         let per_cpu: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(error)?;
-        let mut counts = [0u64; 4];
-        for (slot, count) in [unread::PARAMS, unread::SITE, unread::POOL, unread::BUSY].into_iter().zip(&mut counts) {
-            *count = per_cpu.get(&slot, 0).map_err(error)?.iter().sum();
-        }
-        Ok(counts)
+        let sum = |slot| -> Result<u64, LoadError> { Ok(per_cpu.get(&slot, 0).map_err(error)?.iter().sum()) };
+        Ok(ValueCounts {
+            unread_params: sum(unread::PARAMS)?,
+            unread_site: sum(unread::SITE)?,
+            unread_runs: sum(unread::POOL)?,
+            unread_busy: sum(unread::BUSY)?,
+            filtered_skipped: sum(unread::FILTERED)?,
+        })
     }
 
     /// Hand the event ring buffer to the collector (once).

@@ -52,12 +52,21 @@ pub struct Finished {
     pub tail: Vec<u8>,
 }
 
+/// A graph definition's nodes, as the reads name them.
+struct GraphNodes {
+    /// Node address → (index, record).
+    by_address: HashMap<u64, (u32, TensorRecord)>,
+    /// Indices of the nodes `--values-filter` leaves out: the kernel sends
+    /// nothing of them once it has their names, so none is missed.
+    left_out: HashSet<u32>,
+}
+
 pub struct ValueRecorder {
     filter: Option<Regex>,
     /// Per process, the node being received.
     open: HashMap<u32, Capture>,
-    /// Per graph definition: node address → (index, record).
-    graphs: HashMap<u32, HashMap<u64, (u32, TensorRecord)>>,
+    /// Per graph definition, its nodes.
+    graphs: HashMap<u32, GraphNodes>,
     /// The graph whose run is the latest written.
     current: Option<u32>,
     /// Node indices of `current`'s run that were read.
@@ -101,11 +110,16 @@ impl ValueRecorder {
     }
 
     pub fn on_definition(&mut self, definition: &Definition) {
-        let nodes: HashMap<u64, (u32, TensorRecord)> =
+        let by_address: HashMap<u64, (u32, TensorRecord)> =
             definition.nodes().enumerate().map(|(i, (r, _))| (r.tensor, (i as u32, *r))).collect();
+        let mut left_out = HashSet::new();
         if let Some(filter) = &self.filter {
-            for (_, record) in nodes.values() {
-                if !filter.is_match(tensor_name(record)) && self.skipped_names.len() < MAX_SKIP_NAMES as usize {
+            for (index, record) in by_address.values() {
+                if filter.is_match(tensor_name(record)) {
+                    continue;
+                }
+                left_out.insert(*index);
+                if self.skipped_names.len() < MAX_SKIP_NAMES as usize {
                     let key = skip_key(record);
                     if self.skipped_names.insert(key) {
                         self.new_skipped_names.push(key);
@@ -113,7 +127,7 @@ impl ValueRecorder {
                 }
             }
         }
-        self.graphs.insert(definition.id, nodes);
+        self.graphs.insert(definition.id, GraphNodes { by_address, left_out });
     }
 
     /// Names the filter leaves out, found since the last call: for the
@@ -136,13 +150,22 @@ impl ValueRecorder {
     }
 
     /// Count the nodes of the run that ended that no read reached, so a
-    /// partial run is said, not silent. A node with no op is never computed.
+    /// partial run is said, not silent, and those the filter left out. A
+    /// node with no op is never computed.
     fn close_run(&mut self) {
         let (Some(nodes), Some(skip)) = (self.current.and_then(|g| self.graphs.get(&g)), &self.not_computed) else {
             return;
         };
         let read = &self.read_in_run;
-        let missed = nodes.values().filter(|(i, r)| !skip.contains(&r.op) && !read.contains(i)).count() as u64;
+        let (mut missed, mut left_out) = (0, 0);
+        for (i, _) in nodes.by_address.values().filter(|(_, r)| !skip.contains(&r.op)) {
+            if nodes.left_out.contains(i) {
+                left_out += 1;
+            } else if !read.contains(i) {
+                missed += 1;
+            }
+        }
+        self.missing.filtered += left_out;
         if missed > 0 {
             self.missing.nodes += missed;
             self.missing.runs += 1;
@@ -198,22 +221,19 @@ impl ValueRecorder {
     fn finish(&mut self, c: Capture) -> Option<Finished> {
         if let Some(nodes) = self.current.and_then(|g| self.graphs.get(&g)) {
             // A norm fused into its MUL is never written: the pair's read covers it.
-            let read = [c.node, c.fused].into_iter().filter_map(|a| nodes.get(&a)).map(|&(i, _)| i);
+            let read = [c.node, c.fused].into_iter().filter_map(|a| nodes.by_address.get(&a)).map(|&(i, _)| i);
             self.read_in_run.extend(read);
         }
-        let name = tensor_name(&c.tensor);
-        if self.filter.as_ref().is_some_and(|f| !f.is_match(name)) {
-            self.missing.filtered += 1;
-            self.missing.filtered_uncopied += u64::from(c.flags & flags::FILTERED != 0);
+        // A node left out whose name the kernel did not know yet (counted at the run's close).
+        if self.filter.as_ref().is_some_and(|f| !f.is_match(tensor_name(&c.tensor))) {
             return None;
         }
         let graph = self.current.unwrap_or(u32::MAX);
-        let nodes = self.graphs.get(&graph);
+        let nodes = self.graphs.get(&graph).map(|g| &g.by_address);
         let node_index = nodes.and_then(|n| n.get(&c.node)).map(|&(i, _)| i);
         let fused = (c.fused != 0).then(|| nodes.and_then(|n| n.get(&c.fused)).map(|&(_, r)| r)).flatten();
         let mut bits = c.flags;
-        let not_copied =
-            flags::FILTERED | flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG | flags::READ_FAILED;
+        let not_copied = flags::UNSUPPORTED_TYPE | flags::SET_ROWS | flags::TOO_BIG | flags::READ_FAILED;
         let copied = bits & not_copied == 0;
         let mut fp: Option<Fingerprint> = None;
         if copied {
@@ -288,6 +308,38 @@ mod tests {
         values.flush();
         let missing = values.close();
         assert_eq!(missing, ValuesMissing { nodes: 3, runs: 1, runs_checked: 2, ..Default::default() });
+    }
+
+    #[test]
+    fn nodes_the_filter_leaves_out_are_counted_as_left_out_not_missed() {
+        let names = OpNames { ops: ["NONE", "ADD", "VIEW"].map(String::from).to_vec(), unary: vec![], glu: vec![] };
+        let mut values = ValueRecorder::new(Some(Regex::new("ffn_out").unwrap()));
+        values.set_op_names(Some(&names));
+        let named = |address, op, name: &str| {
+            let mut record = node(address, op);
+            record.name[..name.len()].copy_from_slice(name.as_bytes());
+            record
+        };
+        // ADDs kept and left out, and VIEWs (never computed) kept and left out.
+        let kept = named(0x10, 1, "ffn_out-0");
+        let records =
+            vec![kept, named(0x20, 1, "attn_out-0"), named(0x30, 2, "ffn_out-0 (view)"), named(0x40, 2, "kq-0")];
+        let definition = Definition { id: 3, records, n_nodes: 4, sources: vec![], source_ends: vec![0; 4] };
+        values.on_definition(&definition);
+        let mut skipped: Vec<String> = values
+            .take_skipped_names()
+            .iter()
+            .map(|k| String::from_utf8_lossy(tracer_common::c_str(k)).into())
+            .collect();
+        skipped.sort();
+        assert_eq!(skipped, ["attn_out-0", "kq-0"]);
+        for run in 1..=2 {
+            values.on_run(3);
+            // The kernel sends the kept node alone.
+            values.on_event(&ValueRecord { tensor: Some(kept), ..head(run, 0x10, 0) });
+            assert_eq!(values.flush().len(), 1);
+        }
+        assert_eq!(values.close(), ValuesMissing { filtered: 2, runs_checked: 2, ..Default::default() });
     }
 
     #[test]

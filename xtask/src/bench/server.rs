@@ -221,7 +221,7 @@ fn run_round(ctx: &Ctx, traced: &'static str, round: usize, model: &Path) -> Res
 /// /proc/PID/stat are sampled at the 10 ms tick, coarser than a round's
 /// 20-50 ms). A thread that ended during the window is not counted: the
 /// recorder's runtime has one thread.
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(super) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let Ok(text) = std::fs::read_to_string(task?.path().join("schedstat")) else { continue };
@@ -231,7 +231,7 @@ fn cpu_ns(pid: u32) -> Result<u64> {
 }
 
 /// The tracer's BPF programs (by the fds it holds) and their kernel counters, by id.
-fn program_stats(pid: u32) -> Result<std::collections::HashMap<u64, (String, u64, u64)>> {
+pub(super) fn program_stats(pid: u32) -> Result<std::collections::HashMap<u64, (String, u64, u64)>> {
     let mut ids: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         let Ok(text) = std::fs::read_to_string(fd?.path()) else { continue };

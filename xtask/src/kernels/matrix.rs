@@ -41,9 +41,9 @@ enum Run {
     /// The same, its tmp kept in the job directory: a failing case's trace
     /// survives the guest (for a case that has failed rarely, unexplained).
     PytestKept(&'static str),
-    /// A pytest node that repeats its run `TTRACE_TEST_RUNS` times, fewer
-    /// here than on the host (the guest's CPU is emulated).
-    PytestRuns(&'static str, u32),
+    /// A pytest node with settings of its own (`NAME=VALUE ...`): fewer
+    /// runs or a smaller model than on the host (the guest's CPU is emulated).
+    PytestWith { node: &'static str, env: &'static str },
     /// One test of a Rust integration-test binary of tracer-user.
     Rust { binary: &'static str, test: &'static str },
     /// A shell command (`$TTRACE_BIN`, `$LLAMA` and `$TINY` are set).
@@ -69,12 +69,16 @@ const CASES: &[(&str, Run)] = &[
     ("--values", Run::PytestKept("test_values.py::test_values_match_the_eval_callback[tiny]")),
     ("top --json", Run::Pytest("test_top.py::test_moe_expert_grid_equals_the_traces_routing")),
     // The library hold following a command's children to their exec (the
-    // fork record's layout differs between kernels). One run: the layout is
-    // what differs here, and each run of Gemma under emulation costs 60-100 s
-    // of CI's 90 minutes; the host repeats it for races.
+    // fork record's layout differs between kernels). One run of the tiny
+    // model: the layout is what differs here, a run of Gemma read over 9p
+    // under emulation cost 100-144 s of CI's 90 minutes, and the host
+    // repeats it with Gemma for races.
     (
         "dlopen grandchild",
-        Run::PytestRuns("test_dlopen_start.py::test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph", 1),
+        Run::PytestWith {
+            node: "test_dlopen_start.py::test_dlopened_llama_in_a_grandchild_traced_from_its_first_graph",
+            env: "TTRACE_TEST_RUNS=1 TTRACE_DLOPEN_MODEL=tiny",
+        },
     ),
 ];
 
@@ -233,8 +237,8 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
                 file_name(name),
                 shell_quote(&repo.join("tests/python").join(node).display().to_string())
             ),
-            Run::PytestRuns(node, runs) => format!(
-                "TTRACE_TEST_RUNS={runs} \"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider {}",
+            Run::PytestWith { node, env } => format!(
+                "{env} \"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider {}",
                 shell_quote(&repo.join("tests/python").join(node).display().to_string())
             ),
             Run::Rust { binary, test } => {

@@ -120,8 +120,18 @@ pub(super) fn finish<W: std::io::Write>(
     pid: u32,
 ) -> Result<(Option<ValuesMissing>, Vec<ValueThread>)> {
     let Some(missing) = recorder.close_values()? else { return Ok((None, Vec::new())) };
-    let [unread_params, unread_site, unread_runs, unread_busy] = tracer.values_unread()?;
-    let missing = ValuesMissing { unread_params, unread_site, unread_runs, unread_busy, ..missing };
+    let counts = tracer.values_unread()?;
+    let missing = ValuesMissing {
+        unread_params: counts.unread_params,
+        unread_site: counts.unread_site,
+        unread_runs: counts.unread_runs,
+        unread_busy: counts.unread_busy,
+        // Reads, not nodes: a node an op's inlined barrier read mid-way is
+        // read twice, and a run left unchecked counts none; a count of
+        // nodes never exceeds the nodes left out.
+        filtered_uncopied: counts.filtered_skipped.min(missing.filtered),
+        ..missing
+    };
     if missing.nodes > 0 {
         log::warn!(
             "--values: {} computed nodes in {} of {} graph runs have no output record (no barrier after them was read)",
