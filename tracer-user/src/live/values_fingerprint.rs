@@ -1,5 +1,10 @@
 //! A node output's fingerprint from its bytes as copied by the probe: the
-//! span from its first to its last element, read through its strides.
+//! span from its first to its last element, read through its strides. The
+//! recorder runs on the cores llama computes on, and fingerprinting is most
+//! of its work in `--values`: the elements are decoded a block at a time
+//! and each element's sketch slot comes from a table, not a hash.
+
+use std::sync::OnceLock;
 
 use crate::format::values::{EDGE_VALUES, Fingerprint, PROJECTION_DIMS};
 
@@ -38,6 +43,20 @@ impl Element {
             Element::Bf16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
         }
     }
+
+    /// `bytes`' elements appended to `out` (one match per block, not per element).
+    fn decode(self, bytes: &[u8], out: &mut Vec<f32>) {
+        match self {
+            Element::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            Element::I32 => {
+                out.extend(bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32))
+            }
+            Element::F16 => out.extend(bytes.chunks_exact(2).map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
+            Element::Bf16 => out.extend(
+                bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+            ),
+        }
+    }
 }
 
 /// IEEE half to single, exactly (every half is a single).
@@ -68,6 +87,34 @@ fn splitmix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Element `i`'s count-sketch slot: the dimension it adds to, and whether negated.
+fn sketch_slot(i: u64) -> (usize, bool) {
+    let h = splitmix64(SEED ^ i);
+    ((h as usize) % PROJECTION_DIMS, h & (1 << 32) != 0)
+}
+
+/// Indices whose slots are tabled: a vocabulary's logits (Gemma's 262144)
+/// and every smaller node; 1 MiB, made once.
+const TABLED: usize = 1 << 20;
+const NEGATED: u8 = 0x80;
+// A slot's dimension is its low bits (a mask, not a bounds check, per element).
+const _: () = assert!(PROJECTION_DIMS <= NEGATED as usize && PROJECTION_DIMS.is_power_of_two());
+
+fn sketch_table() -> &'static [u8] {
+    static TABLE: OnceLock<Vec<u8>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..TABLED as u64)
+            .map(|i| {
+                let (dim, negated) = sketch_slot(i);
+                dim as u8 | if negated { NEGATED } else { 0 }
+            })
+            .collect()
+    })
+}
+
+/// Elements decoded per block.
+const BLOCK: usize = 4096;
+
 /// The fingerprint of the tensor of shape `ne`, strides `nb`, whose span
 /// (element 0 first) is `span`; `None` if the span is shorter than the
 /// shape needs.
@@ -79,21 +126,28 @@ pub fn fingerprint(element: Element, ne: [i64; 4], nb: [u64; 4], span: &[u8]) ->
         nb[0] as usize == size && (1..4).all(|i| nb[i] as usize == nb[i - 1] as usize * ne[i - 1] || ne[i] == 1);
     let mut hasher = blake3::Hasher::new();
     let mut acc = Accumulator::new(elements);
+    let mut values = Vec::with_capacity(BLOCK.min(elements));
     if contiguous {
         let bytes = span.get(..elements * size)?;
         hasher.update(bytes);
-        bytes.chunks_exact(size).for_each(|b| acc.add(element.value(b)));
+        for block in bytes.chunks(BLOCK * size) {
+            values.clear();
+            element.decode(block, &mut values);
+            acc.add_all(&values);
+        }
     } else {
         for i3 in 0..ne[3] {
             for i2 in 0..ne[2] {
                 for i1 in 0..ne[1] {
                     let row = i3 * nb[3] as usize + i2 * nb[2] as usize + i1 * nb[1] as usize;
+                    values.clear();
                     for i0 in 0..ne[0] {
                         let at = row + i0 * nb[0] as usize;
                         let b = span.get(at..at + size)?;
                         hasher.update(b);
-                        acc.add(element.value(b));
+                        values.push(element.value(b));
                     }
+                    acc.add_all(&values);
                 }
             }
         }
@@ -132,33 +186,42 @@ impl Accumulator {
         }
     }
 
-    #[inline]
-    fn add(&mut self, v: f32) {
-        let i = self.n;
-        self.n += 1;
-        if i < EDGE_VALUES as u64 {
-            self.first.push(v);
+    /// The next elements, in logical order. Sums and extremes are taken in
+    /// that order (floating-point sums depend on it); each sketch dimension
+    /// adds its elements in that order too.
+    fn add_all(&mut self, values: &[f32]) {
+        let start = self.n;
+        let end = start + values.len() as u64;
+        for i in start..end.min(EDGE_VALUES as u64) {
+            self.first.push(values[(i - start) as usize]);
         }
-        if i + EDGE_VALUES as u64 >= self.total {
-            self.last.push(v);
+        for i in self.total.saturating_sub(EDGE_VALUES as u64).max(start)..end {
+            self.last.push(values[(i - start) as usize]);
         }
-        let x = f64::from(v);
-        self.sum += x;
-        self.squares += x * x;
-        if v.is_nan() {
-            self.nan += 1;
-            return;
+        let table = sketch_table();
+        let (mut sum, mut squares, mut min, mut max) = (self.sum, self.squares, self.min, self.max);
+        for (i, &v) in (start..).zip(values) {
+            let x = f64::from(v);
+            sum += x;
+            squares += x * x;
+            if !v.is_finite() {
+                if v.is_nan() {
+                    self.nan += 1;
+                } else {
+                    (min, max) = (min.min(x), max.max(x));
+                    self.inf += 1;
+                }
+                continue;
+            }
+            (min, max) = (min.min(x), max.max(x));
+            let (dim, negated) = match table.get(i as usize) {
+                Some(&slot) => (slot as usize & (PROJECTION_DIMS - 1), slot & NEGATED != 0),
+                None => sketch_slot(i),
+            };
+            self.projection[dim] += if negated { -x } else { x };
         }
-        self.min = self.min.min(x);
-        self.max = self.max.max(x);
-        if v.is_infinite() {
-            self.inf += 1;
-            return;
-        }
-        // Count-sketch: each element adds to one dimension, with a sign.
-        let h = splitmix64(SEED ^ i);
-        let dim = (h as usize) % PROJECTION_DIMS;
-        self.projection[dim] += if h & (1 << 32) == 0 { x } else { -x };
+        (self.sum, self.squares, self.min, self.max) = (sum, squares, min, max);
+        self.n = end;
     }
 
     fn finish(self, blake3: [u8; 32]) -> Fingerprint {
@@ -211,6 +274,73 @@ mod tests {
         assert_eq!(fp.first, vec![1.0, 3.0, 2.0]);
         assert_eq!(fp.sum, 10.0);
         assert!((fp.rms - (30.0f64 / 4.0).sqrt()).abs() < 1e-12);
+    }
+
+    /// The per-element fingerprint this module computed before blocks and
+    /// the table: the same figures, bit for bit.
+    fn reference(values: &[f32]) -> Fingerprint {
+        let mut acc = Accumulator::new(values.len());
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        for (i, &v) in values.iter().enumerate() {
+            let (i, x) = (i as u64, f64::from(v));
+            if i < EDGE_VALUES as u64 {
+                first.push(v);
+            }
+            if i + EDGE_VALUES as u64 >= acc.total {
+                last.push(v);
+            }
+            acc.sum += x;
+            acc.squares += x * x;
+            if v.is_nan() {
+                acc.nan += 1;
+                continue;
+            }
+            acc.min = acc.min.min(x);
+            acc.max = acc.max.max(x);
+            if v.is_infinite() {
+                acc.inf += 1;
+                continue;
+            }
+            let h = splitmix64(SEED ^ i);
+            acc.projection[(h as usize) % PROJECTION_DIMS] += if h & (1 << 32) == 0 { x } else { -x };
+        }
+        acc.n = values.len() as u64;
+        (acc.first, acc.last) = (first, last);
+        acc.finish([0; 32])
+    }
+
+    #[test]
+    fn blocks_and_the_table_give_the_per_element_figures() {
+        // Past the table's end and across blocks; signed zeros, NaN and
+        // infinities among them.
+        let n = TABLED + BLOCK + 17;
+        let mut state = 7u64;
+        let values: Vec<f32> = (0..n)
+            .map(|i| {
+                state = splitmix64(state);
+                // Past the first BLOCK + 1, whose sums stay finite.
+                match i % 5003 {
+                    4500 => f32::NAN,
+                    4501 => f32::NEG_INFINITY,
+                    4502 => -0.0,
+                    4503 => 0.0,
+                    _ => (state >> 40) as f32 / (1u64 << 20) as f32 - 8.0,
+                }
+            })
+            .collect();
+        for values in [&values[..], &values[..2], &values[..BLOCK + 1]] {
+            let bytes = f32_bytes(values);
+            let got =
+                fingerprint(Element::F32, [values.len() as i64, 1, 1, 1], [4, 4 * values.len() as u64, 0, 0], &bytes)
+                    .unwrap();
+            let want = reference(values);
+            let bits = |f: &Fingerprint| {
+                let p: Vec<u32> = f.projection.iter().map(|v| v.to_bits()).collect();
+                let e: Vec<u32> = f.first.iter().chain(&f.last).map(|v| v.to_bits()).collect();
+                (f.elements, f.sum.to_bits(), f.rms.to_bits(), f.min.to_bits(), f.max.to_bits(), f.nan, f.inf, p, e)
+            };
+            assert_eq!(bits(&got), bits(&want), "{} values", values.len());
+        }
     }
 
     #[test]
