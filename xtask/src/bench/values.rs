@@ -40,7 +40,15 @@ pub struct ValuesBench {
 
 /// `ttrace run --values` (V; F with the filter) of llama.
 fn traced(ctx: &Ctx, model: &Path, variant: &str, trace: &Path) -> Command {
-    let args = overhead::llama_args(ctx, model, THREADS);
+    traced_tokens(ctx, model, variant, trace, ctx.tokens)
+}
+
+/// As [`traced`], generating `tokens`.
+fn traced_tokens(ctx: &Ctx, model: &Path, variant: &str, trace: &Path, tokens: u32) -> Command {
+    let mut args = overhead::llama_args(ctx, model, THREADS);
+    if let Some(n) = args.iter().position(|a| a == "-n") {
+        args[n + 1] = tokens.to_string();
+    }
     let mut c = Command::new(&ctx.ttrace);
     c.args(["run", "--values", "-o"]).arg(trace);
     if variant == "F" {
@@ -84,7 +92,9 @@ pub fn run(ctx: &Ctx, model: &Path) -> Result<ValuesBench> {
     let mut accounts = Vec::new();
     for variant in ["V", "F"] {
         let trace = ctx.out_dir.join(format!("values-account-{variant}.data"));
-        accounts.push(account(ctx, variant, traced(ctx, model, variant, &trace))?);
+        let short = ctx.tokens / 4;
+        let long = (ctx.tokens, traced_tokens(ctx, model, variant, &trace, ctx.tokens));
+        accounts.push(account(ctx, variant, long, (short, traced_tokens(ctx, model, variant, &trace, short)))?);
         eprintln!("bench: values accounting run {variant} done");
     }
     Ok(ValuesBench { samples, accounts })
@@ -153,18 +163,20 @@ pub fn section(md: &mut String, ctx: &Ctx, bench: &ValuesBench) -> Result<()> {
 /// are what is left: no counter times a trap.
 fn where_the_time_goes(md: &mut String, ctx: &Ctx, bench: &ValuesBench) -> Result<()> {
     let samples = &bench.samples;
-    let tokens = f64::from(ctx.tokens.max(1));
     let ms_per_token = |v: &str| 1000.0 / median(&speeds(samples, v));
     let accounts: Vec<&Account> =
         ["F", "V"].iter().filter_map(|v| bench.accounts.iter().find(|a| a.variant == *v)).collect();
     writeln!(md, "### Where the time goes\n")?;
     writeln!(
         md,
-        "A token takes {:.2} ms untraced. Per generated token (the prompt's graph included in the counts), each \
-         share below is of the two cores' time in a traced token (twice its median duration). Program run \
-         counts and times are from one run of each variant with `kernel.bpf_stats_enabled`; the recorder's CPU \
-         time from `/proc/PID/task/*/schedstat`; both sampled every 100 ms. Each program run is one trap.\n",
+        "A token takes {:.2} ms untraced. Per generated token, each share below is of the two cores' time in a \
+         traced token (twice its median duration). Program run counts and times are from runs of each variant \
+         with `kernel.bpf_stats_enabled`, the recorder's CPU time from `/proc/PID/task/*/schedstat`, both sampled \
+         every 100 ms: a run of {} tokens less one of {} (the recorder's start slows no token). Each program run \
+         is one trap.\n",
         ms_per_token("A"),
+        ctx.tokens,
+        ctx.tokens / 4,
     )?;
     let variants: Vec<&str> = accounts.iter().map(|a| a.variant).collect();
     writeln!(md, "| part | {} |\n|---|{}", variants.join(" | "), "---|".repeat(accounts.len()))?;
@@ -179,24 +191,28 @@ fn where_the_time_goes(md: &mut String, ctx: &Ctx, bench: &ValuesBench) -> Resul
         row(md, group.label(), &|a| {
             let cost = a.programs.get(&group).copied().unwrap_or_default();
             let per_run = cost.ns as f64 / cost.runs.max(1) as f64;
-            let share = cost.ns as f64 / tokens / core_ns(a);
-            format!("{:.1} % ({:.0} runs/token × {per_run:.0} ns)", 100.0 * share, cost.runs as f64 / tokens)
+            let share = cost.ns as f64 / f64::from(a.tokens) / core_ns(a);
+            format!(
+                "{:.1} % ({:.0} runs/token × {per_run:.0} ns)",
+                100.0 * share,
+                cost.runs as f64 / f64::from(a.tokens)
+            )
         })?;
     }
     row(md, "recorder CPU (ring, fingerprints, writing)", &|a| {
-        let per_token = a.recorder_ns as f64 / tokens;
+        let per_token = a.recorder_ns as f64 / f64::from(a.tokens);
         format!("{:.1} % ({:.0} µs/token)", 100.0 * per_token / core_ns(a), per_token / 1e3)
     })?;
     row(md, "the rest: the traps themselves, and what they disturb", &|a| {
         let programs: u64 = a.programs.values().map(|c| c.ns).sum();
-        let explained = (programs + a.recorder_ns) as f64 / tokens / core_ns(a);
+        let explained = (programs + a.recorder_ns) as f64 / f64::from(a.tokens) / core_ns(a);
         let traps: u64 = a.programs.iter().filter(|(g, _)| **g != ProgramGroup::Other).map(|(_, c)| c.runs).sum();
         let rest_ns = (lost(a) - explained) * core_ns(a);
         format!(
             "{:.1} % ({:.0} value traps/token: {:.2} µs each)",
             100.0 * (lost(a) - explained),
-            traps as f64 / tokens,
-            rest_ns / (traps as f64 / tokens).max(1.0) / 1e3
+            traps as f64 / f64::from(a.tokens),
+            rest_ns / (traps as f64 / f64::from(a.tokens)).max(1.0) / 1e3
         )
     })?;
     writeln!(
@@ -222,6 +238,7 @@ pub fn csv(csv: &mut String, bench: &ValuesBench) -> Result<()> {
         }
     }
     for a in &bench.accounts {
+        writeln!(csv, "values_account_tokens,{}-t{THREADS},account,{}", a.variant, a.tokens)?;
         writeln!(csv, "values_recorder_cpu_ns,{}-t{THREADS},account,{}", a.variant, a.recorder_ns)?;
         for (group, cost) in &a.programs {
             writeln!(csv, "values_program_ns,{}-t{THREADS},{group:?},{}", a.variant, cost.ns)?;

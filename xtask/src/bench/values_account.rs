@@ -2,7 +2,10 @@
 //! with the kernel's per-program counters on (`kernel.bpf_stats_enabled`,
 //! not in the timed rounds: it adds two clock reads to every program run),
 //! sampling the recorder's CPU time and its programs' run counts and times
-//! every 100 ms until the run ends.
+//! every 100 ms until the run ends. Each variant runs twice, generating
+//! more and fewer tokens: the difference is what the extra tokens cost,
+//! without the recorder's start (loading and verifying its programs,
+//! reading the libraries), which slows no token.
 
 use std::{
     collections::BTreeMap,
@@ -52,16 +55,30 @@ pub struct ProgramCost {
     pub ns: u64,
 }
 
-/// One variant's accounting run.
+/// One variant's accounting: the costs of `tokens` generated tokens.
 pub struct Account {
     pub variant: &'static str,
+    pub tokens: u32,
     pub programs: BTreeMap<ProgramGroup, ProgramCost>,
     /// The recorder's CPU time (all its threads), user and system.
     pub recorder_ns: u64,
 }
 
+/// What the tokens `long` generates beyond `short`'s cost (both a `ttrace
+/// run` of llama, `(tokens, command)`).
+pub fn account(ctx: &Ctx, variant: &'static str, long: (u32, Command), short: (u32, Command)) -> Result<Account> {
+    let (l, s) = (measure(ctx, variant, long.1)?, measure(ctx, variant, short.1)?);
+    let mut programs = l.programs;
+    for (group, cost) in &mut programs {
+        let before = s.programs.get(group).copied().unwrap_or_default();
+        (cost.runs, cost.ns) = (cost.runs.saturating_sub(before.runs), cost.ns.saturating_sub(before.ns));
+    }
+    let recorder_ns = l.recorder_ns.saturating_sub(s.recorder_ns);
+    Ok(Account { variant, tokens: long.0.saturating_sub(short.0).max(1), programs, recorder_ns })
+}
+
 /// Trace `command` (a `ttrace run` of llama) to its end, sampling as it goes.
-pub fn account(ctx: &Ctx, variant: &'static str, mut command: Command) -> Result<Account> {
+fn measure(ctx: &Ctx, variant: &'static str, mut command: Command) -> Result<Account> {
     let _stats = server::BpfStats::enable();
     let log = ctx.out_dir.join(format!("values-account-{variant}.log"));
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -98,5 +115,5 @@ pub fn account(ctx: &Ctx, variant: &'static str, mut command: Command) -> Result
     if programs.get(&ProgramGroup::Barrier).is_none_or(|c| c.runs == 0) {
         bail!("values accounting run {variant}: no barrier program run seen (bpftool); output:\n{text}");
     }
-    Ok(Account { variant, programs, recorder_ns })
+    Ok(Account { variant, tokens: 0, programs, recorder_ns })
 }
