@@ -58,9 +58,6 @@ pub mod flags {
     pub const TOO_BIG: u32 = 16;
     /// The node's struct or data could not be read.
     pub const READ_FAILED: u32 = 32;
-    /// Its name is one `--values-filter` leaves out: not copied. (Traces
-    /// before the kernel stopped sending such nodes; see `unread::FILTERED`.)
-    pub const FILTERED: u32 = 64;
 }
 
 /// Which record a [`ValueEvent`] is.

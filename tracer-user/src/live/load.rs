@@ -101,7 +101,6 @@ pub struct Tracer {
     support: KernelSupport,
 }
 
-/// What the kernel skipped running ttrace's programs for.
 /// `--values`: the kernel's counts of reads it did not send, by reason
 /// (`tracer_common::values::unread`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -114,6 +113,7 @@ pub struct ValueCounts {
     pub filtered_skipped: u64,
 }
 
+/// What the kernel skipped running ttrace's programs for.
 #[derive(Debug, Default)]
 pub struct RecursionMisses {
     pub per_program: BTreeMap<String, u64>,

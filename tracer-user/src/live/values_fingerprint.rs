@@ -37,26 +37,39 @@ impl Element {
 
     fn value(self, b: &[u8]) -> f32 {
         match self {
-            Element::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            Element::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32,
-            Element::F16 => f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-            Element::Bf16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+            Element::F32 => f32_of(b),
+            Element::I32 => i32_of(b),
+            Element::F16 => f16_of(b),
+            Element::Bf16 => bf16_of(b),
         }
     }
 
-    /// `bytes`' elements appended to `out` (one match per block, not per element).
+    /// `bytes`' elements appended to `out`: one match per block, and each
+    /// arm's loop inlines its converter.
     fn decode(self, bytes: &[u8], out: &mut Vec<f32>) {
         match self {
-            Element::F32 => out.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-            Element::I32 => {
-                out.extend(bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32))
-            }
-            Element::F16 => out.extend(bytes.chunks_exact(2).map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))),
-            Element::Bf16 => out.extend(
-                bytes.chunks_exact(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
-            ),
+            Element::F32 => out.extend(bytes.chunks_exact(4).map(f32_of)),
+            Element::I32 => out.extend(bytes.chunks_exact(4).map(i32_of)),
+            Element::F16 => out.extend(bytes.chunks_exact(2).map(f16_of)),
+            Element::Bf16 => out.extend(bytes.chunks_exact(2).map(bf16_of)),
         }
     }
+}
+
+fn f32_of(b: &[u8]) -> f32 {
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn i32_of(b: &[u8]) -> f32 {
+    i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32
+}
+
+fn f16_of(b: &[u8]) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[0], b[1]]))
+}
+
+fn bf16_of(b: &[u8]) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)
 }
 
 /// IEEE half to single, exactly (every half is a single).

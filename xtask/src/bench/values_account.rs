@@ -67,18 +67,19 @@ pub struct Account {
 /// What the tokens `long` generates beyond `short`'s cost (both a `ttrace
 /// run` of llama, `(tokens, command)`).
 pub fn account(ctx: &Ctx, variant: &'static str, long: (u32, Command), short: (u32, Command)) -> Result<Account> {
-    let (l, s) = (measure(ctx, variant, long.1)?, measure(ctx, variant, short.1)?);
-    let mut programs = l.programs;
+    let ((long_ns, mut programs), (short_ns, before)) =
+        (measure(ctx, variant, long.1)?, measure(ctx, variant, short.1)?);
     for (group, cost) in &mut programs {
-        let before = s.programs.get(group).copied().unwrap_or_default();
+        let before = before.get(group).copied().unwrap_or_default();
         (cost.runs, cost.ns) = (cost.runs.saturating_sub(before.runs), cost.ns.saturating_sub(before.ns));
     }
-    let recorder_ns = l.recorder_ns.saturating_sub(s.recorder_ns);
+    let recorder_ns = long_ns.saturating_sub(short_ns);
     Ok(Account { variant, tokens: long.0.saturating_sub(short.0).max(1), programs, recorder_ns })
 }
 
-/// Trace `command` (a `ttrace run` of llama) to its end, sampling as it goes.
-fn measure(ctx: &Ctx, variant: &'static str, mut command: Command) -> Result<Account> {
+/// Trace `command` (a `ttrace run` of llama) to its end, sampling as it
+/// goes: the recorder's CPU time and its programs' costs.
+fn measure(ctx: &Ctx, variant: &str, mut command: Command) -> Result<(u64, BTreeMap<ProgramGroup, ProgramCost>)> {
     let _stats = server::BpfStats::enable();
     let log = ctx.out_dir.join(format!("values-account-{variant}.log"));
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -115,5 +116,5 @@ fn measure(ctx: &Ctx, variant: &'static str, mut command: Command) -> Result<Acc
     if programs.get(&ProgramGroup::Barrier).is_none_or(|c| c.runs == 0) {
         bail!("values accounting run {variant}: no barrier program run seen (bpftool); output:\n{text}");
     }
-    Ok(Account { variant, tokens: 0, programs, recorder_ns })
+    Ok((recorder_ns, programs))
 }
