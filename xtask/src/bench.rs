@@ -7,6 +7,7 @@
 mod attach;
 mod export;
 mod longrun;
+mod longrun_view;
 mod overhead;
 mod parts;
 mod programs;

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::markers;
 
 use crate::format::{
@@ -16,7 +16,7 @@ use crate::format::{
 };
 
 /// What a buffer holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Usage {
     /// Model weights (ggml usage WEIGHTS).
@@ -60,7 +60,7 @@ pub fn ggml_usage_name(usage: u32) -> &'static str {
 }
 
 /// One backend buffer.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Buffer {
     /// In creation order, from 0.
     pub id: u32,
@@ -118,7 +118,7 @@ const TENSOR_ALIGNMENT: u64 = 32;
 const KV_PREFIXES: [&str; 4] = ["cache_k_l", "cache_v_l", "cache_r_l", "cache_s_l"];
 
 /// Every buffer of a trace, built record by record.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Buffers {
     pub list: Vec<Buffer>,
     /// 0-byte buffers created (and left out of `list`).

@@ -14,7 +14,7 @@ use std::{
     io::Read,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{ggml::OP_MUL_MAT_ID, markers};
 
 use super::{
@@ -29,7 +29,7 @@ use crate::format::{
     reader::{Batch, Marker},
 };
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     /// Before llama's last perf-counter reset: warm-up runs.
@@ -43,7 +43,7 @@ pub enum Phase {
 
 /// Which of whisper.cpp's steps computed a graph: its encode step runs the
 /// conv, encoder and cross-attention graphs, its decode step the decoder's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     Encoder,
@@ -51,7 +51,7 @@ pub enum Stage {
 }
 
 /// How often one ubatch read one weight tensor, and through what memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WeightUse {
     /// Reads through the model file mapping.
     pub file_backed: u32,
@@ -68,7 +68,7 @@ pub struct WeightUse {
     pub routed_experts: Option<u32>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ubatch {
     pub index: u32,
     pub start_ns: u64,
@@ -88,7 +88,6 @@ pub struct Ubatch {
     pub faults_major: u64,
     pub faults_minor: u64,
     /// `(model, tensor)` of each weight read.
-    #[serde(serialize_with = "weights_as_list")]
     pub weights: Weights,
     /// MoE routing, per (layer, token): the experts ranked, best first, and
     /// the ones the layer used (its `MUL_MAT_ID` reads the first k).
@@ -135,7 +134,7 @@ impl Ubatch {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RoutedToken {
     pub layer: Option<u32>,
     /// Row of the layer's routing: the token's index in the ubatch, except
@@ -146,13 +145,22 @@ pub struct RoutedToken {
     pub ranking: Vec<i32>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// The call that decoded a batch: `llama_decode` (llama-cpp-python) or
+/// `llama_process` (llama.cpp's own tools).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DecodeFunction {
+    #[serde(rename = "llama_decode")]
+    LlamaDecode,
+    #[serde(rename = "llama_process")]
+    LlamaProcess,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Decode {
     pub index: u32,
     pub ts_ns: u64,
 
-    /// `llama_decode` or `llama_process`.
-    pub function: &'static str,
+    pub function: DecodeFunction,
     pub ubatches: Vec<u32>,
     pub n_tokens: u32,
     pub phase: Phase,
@@ -161,7 +169,7 @@ pub struct Decode {
     pub context_check: bool,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Analysis {
     pub header: Header,
     pub models: Vec<ModelTable>,
@@ -367,7 +375,11 @@ impl Boundaries {
             }
             // llama_process(ctx, type, batch): only DECODE (1) runs the decoder.
             markers::LLAMA_DECODE | markers::LLAMA_PROCESS if m.cookie == markers::LLAMA_DECODE || m.args[1] == 1 => {
-                let function = if m.cookie == markers::LLAMA_DECODE { "llama_decode" } else { "llama_process" };
+                let function = if m.cookie == markers::LLAMA_DECODE {
+                    DecodeFunction::LlamaDecode
+                } else {
+                    DecodeFunction::LlamaProcess
+                };
                 let index = a.decodes.len() as u32;
                 a.decodes.push(Decode {
                     index,
@@ -532,15 +544,4 @@ pub(crate) fn assign_phases(a: &mut Analysis, bounds: Boundaries) {
             (Some(_), None) => Phase::Prompt,
         };
     }
-}
-
-fn weights_as_list<S: serde::Serializer>(weights: &Weights, s: S) -> Result<S::Ok, S::Error> {
-    #[derive(Serialize)]
-    struct Entry {
-        model: u32,
-        tensor: u32,
-        #[serde(flatten)]
-        usage: WeightUse,
-    }
-    s.collect_seq(weights.iter().map(|(&(model, tensor), &usage)| Entry { model, tensor, usage }))
 }

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{BlockKind, PAGE_SIZE as PAGE, PageCacheKind};
 
 use crate::format::{Block, Fault, ModelTable, PageCache};
@@ -42,6 +42,23 @@ impl Serialize for When {
     }
 }
 
+impl<'de> Deserialize<'de> for When {
+    /// As serialised: `load`, `ubatch K` or `between` (the view's index
+    /// keeps an analysis).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<When, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(d)?;
+        match &*text {
+            "load" => Ok(When::Load),
+            "between" => Ok(When::Between),
+            other => other
+                .strip_prefix("ubatch ")
+                .and_then(|k| k.parse().ok())
+                .map(When::Ubatch)
+                .ok_or_else(|| serde::de::Error::custom(format!("not a time of the run: {other:?}"))),
+        }
+    }
+}
+
 impl std::fmt::Display for When {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -53,7 +70,7 @@ impl std::fmt::Display for When {
 }
 
 /// A byte range of one model tensor read by one block request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorBytes {
     pub model: u32,
     pub tensor: u32,
@@ -71,7 +88,7 @@ impl TensorBytes {
     }
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FaultCounts {
     pub total: u64,
     /// Faults on a model file's pages.
@@ -80,7 +97,7 @@ pub struct FaultCounts {
     pub minor: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct DiskTotals {
     /// Read requests overlapping a model file (issued; a requeued request
     /// issued again counts once).
@@ -121,7 +138,7 @@ impl DiskTotals {
 }
 
 /// Per tensor: how often and how much of it came from disk.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TensorIo {
     pub model: u32,
     pub tensor: u32,
@@ -131,7 +148,7 @@ pub struct TensorIo {
     pub last_read: Option<When>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct IoAnalysis {
     pub faults: FaultCounts,
     /// Every model-file fault, classified (at most `MAX_FAULT_PAGES`).
@@ -154,7 +171,7 @@ pub struct IoAnalysis {
 }
 
 /// Model-file bytes of one tensor read from disk during one ubatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UbatchTensorBytes {
     pub ubatch: u32,
     pub model: u32,
@@ -164,7 +181,7 @@ pub struct UbatchTensorBytes {
 
 const MAX_UBATCH_TENSORS: usize = 2_000_000;
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct WhenIo {
     pub disk: DiskTotals,
     pub faults_major: u64,
@@ -172,7 +189,7 @@ pub struct WhenIo {
 }
 
 /// A model-file fault, as classified.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FaultPage {
     pub ts_ns: u64,
     pub tid: u32,

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Analysis, Phase};
 use crate::format::reader::{Batch, BatchArray};
@@ -52,7 +52,7 @@ impl UbatchArrays {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenKind {
     Prompt,
@@ -62,7 +62,7 @@ pub enum TokenKind {
 }
 
 /// One token of a ubatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenInfo {
     pub seq: i32,
     /// `None` when the caller left positions to llama.cpp.
@@ -72,7 +72,7 @@ pub struct TokenInfo {
     pub request: u32,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Request {
     pub index: u32,
     pub seq: i32,
@@ -95,7 +95,7 @@ pub struct Request {
 }
 
 /// Token totals, warm-up apart.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TokenCounts {
     pub prompt: u64,
     pub generated: u64,

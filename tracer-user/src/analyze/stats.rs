@@ -431,4 +431,4 @@ pub fn layer_key(layer: Option<u32>) -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

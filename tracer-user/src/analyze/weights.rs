@@ -10,6 +10,8 @@ use std::{
     sync::Arc,
 };
 
+use serde::{Deserialize, Serialize};
+
 use super::WeightUse;
 
 /// `(model, tensor)` of each weight read → how.
@@ -31,6 +33,29 @@ impl Deref for Weights {
 impl Weights {
     pub fn make_mut(&mut self) -> &mut WeightMap {
         Arc::make_mut(&mut self.0)
+    }
+}
+
+/// A weight read as `report --json` lists it.
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    model: u32,
+    tensor: u32,
+    #[serde(flatten)]
+    usage: WeightUse,
+}
+
+/// As a list of reads, each with its `model` and `tensor`.
+impl Serialize for Weights {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter().map(|(&(model, tensor), &usage)| Entry { model, tensor, usage }))
+    }
+}
+
+impl<'de> Deserialize<'de> for Weights {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Weights, D::Error> {
+        let list = Vec::<Entry>::deserialize(d)?;
+        Ok(Weights(Arc::new(list.into_iter().map(|e| ((e.model, e.tensor), e.usage)).collect())))
     }
 }
 

@@ -63,6 +63,7 @@ pub struct LongRun {
     pub report: Timed,
     pub simulate: Timed,
     pub export: Timed,
+    pub view: super::longrun_view::LongView,
     pub load: f64,
 }
 
@@ -70,6 +71,8 @@ pub fn run(ctx: &Ctx) -> Result<LongRun> {
     let (trace, recordings) = fixture(ctx)?;
     let ops = recordings.last().map_or(0, |r| r.ops);
     let load = super::attach::load_average();
+    // First: the newest part, and the one a bench run is most likely to stop at.
+    let view = super::longrun_view::measure(ctx, &trace)?;
     eprintln!("bench: timing report, simulate and export on the {ops}-op trace");
     let report = timed("report", Command::new(&ctx.ttrace).arg("report").arg(&trace))?;
     let simulate = timed("simulate", Command::new(&ctx.ttrace).arg("simulate").arg(&trace))?;
@@ -79,7 +82,7 @@ pub fn run(ctx: &Ctx) -> Result<LongRun> {
         Command::new(&ctx.ttrace).args(["export", "--format", "parquet", "-o"]).arg(&parquet).arg(&trace),
     )?;
     let _ = std::fs::remove_file(&parquet);
-    Ok(LongRun { recordings, trace, report, simulate, export, load })
+    Ok(LongRun { recordings, trace, report, simulate, export, view, load })
 }
 
 /// The cached ≥ 100 M-op trace and the recordings that measured ttrace's
@@ -286,6 +289,7 @@ pub fn section(md: &mut String, b: &LongRun) -> Result<()> {
         rss(&b.export),
         met(rate >= EXPORT_GOAL_OPS_PER_S && b.export.peak_rss_kib <= RSS_GOAL_KIB)
     )?;
+    super::longrun_view::section(md, &b.view)?;
     // `--only long-run` notes the date, as for every part.
     Ok(())
 }
@@ -303,5 +307,6 @@ pub fn csv(csv: &mut String, b: &LongRun) -> Result<()> {
         writeln!(csv, "longrun_{key}_secs,long,0,{}", if t.finished { t.secs } else { f64::NAN })?;
         writeln!(csv, "longrun_{key}_peak_rss_kib,long,0,{}", t.peak_rss_kib)?;
     }
+    super::longrun_view::csv(csv, &b.view)?;
     Ok(())
 }

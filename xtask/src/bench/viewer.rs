@@ -79,7 +79,7 @@ pub struct Gesture {
 }
 
 impl Frames {
-    fn gestures(&self) -> [(&'static str, &Gesture); 3] {
+    pub(super) fn gestures(&self) -> [(&'static str, &Gesture); 3] {
         [
             ("memory map zoom", &self.memmap_zoom),
             ("memory map pan", &self.memmap_pan),
@@ -121,7 +121,18 @@ pub fn long_trace(ctx: &Ctx, model: &Path) -> Result<(std::path::PathBuf, u32)> 
 }
 
 /// `ttrace view TRACE` on any free port, its stderr to `log`; its address.
-fn serve(ctx: &Ctx, trace: &Path, log: &Path) -> Result<(super::stopper::StopOnDrop, String)> {
+pub(super) fn serve(ctx: &Ctx, trace: &Path, log: &Path) -> Result<(super::stopper::StopOnDrop, String)> {
+    let mut server = start(ctx, trace, log)?;
+    let mut line = String::new();
+    BufReader::new(server.child().stdout.take().context("stdout")?).read_line(&mut line)?;
+    let Some(port) = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()) else {
+        bail!("ttrace view printed no URL: {line:?}");
+    };
+    Ok((server, format!("127.0.0.1:{port}")))
+}
+
+/// `ttrace view TRACE` started, its URL not yet read from its stdout.
+pub(super) fn start(ctx: &Ctx, trace: &Path, log: &Path) -> Result<super::stopper::StopOnDrop> {
     let child = Command::new(&ctx.ttrace)
         .arg("view")
         .arg(trace)
@@ -132,13 +143,7 @@ fn serve(ctx: &Ctx, trace: &Path, log: &Path) -> Result<(super::stopper::StopOnD
         .context("starting ttrace view")?;
     // Stopped as Ctrl-C stops it, also when a query below fails; it exits
     // within a second of it (docs/VIEW_API.md), even while computing.
-    let mut server = super::stopper::StopOnDrop::with_grace(child, Duration::from_secs(5));
-    let mut line = String::new();
-    BufReader::new(server.child().stdout.take().context("stdout")?).read_line(&mut line)?;
-    let Some(port) = line.split("127.0.0.1:").nth(1).and_then(|r| r.split('/').next()) else {
-        bail!("ttrace view printed no URL: {line:?}");
-    };
-    Ok((server, format!("127.0.0.1:{port}")))
+    Ok(super::stopper::StopOnDrop::with_grace(child, Duration::from_secs(5)))
 }
 
 /// Serves `trace` with `ttrace`, times the server's queries, then the front
@@ -163,20 +168,7 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     let result = queries(&addr, &meta);
     let frames = front_end(ctx, &addr);
     let peak_rss_kib = super::status_kib(server.id(), "VmHWM").unwrap_or(0);
-    let saved_s = loop {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.starts_with("ttrace: index saved to")) {
-            let written = line.rsplit(", ").next().and_then(|t| t.split(' ').next()?.parse().ok());
-            break written.with_context(|| format!("no write time in {line:?}"))?;
-        }
-        if text.contains("could not be saved") || started.elapsed() > COMPUTING_AT_MOST {
-            bail!("ttrace view saved no index: {}", text.lines().last().unwrap_or(""));
-        }
-        if let Some(status) = server.child().try_wait()? {
-            bail!("ttrace view exited ({status}) before saving its index");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let saved_s = wait_saved(&mut server, &log, started)?;
     drop(server);
     let reopened = Instant::now();
     let (server, addr) = serve(ctx, trace, &log)?;
@@ -208,8 +200,27 @@ fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
     })
 }
 
+/// Waits for `server`'s `ttrace: index saved to … (N MB, S s)` line in
+/// `log`: S, the time it took to write.
+pub(super) fn wait_saved(server: &mut super::stopper::StopOnDrop, log: &Path, started: Instant) -> Result<f64> {
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.starts_with("ttrace: index saved to")) {
+            let written = line.rsplit(", ").next().and_then(|t| t.split(' ').next()?.parse().ok());
+            return written.with_context(|| format!("no write time in {line:?}"));
+        }
+        if text.contains("could not be saved") || started.elapsed() > COMPUTING_AT_MOST {
+            bail!("ttrace view saved no index: {}", text.lines().last().unwrap_or(""));
+        }
+        if let Some(status) = server.child().try_wait()? {
+            bail!("ttrace view exited ({status}) before saving its index");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// First paint and frame times of the embedded front end against the running server.
-fn front_end(ctx: &Ctx, addr: &str) -> Result<Frames> {
+pub(super) fn front_end(ctx: &Ctx, addr: &str) -> Result<Frames> {
     let script = crate::cache::repo_root().join("scripts/bench/viewer_frames.py");
     let out = Command::new(&ctx.paths.venv_python)
         .arg(&script)
@@ -240,16 +251,15 @@ impl Lcg {
     }
 }
 
-fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Vec<f64>)>> {
+pub(super) fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Vec<f64>)>> {
     let n_ub = meta["counts"]["ubatches"].as_u64().unwrap_or(1).max(1);
     let dur = meta["trace"]["duration_ns"].as_u64().unwrap_or(1).max(1);
     let disk = meta["tracks"]["disk"]["size"].as_u64().unwrap_or(1).max(1);
     let n_tensors = meta["tensors"].as_array().map_or(1, |t| t.len() as u64).max(1);
     let tracks: serde_json::Value = serde_json::from_slice(&get(addr, "/api/v1/timeline/tracks", false)?.1)?;
-    let op_track = tracks
-        .as_array()
-        .and_then(|t| t.iter().filter_map(|t| t["id"].as_str()).find(|id| id.starts_with("ops:")).map(str::to_string))
-        .unwrap_or_else(|| "ubatch".into());
+    let ids = || tracks.as_array().into_iter().flatten().filter_map(|t| t["id"].as_str());
+    let has_layers = ids().any(|id| id.starts_with("layer:"));
+    let op_track = ids().find(|id| id.starts_with("ops:")).map_or_else(|| "ubatch".into(), str::to_string);
     let mut rng = Lcg(25);
     let (w, h) = (1600, 800);
     type Make<'a> = Box<dyn FnMut(&mut Lcg) -> String + 'a>;
@@ -305,13 +315,24 @@ fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Ve
                 format!("/api/v1/timeline/slices?track={op_track}&t_from={t0}&t_to={t1}&w={w}")
             }),
         ),
-        (
-            "timeline layer slices",
-            Box::new(|r| {
-                let (t0, t1) = r.window(dur);
-                format!("/api/v1/timeline/slices?track=layer:{}&t_from={t0}&t_to={t1}&w={w}", r.below(4))
-            }),
-        ),
+        // A trace without op timing has no layer tracks: its phase track then.
+        if has_layers {
+            (
+                "timeline layer slices",
+                Box::new(|r| {
+                    let (t0, t1) = r.window(dur);
+                    format!("/api/v1/timeline/slices?track=layer:{}&t_from={t0}&t_to={t1}&w={w}", r.below(4))
+                }),
+            )
+        } else {
+            (
+                "timeline phase slices",
+                Box::new(|r| {
+                    let (t0, t1) = r.window(dur);
+                    format!("/api/v1/timeline/slices?track=phase&t_from={t0}&t_to={t1}&w={w}")
+                }),
+            )
+        },
         (
             "timeline counter",
             Box::new(|r| {
@@ -352,12 +373,15 @@ fn queries(addr: &str, meta: &serde_json::Value) -> Result<Vec<(&'static str, Ve
     Ok(out)
 }
 
-/// GET `path`: the server's `Server-Timing` in ms, and the body (gzipped
-/// when `gzip`, as a browser asks).
-/// `GET path`: the server's time and the body. A 202 (an answer computed
-/// in the background, docs/VIEW_API.md) is asked again until it is in.
-fn get(addr: &str, path: &str, gzip: bool) -> Result<(f64, Vec<u8>)> {
-    let deadline = Instant::now() + COMPUTING_AT_MOST;
+/// `GET path`: the server's `Server-Timing` in ms and the body (gzipped
+/// when `gzip`, as a browser asks). A 202 (an answer computed in the
+/// background, docs/VIEW_API.md) is asked again until it is in.
+pub(super) fn get(addr: &str, path: &str, gzip: bool) -> Result<(f64, Vec<u8>)> {
+    get_until(addr, path, gzip, Instant::now() + COMPUTING_AT_MOST)
+}
+
+/// [`get`], asking again after a 202 only until `deadline`.
+pub(super) fn get_until(addr: &str, path: &str, gzip: bool, deadline: Instant) -> Result<(f64, Vec<u8>)> {
     loop {
         let (head, body) = request(addr, path, gzip)?;
         if head.starts_with("http/1.1 202") && Instant::now() < deadline {
@@ -395,7 +419,7 @@ fn request(addr: &str, path: &str, gzip: bool) -> Result<(String, Vec<u8>)> {
     Ok((String::from_utf8_lossy(&raw[..split]).to_lowercase(), raw[split + 4..].to_vec()))
 }
 
-fn percentile(v: &[f64], q: f64) -> f64 {
+pub(super) fn percentile(v: &[f64], q: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v.get(((v.len().max(1) - 1) as f64 * q).round() as usize).copied().unwrap_or(f64::NAN)
@@ -426,7 +450,7 @@ pub fn csv(out: &mut String, v: &Viewer) -> std::fmt::Result {
 
 /// Per query kind: p50, p95 and max of the server's times, then a blank
 /// line; the worst p95.
-fn query_table(
+pub(super) fn query_table(
     md: &mut String,
     first_column: &str,
     queries: &[(&'static str, Vec<f64>)],
@@ -445,7 +469,7 @@ fn query_table(
 }
 
 /// Each query's time as a CSV row under `key`.
-fn query_rows(out: &mut String, key: &str, queries: &[(&'static str, Vec<f64>)]) -> std::fmt::Result {
+pub(super) fn query_rows(out: &mut String, key: &str, queries: &[(&'static str, Vec<f64>)]) -> std::fmt::Result {
     use std::fmt::Write as _;
     for (kind, times) in queries {
         for (i, t) in times.iter().enumerate() {
@@ -499,8 +523,8 @@ pub fn section(md: &mut String, v: &Viewer) -> std::fmt::Result {
         md,
         "\nThe index on disk (docs/VIEW_API.md §3): the first open wrote `TRACE.ttidx` ({:.0} MB) in {:.1} s (in \
          the background, after the report, the sort orders and the op tracks); a second open mapped it: ready {:.2} s, \
-         peak RSS {:.0} MiB (it still runs `analyze::analyze`, and the report's pass in the background). The same \
-         requests against it:\n",
+         peak RSS {:.0} MiB (the analysis is in the index too; the report's pass reads the trace in the \
+         background). The same requests against it:\n",
         r.index_bytes as f64 / 1e6,
         r.saved_s,
         r.ready_s,

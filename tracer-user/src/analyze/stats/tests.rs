@@ -101,7 +101,7 @@ fn memory(r: &TensorRecord) -> Memory {
 
 /// A prompt of 3 tokens and two generated ones. Layer 0's routing is
 /// recorded (one ranking per token), layer 1's is not.
-fn synthetic(path: &Path, rankings: &[Vec<Vec<i32>>]) {
+pub(crate) fn synthetic(path: &Path, rankings: &[Vec<Vec<i32>>]) {
     let header = Header {
         format_version: FORMAT_VERSION,
         pid: 42,

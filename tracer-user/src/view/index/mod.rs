@@ -234,7 +234,7 @@ pub enum LoadError {
 }
 
 /// What the index file holds, in this order (saved from references).
-type Saved = (ops::Ops, memmap::MemoryMap, timeline::Timeline);
+type Saved = (ops::Ops, memmap::MemoryMap, timeline::Timeline, disk::analysis::SavedAnalysis);
 
 /// Where the index of this trace comes from, or is to go.
 pub enum IndexFile {
@@ -265,22 +265,25 @@ impl Index {
         };
         let identity = identity.ok();
         let started = std::time::Instant::now();
-        let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
-        let analysed = started.elapsed();
-        log::info!("analysed in {analysed:.2?} (CPU {:.2} s), RSS {} MiB", cpu_s(), rss_mib());
-        let tensors = Tensors::new(&analysis.models);
+        // A saved index holds the analysis too: the trace is then not read
+        // before the first answer (only by the report's pass, after it).
+        let (analysis, tensors, ops, memmap, timeline, index_file) =
+            match identity.as_ref().and_then(|id| reuse(path, id)) {
+                Some(((ops, memmap, timeline, analysis), file)) => {
+                    log::info!("index mapped in {:.2?}, RSS {} MiB", started.elapsed(), rss_mib());
+                    let tensors = Tensors::new(&analysis.models);
+                    (Arc::new(analysis), tensors, ops, memmap, timeline, IndexFile::Reused(file))
+                }
+                None => {
+                    let analysis = Arc::new(analyze::analyze(TraceReader::open(path)?)?);
+                    let analysed = started.elapsed();
+                    log::info!("analysed in {analysed:.2?} (CPU {:.2} s), RSS {} MiB", cpu_s(), rss_mib());
+                    let tensors = Tensors::new(&analysis.models);
+                    let built = Self::build(path, &analysis, &tensors, (started, analysed))?;
+                    (analysis, tensors, built.ops, built.memmap, built.timeline, IndexFile::Built(identity))
+                }
+            };
         let tokens = Tokens::new(&analysis);
-        let reused = identity.as_ref().and_then(|id| reuse(path, id));
-        let (ops, memmap, timeline, index_file) = match reused {
-            Some(((ops, memmap, timeline), file)) => {
-                log::info!("index mapped in {:.2?}, RSS {} MiB", started.elapsed() - analysed, rss_mib());
-                (ops, memmap, timeline, IndexFile::Reused(file))
-            }
-            None => {
-                let built = Self::build(path, &analysis, &tensors, (started, analysed))?;
-                (built.ops, built.memmap, built.timeline, IndexFile::Built(identity))
-            }
-        };
         // The report's own pass starts now, not beside the index's: on a
         // small machine that would only slow both.
         let report = Arc::new((Mutex::new(None), Condvar::new()));
@@ -340,7 +343,14 @@ impl Index {
     pub fn save(&self) {
         let IndexFile::Built(Some(identity)) = &self.index_file else { return };
         let started = std::time::Instant::now();
-        let saved = (&self.ops, &self.memmap, &self.timeline);
+        let analysis = match disk::analysis::SavedAnalysis::of(&self.analysis) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("ttrace: the index could not be saved ({e}): the next view indexes again");
+                return;
+            }
+        };
+        let saved = (&self.ops, &self.memmap, &self.timeline, &analysis);
         let mut failures = Vec::new();
         for place in disk::places(&self.path) {
             match disk::write(&place, identity, &saved) {
@@ -391,12 +401,18 @@ impl Index {
 
 /// The saved index of `trace` as it is now, from the first place holding
 /// one; says on stderr which was used, and why any other was not.
-fn reuse(trace: &Path, identity: &disk::Identity) -> Option<(Saved, PathBuf)> {
+fn reuse(
+    trace: &Path,
+    identity: &disk::Identity,
+) -> Option<((ops::Ops, memmap::MemoryMap, timeline::Timeline, Analysis), PathBuf)> {
     for place in disk::places(trace) {
         if !place.exists() {
             continue;
         }
-        match disk::open::<Saved>(&place, identity) {
+        let opened = disk::open::<Saved>(&place, identity).map_err(|e| e.to_string()).and_then(
+            |(ops, memmap, timeline, saved)| Ok((ops, memmap, timeline, saved.analysis().map_err(|e| e.to_string())?)),
+        );
+        match opened {
             Ok(saved) => {
                 eprintln!("ttrace: index {} reused", place.display());
                 return Some((saved, place));

@@ -12,6 +12,7 @@
 //! checked at every open: an index that does not match is rebuilt, never
 //! trusted.
 
+pub mod analysis;
 pub mod column;
 
 use std::{
@@ -27,7 +28,7 @@ use memmap2::Mmap;
 use serde::{Serialize, de::DeserializeOwned};
 
 /// Bumped whenever anything serialised into the index changes shape.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const MAGIC: [u8; 8] = *b"TTRACEIX";
 /// The header's room: the column area starts here.
 const BODY: u64 = 4096;
