@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_exports import record
+from test_exports import export, record
 from test_view import free_port
 
 NAME = "t.data"
@@ -230,6 +230,35 @@ STALE = {
     "cut index": (lambda trace, index: os.truncate(index, index.stat().st_size // 2), "damaged"),
     "not an index": (lambda trace, index: index.write_bytes(b"\0" * 8192), "no ttrace index"),
 }
+
+
+@pytest.mark.parametrize("name", list(RECORDINGS))
+def test_ops_by_ubatch_range_and_phase_are_the_exports(ttrace, traces, tmp_path, name):
+    """The op table filtered by ubatch range and phase (set span by span when each ubatch's
+    ops are contiguous, without reading a row) lists the JSONL export's op rows of those
+    ubatches and phases, and counts them, whether the index was built or mapped."""
+    trace = copy_trace(traces[name], tmp_path / "trace")
+    rows = [json.loads(line) for line in export(ttrace, trace, "jsonl", tmp_path / "e.jsonl").read_text().splitlines()]
+    ops = [r for r in rows if r["kind"] == "op"]
+    n_ub = max(r["ubatch"] for r in ops if r["ubatch"] is not None) + 1
+    for opened in ("built", "mapped"):
+        v = View(ttrace, trace, tmp_path / "cache")
+        try:
+            assert ("reused" in v.text()) == (opened == "mapped")
+            for a, b, phases in ((0, n_ub, ["generate"]), (1, n_ub // 2, ["prompt", "generate"]), (0, 1, ["warmup"])):
+                query = "".join(f"&phase={p}" for p in phases)
+                want = [r["seq"] for r in ops if r["ubatch"] is not None and a <= r["ubatch"] < b and r["phase"] in phases]
+                for desc in (0, 1):
+                    code, body = v.get(f"/api/v1/ops?from_ubatch={a}&to_ubatch={b}{query}&desc={desc}&limit=5000")
+                    assert code == 200, body
+                    (n,) = struct.unpack_from("<I", body, 4)
+                    total = json.loads(body[8:8 + n])["meta"]["total"]
+                    assert want and total == len(want), (opened, a, b, phases, total, len(want))
+                    assert columns(body)["op"] == (want[::-1] if desc else want)[:5000], (opened, a, b, phases, desc)
+            if opened == "built":
+                v.saved()
+        finally:
+            v.close()
 
 
 @pytest.mark.parametrize("change", list(STALE))

@@ -157,8 +157,7 @@ async fn tensors(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Res
                 idx.tensors.rows.len()
             )));
         }
-        let phases: Vec<u8> = idx.analysis.ubatches.iter().map(|u| crate::view::index::phase_code(u.phase)).collect();
-        let cells = idx.memmap.tensor_matrix(x, axis, &filter, &phases);
+        let cells = idx.memmap.tensor_matrix(x, axis, &filter, &idx.per_ubatch().phase);
         let mut meta = serde_json::Map::new();
         meta.extend(x.meta("x"));
         Ok(triples(meta.into(), ["ix", "tensor", "bytes"], &cells))

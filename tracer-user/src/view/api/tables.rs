@@ -99,10 +99,9 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
         if limit > MAX_LIMIT {
             return Err(bad(format!("`limit={limit}` is more than {MAX_LIMIT}")));
         }
-        let phase: Vec<u8> = idx.analysis.ubatches.iter().map(|u| crate::view::index::phase_code(u.phase)).collect();
-        let seqs: Vec<Vec<i32>> =
-            idx.analysis.ubatches.iter().map(|u| u.tokens.iter().map(|t| t.seq).collect()).collect();
-        let page = idx.ops.query(&filter, &UbatchFacts { phase: &phase, seqs: &seqs }, sort, desc, offset, limit);
+        let per_ubatch = idx.per_ubatch();
+        let facts = UbatchFacts { phase: &per_ubatch.phase, seqs: &per_ubatch.seqs };
+        let page = idx.ops.query(&filter, &facts, sort, desc, offset, limit);
         let ops = &idx.ops;
         // Strings the page names, numbered for this page.
         let mut strings: Vec<&str> = Vec::new();
@@ -113,7 +112,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
                 strings.len() as u32 - 1
             })
         };
-        let token_of = crate::analyze::walk::token_indices(&idx.analysis);
+        let token_of = &per_ubatch.token_of;
         let rows = &page.rows;
         let sig = |i: &u32| ops.sig_of(*i as usize);
         let dst: Vec<u32> = rows.iter().map(|i| string_id(sig(i).dst)).collect();
