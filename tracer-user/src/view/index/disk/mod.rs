@@ -265,7 +265,7 @@ fn header_hash(h: &Header) -> [u8; 32] {
 /// two threads, then blake3 of the two (the check costs half the time on the
 /// machines `view` runs on). It catches damage, not forgery: the index is
 /// the user's own file, and this check is part of every reopen's wait
-/// (blake3 took 0.98 s on a 6.4 GB index). Read, not through the mapping:
+/// (blake3 took 0.98 s on a 6.7 GB index). Read, not through the mapping:
 /// the pages read would count in the process's RSS.
 fn hash_body(file: &File, len: u64) -> std::io::Result<[u8; 32]> {
     use std::os::unix::fs::FileExt;
