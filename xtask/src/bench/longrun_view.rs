@@ -61,8 +61,7 @@ pub struct LongView {
 
 pub fn measure(ctx: &Ctx, trace: &Path) -> Result<LongView> {
     let log = ctx.out_dir.join("longrun-view.log");
-    let mut index_file = trace.as_os_str().to_owned();
-    index_file.push(".ttidx");
+    let index_file = viewer::index_file(trace);
     let _ = std::fs::remove_file(&index_file);
 
     eprintln!("bench: view of the long trace, SIGTERM while indexing");

@@ -120,6 +120,13 @@ pub fn long_trace(ctx: &Ctx, model: &Path) -> Result<(std::path::PathBuf, u32)> 
     Ok((trace, tokens))
 }
 
+/// Where `ttrace view` saves `trace`'s index: beside it (docs/VIEW_API.md §3).
+pub(super) fn index_file(trace: &Path) -> std::path::PathBuf {
+    let mut name = trace.as_os_str().to_owned();
+    name.push(".ttidx");
+    name.into()
+}
+
 /// `ttrace view TRACE` on any free port, its stderr to `log`; its address.
 pub(super) fn serve(ctx: &Ctx, trace: &Path, log: &Path) -> Result<(super::stopper::StopOnDrop, String)> {
     let mut server = start(ctx, trace, log)?;
@@ -149,9 +156,7 @@ pub(super) fn start(ctx: &Ctx, trace: &Path, log: &Path) -> Result<super::stoppe
 /// Serves `trace` with `ttrace`, times the server's queries, then the front
 /// end; then opens it again, through the index the first open saved.
 fn measure(ctx: &Ctx, trace: &Path) -> Result<Viewer> {
-    let mut index_file = trace.as_os_str().to_owned();
-    index_file.push(".ttidx");
-    let index_file = std::path::PathBuf::from(index_file);
+    let index_file = index_file(trace);
     // The first open is timed as one that finds no index.
     let _ = std::fs::remove_file(&index_file);
     let log = ctx.out_dir.join("viewer-view.log");

@@ -157,7 +157,7 @@ async fn tensors(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Res
                 idx.tensors.rows.len()
             )));
         }
-        let cells = idx.memmap.tensor_matrix(x, axis, &filter, &idx.per_ubatch().phase);
+        let cells = idx.memmap.tensor_matrix(x, axis, &filter);
         let mut meta = serde_json::Map::new();
         meta.extend(x.meta("x"));
         Ok(triples(meta.into(), ["ix", "tensor", "bytes"], &cells))

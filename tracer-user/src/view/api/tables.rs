@@ -100,7 +100,7 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
             return Err(bad(format!("`limit={limit}` is more than {MAX_LIMIT}")));
         }
         let per_ubatch = idx.per_ubatch();
-        let facts = UbatchFacts { phase: &per_ubatch.phase, seqs: &per_ubatch.seqs };
+        let facts = UbatchFacts { phase: idx.memmap.phase_of(), seqs: &per_ubatch.seqs };
         let page = idx.ops.query(&filter, &facts, sort, desc, offset, limit);
         let ops = &idx.ops;
         // Strings the page names, numbered for this page.

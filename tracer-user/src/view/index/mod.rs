@@ -157,18 +157,18 @@ pub struct Index {
     pub ubatches_frame: std::sync::OnceLock<Vec<u8>>,
     /// `/api/v1/meta`'s answer, once asked for.
     pub meta: std::sync::OnceLock<Vec<u8>>,
-    /// What the op table and the tensor matrix filter by, per ubatch: built
-    /// once, not per request (20 ms a request on 176 k ubatches).
+    /// What the op table filters by and shows, per ubatch: built once, not
+    /// per request (20 ms a request on 176 k ubatches).
     per_ubatch: std::sync::OnceLock<PerUbatch>,
     /// `/api/v1/simulate`'s answer (JSON), or why there is none, computed
     /// in the background from the first request on.
     pub simulated: Arc<crate::view::background::Background>,
 }
 
-/// Per ubatch: its phase (as [`phase_code`]), its tokens' sequence ids,
-/// and its generated token's number (`None`: it generated none).
+/// Per ubatch: its tokens' sequence ids, and its generated token's number
+/// (`None`: it generated none). Phases are the memory map's
+/// ([`memmap::MemoryMap::phase_of`]).
 pub struct PerUbatch {
-    pub phase: Vec<u8>,
     pub seqs: Vec<Vec<i32>>,
     pub token_of: Vec<Option<u32>>,
 }
@@ -402,7 +402,6 @@ impl Index {
         self.per_ubatch.get_or_init(|| {
             let ubatches = &self.analysis.ubatches;
             PerUbatch {
-                phase: ubatches.iter().map(|u| phase_code(u.phase)).collect(),
                 seqs: ubatches.iter().map(|u| u.tokens.iter().map(|t| t.seq).collect()).collect(),
                 token_of: analyze::walk::token_indices(&self.analysis),
             }

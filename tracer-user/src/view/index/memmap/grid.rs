@@ -136,7 +136,7 @@ impl MemoryMap {
 
     /// Per x bucket and tensor: bytes read (the token × tensor matrix),
     /// from the per-ubatch matrix unless an op filter needs the reads.
-    pub fn tensor_matrix(&self, x: Bins, axis: XAxis, filter: &ReadFilter, phases: &[u8]) -> Vec<(u32, u32, u64)> {
+    pub fn tensor_matrix(&self, x: Bins, axis: XAxis, filter: &ReadFilter) -> Vec<(u32, u32, u64)> {
         let n_tensors = self.layer_of.len();
         let mut dense = vec![0u64; x.n * n_tensors];
         let mut add = |ix: usize, tensor: u32, bytes: u64| {
@@ -148,7 +148,9 @@ impl MemoryMap {
             let n = self.matrix_starts.len().saturating_sub(1) as u64;
             for u in x.from.min(n)..x.to.min(n) {
                 let Some(ix) = x.index(u) else { continue };
-                if !filter.phases.is_empty() && !phases.get(u as usize).is_some_and(|p| filter.phases.contains(p)) {
+                if !filter.phases.is_empty()
+                    && !self.phase_of.get(u as usize).is_some_and(|p| filter.phases.contains(p))
+                {
                     continue;
                 }
                 let cells = self.matrix_starts[u as usize] as usize..self.matrix_starts[u as usize + 1] as usize;

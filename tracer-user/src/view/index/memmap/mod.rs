@@ -312,6 +312,11 @@ impl MemoryMap {
         }
     }
 
+    /// Per ubatch: its phase, as [`super::phase_code`].
+    pub fn phase_of(&self) -> &[u8] {
+        &self.phase_of
+    }
+
     pub fn reads(&self) -> usize {
         self.reads.len()
     }
