@@ -109,9 +109,9 @@ async fn serve(
     mut stop: Stop,
 ) -> Result<Stopped> {
     let warm = index.clone();
-    // After the report's pass, not beside it: their peaks would add up.
+    // Beside the report's pass (one core each): the sorts' and the report's
+    // peaks add up, but the index is saved a pass sooner.
     std::thread::spawn(move || {
-        let _ = warm.report();
         warm.ops.warm();
         warm.timeline.warm(&warm.ops);
         log::info!("sort orders and op tracks built");

@@ -144,6 +144,8 @@ pub(super) fn start(ctx: &Ctx, trace: &Path, log: &Path) -> Result<super::stoppe
         .arg("view")
         .arg(trace)
         .args(["--port", "0", "--no-open"])
+        // Its stages' times and RSS in the log (`analysed in`, `walked in`, …).
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)
         .spawn()

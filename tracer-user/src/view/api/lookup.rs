@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 
 use super::{Shared, blocking, json_value};
 use crate::view::{
-    frame::NONE_U32,
     index::{Index, ops::MemoryClass},
     params::{ApiError, Params},
 };
@@ -95,7 +94,7 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
         let sig = ops.sig_of(i);
         let reads: Vec<Value> = idx
             .memmap
-            .reads_of_op(i as u32, ops.start[i])
+            .reads_of_op(i as u32, ops.start(i))
             .map(|r| json!({"tensor": r.tensor(), "y0": r.y0, "y1": r.y0 + u64::from(r.len), "copy": r.copy()}))
             .collect();
         let weights: Vec<Value> = sig
@@ -103,7 +102,7 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
             .iter()
             .map(|&t| json!({"tensor": t, "name": idx.tensors.rows.get(t as usize).map(|r| r.name.as_str())}))
             .collect();
-        let ubatch = (ops.ubatch[i] != NONE_U32).then_some(ops.ubatch[i]);
+        let ubatch = ops.ubatch(i);
         let buffer = |id: &Option<u32>| {
             id.and_then(|id| idx.analysis.buffers.list.get(id as usize)).map(|b| {
                 json!({"id": b.id, "name": b.name(), "usage": b.label()})
@@ -111,8 +110,8 @@ async fn op(State(idx): State<Shared>, Path(raw): Path<String>, RawQuery(q): Raw
         };
         Ok(json!({
             "op": seq, "row": i, "name": ops.op_names[sig.op as usize], "ubatch": ubatch,
-            "phase": ubatch.and_then(|u| idx.phase_of(u)), "start_ns": ops.start[i],
-            "dur_ns": (ops.dur[i] != NONE_U32).then_some(ops.dur[i]), "layer": sig.layer,
+            "phase": ubatch.and_then(|u| idx.phase_of(u)), "start_ns": ops.start(i),
+            "dur_ns": ops.dur(i), "layer": sig.layer,
             "dst": ops.strings[sig.dst as usize], "dst_memory": MemoryClass::NAMES[sig.memory as usize],
             "srcs": sig.src_names.iter().map(|&n| ops.strings[n as usize].as_str()).collect::<Vec<_>>(),
             "weight_bytes": ops.weight_bytes(i), "weights": weights, "reads": reads,

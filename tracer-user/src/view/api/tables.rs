@@ -119,9 +119,12 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
         let srcs: Vec<u32> = rows.iter().map(|i| string_id(sig(i).srcs)).collect();
         let frame = Frame::new(json!({"total": page.total, "offset": offset, "strings": strings}))
             .column("op", Column::U64(rows.iter().map(|&i| ops.seq(i as usize)).collect()))
-            .column("ubatch", Column::U32(rows.iter().map(|&i| ops.ubatch[i as usize]).collect()))
-            .column("start_ns", Column::U64(rows.iter().map(|&i| ops.start[i as usize]).collect()))
-            .column("dur_ns", Column::U64(rows.iter().map(|&i| dur64(ops.dur[i as usize])).collect()))
+            .column("ubatch", Column::U32(rows.iter().map(|&i| ops.ubatch(i as usize).unwrap_or(NONE_U32)).collect()))
+            .column("start_ns", Column::U64(rows.iter().map(|&i| ops.start(i as usize)).collect()))
+            .column(
+                "dur_ns",
+                Column::U64(rows.iter().map(|&i| dur64(ops.dur(i as usize).unwrap_or(NONE_U32))).collect()),
+            )
             .column("name", Column::U32(rows.iter().map(|i| sig(i).op).collect()))
             .column("layer", Column::U32(rows.iter().map(|i| sig(i).layer.unwrap_or(NONE_U32)).collect()))
             .column("dst", Column::U32(dst))
@@ -136,7 +139,10 @@ async fn ops(State(idx): State<Shared>, RawQuery(q): RawQuery) -> Result<Respons
                 "gen",
                 Column::U32(
                     rows.iter()
-                        .map(|&i| token_of.get(ops.ubatch[i as usize] as usize).copied().flatten().unwrap_or(NONE_U32))
+                        .map(|&i| {
+                            let u = ops.ubatch(i as usize);
+                            u.and_then(|u| token_of.get(u as usize).copied().flatten()).unwrap_or(NONE_U32)
+                        })
                         .collect(),
                 ),
             );

@@ -36,8 +36,10 @@ pub struct Builder {
     buffer: BufferBuilder,
     cache_fills: Vec<IoEvent>,
     block_reads: Vec<IoEvent>,
-    /// Timed ops' threads, per op (in arrival order).
-    tids: Vec<u32>,
+    /// Timed ops' `(arrival index, thread)`.
+    timed: Vec<(u32, u32)>,
+    /// Ops so far.
+    arrived: u32,
 }
 
 /// What the walk produced.
@@ -73,7 +75,8 @@ impl Builder {
             buffer: BufferBuilder::default(),
             cache_fills: Vec::new(),
             block_reads: Vec::new(),
-            tids: Vec::with_capacity(usize::try_from(a.ops).unwrap_or(0)),
+            timed: Vec::new(),
+            arrived: 0,
         }
     }
 
@@ -106,8 +109,7 @@ impl Builder {
                 let Some(base) = self.y_of(w.weight.model, t.file, 0) else { continue };
                 let tensor = self.first_of_model[w.weight.model as usize] + w.weight.tensor;
                 for r in ranges {
-                    let read =
-                        Read::new(start, base + r.start, u, tensor, w.weight.copy, op_name, self.tids.len() as u32);
+                    let read = Read::new(start, base + r.start, u, tensor, w.weight.copy, op_name, self.arrived);
                     memmap::push_read(&mut self.reads, read, r.end - r.start);
                 }
             }
@@ -122,7 +124,10 @@ impl Builder {
             }
         }
         let dur = e.end_ns.map(|end| end.saturating_sub(e.op.ts_ns));
-        self.tids.push(if e.op.timed() { e.op.tid } else { u32::MAX });
+        if e.op.timed() {
+            self.timed.push((self.arrived, e.op.tid));
+        }
+        self.arrived += 1;
         self.ops.push(e.ctx.seq, start, dur, ubatch, combo, weight_bytes);
     }
 
@@ -147,22 +152,27 @@ impl Builder {
         };
         let (fault_major, fault_minor) = (faults(true), faults(false));
         let (ops, order) = self.ops.finish();
-        let tids: Vec<u32> = order.iter().map(|&i| self.tids[i as usize]).collect();
-        let mut row_of_arrival = vec![0u32; order.len()];
-        for (row, &arrival) in order.iter().enumerate() {
-            row_of_arrival[arrival as usize] = row as u32;
-        }
+        // Ops nearly always arrive in row order: no map is then needed.
+        let row_of_arrival = order.map(|order| {
+            let mut rows = vec![0u32; order.len()];
+            for (row, &arrival) in order.iter().enumerate() {
+                rows[arrival as usize] = row as u32;
+            }
+            rows
+        });
+        let row_of = |arrival: u32| row_of_arrival.as_ref().map_or(arrival, |rows| rows[arrival as usize]);
+        let threads: Vec<(u32, u32)> = self.timed.iter().map(|&(arrival, tid)| (row_of(arrival), tid)).collect();
         let io = [fault_major, fault_minor, self.cache_fills, self.block_reads];
         // Two cores: the timeline beside the memory map (with its own copy
         // of the I/O events, a small fraction of the ops).
         let counted = io.clone();
         let (timeline, memmap) = std::thread::scope(|scope| {
-            let (ops, tids) = (&ops, &tids);
+            let (ops, threads) = (&ops, &threads);
             let timeline = scope.spawn(move || {
                 let [a0, a1, a2, a3] = &counted;
-                Timeline::new(a, ops, tids, [a0, a1, a2, a3])
+                Timeline::new(a, ops, threads, [a0, a1, a2, a3])
             });
-            let memmap = MemoryMap::new(a, tensors, self.reads, self.buffer, io, &row_of_arrival);
+            let memmap = MemoryMap::new(a, tensors, self.reads, self.buffer, io, row_of_arrival.as_deref());
             (timeline.join().expect("the timeline thread does not panic"), memmap)
         });
         Built { ops, memmap, timeline }

@@ -6,28 +6,35 @@ use serde::{Deserialize, Serialize};
 
 use super::disk::column::Column;
 
-/// A strictly increasing column (the ops' `seq`): each value's low 32 bits,
-/// and the rows where the high bits change.
+/// A u64 column whose high 32 bits change rarely (the ops' `seq`, and their
+/// start in ns: the high half steps every 4.3 s): each value's low 32 bits,
+/// and the rows where the high bits change. Half the bytes of `u64`s.
 #[derive(Default, Serialize, Deserialize)]
-pub struct Rising {
+pub struct Stepped {
     lo: Column<u32>,
     /// `(first row, high bits)`, by row.
     high: Vec<(u32, u32)>,
 }
 
-impl Rising {
-    /// `values` must be increasing.
-    pub fn new(values: &[u64]) -> Rising {
-        let mut high: Vec<(u32, u32)> = Vec::new();
-        let mut lo = Vec::with_capacity(values.len());
-        for (i, &v) in values.iter().enumerate() {
-            let hi = (v >> 32) as u32;
-            if high.last().map_or(hi != 0, |&(_, h)| h != hi) {
-                high.push((i as u32, hi));
-            }
-            lo.push(v as u32);
+impl Stepped {
+    pub fn with_capacity(n: usize) -> Stepped {
+        Stepped { lo: Vec::with_capacity(n).into(), high: Vec::new() }
+    }
+
+    pub fn new(values: &[u64]) -> Stepped {
+        let mut s = Stepped::with_capacity(values.len());
+        for &v in values {
+            s.push(v);
         }
-        Rising { lo: lo.into(), high }
+        s
+    }
+
+    pub fn push(&mut self, v: u64) {
+        let hi = (v >> 32) as u32;
+        if self.high.last().map_or(hi != 0, |&(_, h)| h != hi) {
+            self.high.push((self.lo.len() as u32, hi));
+        }
+        self.lo.edit(|lo| lo.push(v as u32));
     }
 
     pub fn len(&self) -> usize {
@@ -44,7 +51,16 @@ impl Rising {
         u64::from(hi) << 32 | u64::from(self.lo[i])
     }
 
-    /// The row holding `value`.
+    /// Row `k` of the result is row `order[k]` of this.
+    pub fn permute(&self, order: &[u32]) -> Stepped {
+        let mut out = Stepped::with_capacity(order.len());
+        for &i in order {
+            out.push(self.get(i as usize));
+        }
+        out
+    }
+
+    /// The row holding `value`, in a column of increasing values.
     pub fn find(&self, value: u64) -> Option<usize> {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
@@ -108,10 +124,14 @@ mod tests {
     #[test]
     fn wide_values_survive() {
         let values = [1, 5, (1 << 32) + 2, (1 << 32) + 9, (3 << 32) + 1];
-        let r = Rising::new(&values);
+        let r = Stepped::new(&values);
         assert_eq!((0..5).map(|i| r.get(i)).collect::<Vec<_>>(), values);
         assert_eq!(r.find((1 << 32) + 9), Some(3));
         assert_eq!(r.find(6), None);
+        // Not increasing: read back all the same.
+        let jumpy = [(2 << 32) + 1, 3, (2 << 32) + 1, 1 << 33, 0];
+        let p = Stepped::new(&jumpy).permute(&[4, 3, 2, 1, 0]);
+        assert_eq!((0..5).map(|i| p.get(i)).collect::<Vec<_>>(), jumpy.iter().rev().copied().collect::<Vec<_>>());
         let mut n = Narrow::default();
         for v in [7, u64::from(u32::MAX), 1 << 40] {
             n.push(v);

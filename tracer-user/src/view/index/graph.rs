@@ -18,7 +18,7 @@ pub fn graph(ops: &Ops, ubatch: u32) -> Option<Value> {
     if first >= end {
         return None;
     }
-    let rows: Vec<usize> = (first as usize..end as usize).filter(|&i| ops.ubatch[i] == ubatch).collect();
+    let rows: Vec<usize> = (first as usize..end as usize).filter(|&i| ops.ubatch(i) == Some(ubatch)).collect();
     let mut writer: HashMap<u64, usize> = HashMap::new();
     let mut edges: Vec<(usize, usize)> = Vec::new();
     let mut shape = DefaultHasher::new();

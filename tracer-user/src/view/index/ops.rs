@@ -10,7 +10,7 @@ use tracer_common::ggml::MAX_SRC;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    column::{Narrow, Rising},
+    column::{Narrow, Stepped},
     disk::column::{Column, once},
 };
 use crate::{
@@ -99,8 +99,9 @@ impl Interner {
 /// The op columns, in arrival order while building.
 #[derive(Default)]
 struct Columns {
-    seq: Vec<u64>,
-    start: Vec<u64>,
+    seq: Stepped,
+    start: Stepped,
+    /// Empty until an op is timed (graph capture times none).
     dur: Vec<u32>,
     ubatch: Vec<u32>,
     combo: Vec<u32>,
@@ -189,9 +190,7 @@ impl OpsBuilder {
     /// Room for `n` ops: the columns then never grow by doubling.
     pub fn reserve(&mut self, n: usize) {
         let r = &mut self.rows;
-        r.seq.reserve_exact(n);
-        r.start.reserve_exact(n);
-        r.dur.reserve_exact(n);
+        (r.seq, r.start) = (Stepped::with_capacity(n), Stepped::with_capacity(n));
         r.ubatch.reserve_exact(n);
         r.combo.reserve_exact(n);
         r.weight_bytes = Narrow::with_capacity(n);
@@ -202,27 +201,45 @@ impl OpsBuilder {
         r.seq.push(seq);
         r.start.push(start);
         // Saturating: an op of more than 4.3 s shows as 4.3 s.
-        r.dur.push(dur.map_or(NONE_U32, |d| d.min(u64::from(NONE_U32 - 1)) as u32));
+        let dur = dur.map_or(NONE_U32, |d| d.min(u64::from(NONE_U32 - 1)) as u32);
+        if dur != NONE_U32 || !r.dur.is_empty() {
+            // The rows before the first timed one are untimed.
+            r.dur.resize(r.combo.len(), NONE_U32);
+            r.dur.push(dur);
+        }
         r.ubatch.push(ubatch.unwrap_or(NONE_U32));
         r.combo.push(combo);
         r.weight_bytes.push(weight_bytes);
     }
 
-    /// The columns in `seq` order, and for each row its arrival index.
-    pub fn finish(self) -> (Ops, Vec<u32>) {
+    /// The columns in `seq` order, and the arrival index of each row when
+    /// that is not the row itself (ops arrive as they end: with several
+    /// threads, not always in `seq` order).
+    pub fn finish(self) -> (Ops, Option<Vec<u32>>) {
         let Columns { seq, start, dur, ubatch, combo, weight_bytes } = self.rows;
-        let mut order: Vec<u32> = (0..seq.len() as u32).collect();
-        // Ops arrive as they end: in start order on one thread, nearly so
-        // with several, and the sort is then near linear.
-        order.sort_by_key(|&i| seq[i as usize]);
-        let sorted = order.iter().enumerate().all(|(i, &j)| i as u32 == j);
-        fn permute<T: Copy>(v: Vec<T>, order: &[u32], sorted: bool) -> Vec<T> {
-            if sorted { v } else { order.iter().map(|&i| v[i as usize]).collect() }
-        }
-        let weight_bytes = if sorted { weight_bytes } else { weight_bytes.permute(&order) };
-        let (seq, start) = (Rising::new(&permute(seq, &order, sorted)), permute(start, &order, sorted));
-        let (dur, ubatch, combo) =
-            (permute(dur, &order, sorted), permute(ubatch, &order, sorted), permute(combo, &order, sorted));
+        let n = seq.len();
+        let order = (!(1..n).all(|i| seq.get(i - 1) < seq.get(i))).then(|| {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            // Nearly sorted: near linear.
+            order.sort_by_key(|&i| seq.get(i as usize));
+            order
+        });
+        let (seq, start, weight_bytes, dur, ubatch, combo) = match &order {
+            None => (seq, start, weight_bytes, dur, ubatch, combo),
+            Some(order) => {
+                fn permute<T: Copy>(v: Vec<T>, order: &[u32]) -> Vec<T> {
+                    if v.is_empty() { v } else { order.iter().map(|&i| v[i as usize]).collect() }
+                }
+                (
+                    seq.permute(order),
+                    start.permute(order),
+                    weight_bytes.permute(order),
+                    permute(dur, order),
+                    permute(ubatch, order),
+                    permute(combo, order),
+                )
+            }
+        };
         let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
         for (i, &u) in ubatch.iter().enumerate() {
             if u == NONE_U32 {
@@ -240,9 +257,14 @@ impl OpsBuilder {
         let in_ubatches = ubatch.iter().filter(|&&u| u != NONE_U32).count() as u64;
         let spanned: u64 = ubatch_ops.iter().map(|&(a, b)| u64::from(b.saturating_sub(a))).sum();
         let ubatch_spans_pure = spanned == in_ubatches;
+        let mut spans: Vec<[u32; 3]> =
+            ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
+        spans.sort_unstable();
+        // The spans then say each row's ubatch: its column is not kept.
+        let ubatch = if ubatch_spans_pure { Vec::new() } else { ubatch };
         let ops = Ops {
             seq,
-            start: start.into(),
+            start,
             dur: dur.into(),
             ubatch: ubatch.into(),
             combo: combo.into(),
@@ -253,6 +275,7 @@ impl OpsBuilder {
             op_names: self.op_names.values,
             ubatch_ops,
             ubatch_spans_pure,
+            spans: spans.into(),
             by_dur: OnceLock::new(),
             by_weight: OnceLock::new(),
             by_layer: OnceLock::new(),
@@ -264,12 +287,14 @@ impl OpsBuilder {
 /// Every op, in `seq` order.
 #[derive(Serialize, Deserialize)]
 pub struct Ops {
-    seq: Rising,
+    seq: Stepped,
     /// Since the trace's start.
-    pub start: Column<u64>,
-    /// `NONE_U32`: not timed.
-    pub dur: Column<u32>,
-    pub ubatch: Column<u32>,
+    start: Stepped,
+    /// `NONE_U32`: not timed. Empty when no op is (graph capture).
+    dur: Column<u32>,
+    /// `NONE_U32`: outside any ubatch. Empty when the ubatches' spans say
+    /// it (`ubatch_spans_pure`): 4 bytes an op less.
+    ubatch: Column<u32>,
     pub combo: Column<u32>,
     weight_bytes: Narrow,
     pub combos: Vec<Combo>,
@@ -281,6 +306,8 @@ pub struct Ops {
     /// Whether each ubatch's span holds its rows only (ubatches ran one
     /// after another): a filter by ubatch alone is then set span by span.
     ubatch_spans_pure: bool,
+    /// The ubatches' non-empty spans as `[first, end, ubatch]`, by row.
+    spans: Column<[u32; 3]>,
     #[serde(with = "once")]
     by_dur: OnceLock<Column<u32>>,
     #[serde(with = "once")]
@@ -338,6 +365,69 @@ impl Ops {
         self.seq.get(row)
     }
 
+    /// Op `row`'s start, since the trace's.
+    pub fn start(&self, row: usize) -> u64 {
+        self.start.get(row)
+    }
+
+    /// Op `row`'s duration, when it was timed.
+    pub fn dur(&self, row: usize) -> Option<u32> {
+        self.dur.get(row).copied().filter(|&d| d != NONE_U32)
+    }
+
+    /// Whether any op was timed (`--op-timing`, `--all-threads`).
+    pub fn timed(&self) -> bool {
+        !self.dur.is_empty()
+    }
+
+    /// The ubatch op `row` ran in.
+    pub fn ubatch(&self, row: usize) -> Option<u32> {
+        let u = if self.ubatch.is_empty() {
+            let k = self.spans.partition_point(|s| s[0] as usize <= row);
+            match k.checked_sub(1).map(|k| self.spans[k]) {
+                Some([_, end, u]) if row < end as usize => u,
+                _ => NONE_U32,
+            }
+        } else {
+            self.ubatch[row]
+        };
+        (u != NONE_U32).then_some(u)
+    }
+
+    /// Calls `f` with each run of rows in `[lo, hi)` of one ubatch
+    /// (`NONE_U32`: outside any), in row order.
+    fn for_ubatch_runs(&self, lo: usize, hi: usize, mut f: impl FnMut(std::ops::Range<usize>, u32)) {
+        if !self.ubatch.is_empty() {
+            let mut i = lo;
+            while i < hi {
+                let u = self.ubatch[i];
+                let run = self.ubatch[i..hi].iter().take_while(|&&v| v == u).count();
+                f(i..i + run, u);
+                i += run;
+            }
+            return;
+        }
+        // Disjoint spans by first row are by end too.
+        let mut at = lo;
+        let first = self.spans.partition_point(|s| s[1] as usize <= lo);
+        for &[a, b, u] in &self.spans[first..] {
+            let (a, b) = (a as usize, (b as usize).min(hi));
+            if a >= hi {
+                break;
+            }
+            if at < a {
+                f(at..a, NONE_U32);
+            }
+            if a.max(at) < b {
+                f(a.max(at)..b, u);
+            }
+            at = at.max(b);
+        }
+        if at < hi {
+            f(at..hi, NONE_U32);
+        }
+    }
+
     pub fn weight_bytes(&self, row: usize) -> u64 {
         self.weight_bytes.get(row)
     }
@@ -359,18 +449,21 @@ impl Ops {
     }
 
     fn order(&self, key: SortKey) -> Option<&[u32]> {
-        let build = |k: &dyn Fn(usize) -> u64| -> Column<u32> {
-            // In place, ties by row (= seq): no copy of the keys.
-            let mut rows: Vec<u32> = (0..self.len() as u32).collect();
-            rows.sort_unstable_by_key(|&i| (k(i as usize), i));
-            rows.into()
-        };
         Some(match key {
             SortKey::Seq | SortKey::Ubatch => return None,
-            SortKey::Dur => self.by_dur.get_or_init(|| build(&|i| u64::from(self.dur[i]))),
-            SortKey::WeightBytes => self.by_weight.get_or_init(|| build(&|i| self.weight_bytes.get(i))),
+            // Nothing timed: every key ties, and the order is the rows'.
+            SortKey::Dur if !self.timed() => return None,
+            SortKey::Dur => self.by_dur.get_or_init(|| sorted_rows(self.len(), |i| u64::from(self.dur[i]))),
+            SortKey::WeightBytes => {
+                self.by_weight.get_or_init(|| sorted_rows(self.len(), |i| self.weight_bytes.get(i)))
+            }
             SortKey::Layer => {
-                self.by_layer.get_or_init(|| build(&|i| u64::from(self.sig_of(i).layer.unwrap_or(NONE_U32))))
+                let layer_of: Vec<u64> = self
+                    .combos
+                    .iter()
+                    .map(|c| u64::from(self.sigs[c.sig as usize].layer.unwrap_or(NONE_U32)))
+                    .collect();
+                self.by_layer.get_or_init(|| sorted_rows(self.len(), |i| layer_of[self.combo[i] as usize]))
             }
         })
     }
@@ -518,14 +611,49 @@ impl Ops {
             }
             return Some(mask);
         }
-        for i in lo..hi {
-            let u = (self.ubatch[i] as usize).min(n_ub);
-            if combo_ok[self.combo[i] as usize] && ub_ok[u] {
-                mask[i / 64] |= 1 << (i % 64);
+        self.for_ubatch_runs(lo, hi, |rows, u| {
+            if ub_ok[(u as usize).min(n_ub)] {
+                for i in rows.filter(|&i| combo_ok[self.combo[i] as usize]) {
+                    mask[i / 64] |= 1 << (i % 64);
+                }
             }
-        }
+        });
         Some(mask)
     }
+}
+
+/// Rows `0..n` by `key` (then by row). Keys are few (a layer; an op's
+/// weight bytes, which repeat graph after graph): a counting sort, two
+/// passes over the rows (1-2 s on 101 M ops, where a comparison sort took
+/// 10-20 s); a comparison sort when they are not.
+fn sorted_rows(n: usize, key: impl Fn(usize) -> u64) -> Column<u32> {
+    const FEW: usize = 1 << 16;
+    let mut counts: foldhash::HashMap<u64, u32> = foldhash::HashMap::default();
+    for i in 0..n {
+        *counts.entry(key(i)).or_default() += 1;
+        if counts.len() > FEW {
+            // In place, ties by row: no copy of the keys.
+            let mut rows: Vec<u32> = (0..n as u32).collect();
+            rows.sort_unstable_by_key(|&i| (key(i as usize), i));
+            return rows.into();
+        }
+    }
+    let mut keys: Vec<(u64, u32)> = counts.into_iter().collect();
+    keys.sort_unstable();
+    // Each key's next place in the output.
+    let mut next: foldhash::HashMap<u64, u32> = foldhash::HashMap::default();
+    let mut at = 0u32;
+    for (k, count) in keys {
+        next.insert(k, at);
+        at += count;
+    }
+    let mut rows = vec![0u32; n];
+    for i in 0..n {
+        let slot = next.get_mut(&key(i)).expect("every key was counted");
+        rows[*slot as usize] = i as u32;
+        *slot += 1;
+    }
+    rows.into()
 }
 
 /// Sets bits `[from, to)` of `mask`, a word at a time.
@@ -544,7 +672,77 @@ fn set_bits(mask: &mut [u64], from: usize, to: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::set_bits;
+    use super::*;
+
+    /// Ops whose rows ran in `ubatch` (`NONE_U32`: outside any), with the
+    /// column kept (`keep`) or the spans only.
+    fn ops_of(ubatch: &[u32], keep: bool) -> Ops {
+        let n = ubatch.len();
+        let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
+        for (i, &u) in ubatch.iter().enumerate().filter(|(_, u)| **u != NONE_U32) {
+            if ubatch_ops.len() <= u as usize {
+                ubatch_ops.resize(u as usize + 1, (u32::MAX, 0));
+            }
+            let r = &mut ubatch_ops[u as usize];
+            *r = (r.0.min(i as u32), r.1.max(i as u32 + 1));
+        }
+        let mut spans: Vec<[u32; 3]> =
+            ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
+        spans.sort_unstable();
+        Ops {
+            seq: Stepped::new(&(0..n as u64).collect::<Vec<_>>()),
+            start: Stepped::new(&vec![0; n]),
+            dur: Column::default(),
+            ubatch: if keep { ubatch.to_vec().into() } else { Column::default() },
+            combo: vec![0; n].into(),
+            weight_bytes: Narrow::default(),
+            combos: Vec::new(),
+            sigs: Vec::new(),
+            strings: Vec::new(),
+            op_names: Vec::new(),
+            ubatch_ops,
+            ubatch_spans_pure: !keep,
+            spans: spans.into(),
+            by_dur: OnceLock::new(),
+            by_weight: OnceLock::new(),
+            by_layer: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn rows_sort_by_key_then_row_with_few_keys_or_many() {
+        for n_keys in [3u64, 100_000] {
+            let key = |i: usize| (i as u64 * 7919) % n_keys;
+            let n = 200_000;
+            let mut want: Vec<u32> = (0..n as u32).collect();
+            want.sort_by_key(|&i| (key(i as usize), i));
+            assert_eq!(*sorted_rows(n, key), want, "{n_keys} keys");
+        }
+    }
+
+    #[test]
+    fn spans_say_each_rows_ubatch_as_the_column_does() {
+        const X: u32 = NONE_U32;
+        let ubatch = [X, X, 0, 0, 0, X, 2, 2, 1, 1, 1, 1, X, 3];
+        let (column, spans) = (ops_of(&ubatch, true), ops_of(&ubatch, false));
+        for (i, &u) in ubatch.iter().enumerate() {
+            let want = (u != X).then_some(u);
+            assert_eq!((column.ubatch(i), spans.ubatch(i)), (want, want), "row {i}");
+        }
+        let runs = |ops: &Ops, lo, hi| {
+            let mut out = Vec::new();
+            ops.for_ubatch_runs(lo, hi, |rows, u| out.push((rows, u)));
+            out
+        };
+        for lo in 0..ubatch.len() {
+            for hi in lo..=ubatch.len() {
+                let got = runs(&spans, lo, hi);
+                assert_eq!(got, runs(&column, lo, hi), "[{lo}, {hi})");
+                let rows: Vec<u32> = got.iter().flat_map(|(r, u)| r.clone().map(move |_| *u)).collect();
+                assert_eq!(rows, ubatch[lo..hi], "[{lo}, {hi})");
+            }
+        }
+    }
 
     #[test]
     fn set_bits_sets_exactly_the_range() {

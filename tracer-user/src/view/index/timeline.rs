@@ -16,7 +16,7 @@ use super::{
     ops::Ops,
     phase_code,
 };
-use crate::{analyze::Analysis, view::frame::NONE_U32};
+use crate::analyze::Analysis;
 
 /// A track, as its id in the API names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -107,14 +107,14 @@ struct ThreadTrack {
 /// An op row's slice on its thread's track.
 pub fn op_slice(ops: &Ops, row: u32) -> Slice {
     let i = row as usize;
-    let dur = if ops.dur[i] == NONE_U32 { 0 } else { u64::from(ops.dur[i]) };
-    Slice { start: ops.start[i], end: ops.start[i] + dur, id: ops.seq(i), name: ops.sig_of(i).op, count: 1 }
+    let start = ops.start(i);
+    Slice { start, end: start + ops.dur(i).map_or(0, u64::from), id: ops.seq(i), name: ops.sig_of(i).op, count: 1 }
 }
 
 impl Timeline {
-    /// `tids`: per op row, its thread when timed, else `NONE_U32`.
+    /// `timed`: the timed ops' `(row, thread)`, by row.
     /// `io`: faults major, minor, page-cache fills and block reads.
-    pub fn new(a: &Analysis, ops: &Ops, tids: &[u32], io: [&[IoEvent]; 4]) -> Timeline {
+    pub fn new(a: &Analysis, ops: &Ops, timed: &[(u32, u32)], io: [&[IoEvent]; 4]) -> Timeline {
         let base = a.header.start_monotonic_ns;
         let span = |u: &crate::analyze::Ubatch| {
             let s = u.start_ns.saturating_sub(base);
@@ -146,10 +146,8 @@ impl Timeline {
             }
         }
         let mut threads: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for (i, &tid) in tids.iter().enumerate() {
-            if tid != NONE_U32 {
-                threads.entry(tid).or_default().push(i as u32);
-            }
+        for &(row, tid) in timed {
+            threads.entry(tid).or_default().push(row);
         }
         slices.insert(TrackId::Phase, Pyramid::new(phases));
         slices.insert(TrackId::Ubatch, Pyramid::new(ubatches));
@@ -161,11 +159,8 @@ impl Timeline {
             .into_iter()
             .map(|(tid, rows)| (tid, ThreadTrack { rows: Mutex::new(rows.into()), built: OnceLock::new() }))
             .collect();
-        let mut layer_ids: Vec<u32> = if tids.iter().any(|&t| t != NONE_U32) {
-            ops.sigs.iter().filter_map(|s| s.layer).collect()
-        } else {
-            Vec::new()
-        };
+        let mut layer_ids: Vec<u32> =
+            if !timed.is_empty() { ops.sigs.iter().filter_map(|s| s.layer).collect() } else { Vec::new() };
         layer_ids.sort_unstable();
         layer_ids.dedup();
         let mut counters = BTreeMap::new();
@@ -198,7 +193,7 @@ impl Timeline {
         let ThreadTrack { rows, built } = self.threads.get(&tid)?;
         Some(built.get_or_init(|| {
             let mut rows = std::mem::take(&mut *rows.lock().unwrap_or_else(|e| e.into_inner())).into_vec();
-            rows.sort_by_key(|&r| ops.start[r as usize]);
+            rows.sort_by_key(|&r| ops.start(r as usize));
             Pyramid::of_rows(rows, &|r| op_slice(ops, r))
         }))
     }
@@ -207,10 +202,11 @@ impl Timeline {
     fn layer_tracks(&self, ops: &Ops) -> &BTreeMap<u32, Pyramid> {
         self.layers.get_or_init(|| {
             let mut layers: BTreeMap<u32, Vec<Slice>> = BTreeMap::new();
-            for &(first, end) in &ops.ubatch_ops {
+            let timed = if ops.timed() { ops.ubatch_ops.as_slice() } else { &[] };
+            for &(first, end) in timed {
                 let mut run: Option<(u32, Slice)> = None;
                 let rows = first as usize..(end as usize).max(first as usize);
-                for i in rows.filter(|&i| ops.dur[i] != NONE_U32) {
+                for i in rows.filter(|&i| ops.dur(i).is_some()) {
                     let s = op_slice(ops, i as u32);
                     let layer = ops.sig_of(i).layer;
                     match (&mut run, layer) {

@@ -131,6 +131,15 @@ impl<T: Pod> Serialize for Column<T> {
         });
         let offset = placed.map_err(ser::Error::custom)?;
         let width = std::mem::size_of::<T>() as u32;
+        if bytes.len() >= 1 << 20 {
+            // What an index's size is made of (RUST_LOG=debug).
+            log::debug!(
+                "index column at {offset}: {} MiB, {} x {}",
+                bytes.len() >> 20,
+                self.len,
+                std::any::type_name::<T>()
+            );
+        }
         ColumnRef { offset, len: self.len as u64, width }.serialize(s)
     }
 }

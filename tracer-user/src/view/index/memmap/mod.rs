@@ -226,13 +226,18 @@ impl MemoryMap {
         mut reads: Vec<Read>,
         buffer: BufferBuilder,
         io: [Vec<IoEvent>; 4],
-        row_of_arrival: &[u32],
+        row_of_arrival: Option<&[u32]>,
     ) -> MemoryMap {
-        // Nearly sorted already: ops arrive as they end.
-        reads.sort_by_key(|r| r.t);
+        // Nearly always sorted already (ops arrive as they end), and the
+        // stable sort's buffer is half the reads (0.7 GB on 101 M ops).
+        if !reads.is_sorted_by_key(|r| r.t) {
+            reads.sort_by_key(|r| r.t);
+        }
         reads.shrink_to_fit();
-        for r in &mut reads {
-            r.row = row_of_arrival[r.row as usize];
+        if let Some(rows) = row_of_arrival {
+            for r in &mut reads {
+                r.row = rows[r.row as usize];
+            }
         }
         let [fault_major, fault_minor, cache_fill, block_read] = io.map(|mut v| {
             v.sort_by_key(|e| e.t);
