@@ -8,7 +8,7 @@ use tracer_common::{BlockKind, PAGE_SIZE, PageCacheKind, markers};
 
 use super::{
     Tensors,
-    memmap::{self, BufferBuilder, IoEvent, MemoryMap, Read},
+    memmap::{self, BufferBuilder, IoEvent, MemoryMap, Read, ReadsBuilder},
     ops::{Ops, OpsBuilder},
     timeline::Timeline,
 };
@@ -32,7 +32,7 @@ pub struct Builder {
     /// Read requests issued and not completed: a requeued one is read once.
     in_flight: HashSet<(u32, u64)>,
     ops: OpsBuilder,
-    reads: Vec<Read>,
+    reads: ReadsBuilder,
     buffer: BufferBuilder,
     cache_fills: Vec<IoEvent>,
     block_reads: Vec<IoEvent>,
@@ -71,7 +71,7 @@ impl Builder {
             io,
             in_flight: HashSet::new(),
             ops,
-            reads: Vec::new(),
+            reads: ReadsBuilder::default(),
             buffer: BufferBuilder::default(),
             cache_fills: Vec::new(),
             block_reads: Vec::new(),
@@ -110,7 +110,7 @@ impl Builder {
                 let tensor = self.first_of_model[w.weight.model as usize] + w.weight.tensor;
                 for r in ranges {
                     let read = Read::new(start, base + r.start, u, tensor, w.weight.copy, op_name, self.arrived);
-                    memmap::push_read(&mut self.reads, read, r.end - r.start);
+                    self.reads.push(read, r.end - r.start);
                 }
             }
         }

@@ -75,6 +75,111 @@ impl Stepped {
     }
 }
 
+/// A u64 column as runs where its runs are long, else [`Stepped`]. In a
+/// run, values rise by `step` a row: the ops' `seq` by 1 (other events
+/// come between ubatches), graph-captured ops' start by 0 (each has its
+/// graph's). 101 M ops then cost a few MB, not 400 MB a column.
+#[derive(Serialize, Deserialize)]
+pub enum Packed {
+    Runs {
+        len: u64,
+        step: u64,
+        /// First row and first value of each run, by row.
+        rows: Column<u32>,
+        values: Column<u64>,
+    },
+    Each(Stepped),
+}
+
+/// Runs are kept when there is at most one per this many rows.
+const ROWS_PER_RUN: usize = 8;
+
+impl Packed {
+    pub fn new(each: Stepped, step: u64) -> Packed {
+        Packed::runs(each.len(), step, |i| each.get(i)).unwrap_or(Packed::Each(each))
+    }
+
+    /// Rows `0..n` of `value`.
+    pub fn of(n: usize, step: u64, value: impl Fn(usize) -> u64) -> Packed {
+        Packed::runs(n, step, &value).unwrap_or_else(|| {
+            let mut each = Stepped::with_capacity(n);
+            (0..n).for_each(|i| each.push(value(i)));
+            Packed::Each(each)
+        })
+    }
+
+    /// As runs, unless they are short.
+    fn runs(n: usize, step: u64, value: impl Fn(usize) -> u64) -> Option<Packed> {
+        let (mut rows, mut values) = (Vec::new(), Vec::new());
+        let mut prev: Option<u64> = None;
+        for i in 0..n {
+            let v = value(i);
+            if prev.and_then(|p| p.checked_add(step)) != Some(v) {
+                if rows.len() > n / ROWS_PER_RUN {
+                    return None;
+                }
+                rows.push(i as u32);
+                values.push(v);
+            }
+            prev = Some(v);
+        }
+        Some(Packed::Runs { len: n as u64, step, rows: rows.into(), values: values.into() })
+    }
+
+    /// Rows `[from, to)`, one after another (no search per row).
+    pub fn iter(&self, from: usize, to: usize) -> impl Iterator<Item = u64> + '_ {
+        let to = to.min(self.len());
+        let (starts, mut k): (&[u32], usize) = match self {
+            Packed::Runs { rows, .. } => (rows, rows.partition_point(|&r| r as usize <= from).saturating_sub(1)),
+            Packed::Each(_) => (&[], 0),
+        };
+        (from..to).map(move |i| match self {
+            Packed::Runs { step, values, .. } => {
+                while starts.get(k + 1).is_some_and(|&r| r as usize <= i) {
+                    k += 1;
+                }
+                values[k] + step * (i - starts[k] as usize) as u64
+            }
+            Packed::Each(e) => e.get(i),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Packed::Runs { len, .. } => *len as usize,
+            Packed::Each(e) => e.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, i: usize) -> u64 {
+        match self {
+            Packed::Runs { step, rows, values, .. } => {
+                let k = rows.partition_point(|&r| r as usize <= i) - 1;
+                values[k] + step * (i - rows[k] as usize) as u64
+            }
+            Packed::Each(e) => e.get(i),
+        }
+    }
+
+    /// The row holding `value`, in a column of increasing values.
+    pub fn find(&self, value: u64) -> Option<usize> {
+        match self {
+            Packed::Runs { len, step, rows, values } => {
+                let k = values.partition_point(|&v| v <= value).checked_sub(1)?;
+                let end = rows.get(k + 1).map_or(*len, |&r| u64::from(r));
+                let ahead = value - values[k];
+                let row = u64::from(rows[k]) + if *step == 0 { 0 } else { ahead / step };
+                (row < end && values[k] + step * (row - u64::from(rows[k])) == value).then_some(row as usize)
+            }
+            Packed::Each(e) => e.find(value),
+        }
+    }
+}
+
 /// A column whose values nearly always fit 32 bits; the rest on the side.
 #[derive(Default, Serialize, Deserialize)]
 pub struct Narrow {
@@ -128,6 +233,22 @@ mod tests {
         assert_eq!((0..5).map(|i| r.get(i)).collect::<Vec<_>>(), values);
         assert_eq!(r.find((1 << 32) + 9), Some(3));
         assert_eq!(r.find(6), None);
+        // As runs, and as Stepped when the runs are short.
+        let seq: Vec<u64> = (0..100).chain(105..300).chain((1 << 33)..(1 << 33) + 50).collect();
+        let starts: Vec<u64> = (0..400).map(|i| (i / 40) * 1000 + (1 << 32)).collect();
+        let gappy: Vec<u64> = (0..100).map(|i| i * 2).collect();
+        for (values, step, runs) in [(&seq, 1, true), (&starts, 0, true), (&gappy, 1, false)] {
+            let p = Packed::new(Stepped::new(values), step);
+            assert_eq!(matches!(p, Packed::Runs { .. }), runs);
+            assert_eq!((0..values.len()).map(|i| p.get(i)).collect::<Vec<_>>(), *values);
+            if step == 1 {
+                for (i, &v) in values.iter().enumerate() {
+                    assert_eq!(p.find(v), Some(i));
+                }
+                let absent = if runs { [100, 300, 1 << 40] } else { [1, 3, 1 << 40] };
+                assert_eq!(absent.map(|v| p.find(v)), [None; 3]);
+            }
+        }
         // Not increasing: read back all the same.
         let jumpy = [(2 << 32) + 1, 3, (2 << 32) + 1, 1 << 33, 0];
         let p = Stepped::new(&jumpy).permute(&[4, 3, 2, 1, 0]);

@@ -10,7 +10,7 @@ use tracer_common::ggml::MAX_SRC;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    column::{Narrow, Stepped},
+    column::{Narrow, Packed, Stepped},
     disk::column::{Column, once},
 };
 use crate::{
@@ -263,8 +263,8 @@ impl OpsBuilder {
         // The spans then say each row's ubatch: its column is not kept.
         let ubatch = if ubatch_spans_pure { Vec::new() } else { ubatch };
         let ops = Ops {
-            seq,
-            start,
+            seq: Packed::new(seq, 1),
+            start: Packed::new(start, 0),
             dur: dur.into(),
             ubatch: ubatch.into(),
             combo: combo.into(),
@@ -287,9 +287,9 @@ impl OpsBuilder {
 /// Every op, in `seq` order.
 #[derive(Serialize, Deserialize)]
 pub struct Ops {
-    seq: Stepped,
+    seq: Packed,
     /// Since the trace's start.
-    start: Stepped,
+    start: Packed,
     /// `NONE_U32`: not timed. Empty when no op is (graph capture).
     dur: Column<u32>,
     /// `NONE_U32`: outside any ubatch. Empty when the ubatches' spans say
@@ -690,8 +690,8 @@ mod tests {
             ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
         spans.sort_unstable();
         Ops {
-            seq: Stepped::new(&(0..n as u64).collect::<Vec<_>>()),
-            start: Stepped::new(&vec![0; n]),
+            seq: Packed::new(Stepped::new(&(0..n as u64).collect::<Vec<_>>()), 1),
+            start: Packed::new(Stepped::new(&vec![0; n]), 0),
             dur: Column::default(),
             ubatch: if keep { ubatch.to_vec().into() } else { Column::default() },
             combo: vec![0; n].into(),

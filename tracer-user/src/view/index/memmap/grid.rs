@@ -63,7 +63,7 @@ impl MemoryMap {
                 let keep = |e: &Entry| filter.keeps_tag(e.tag);
                 let raw = |from: u32, to: u32, add: &mut AddFn| {
                     for (xv, r) in self.reads_in(XRange { axis: XAxis::Ubatch, from: from.into(), to: to.into() }) {
-                        if filter.keeps(r, &self.layer_of, &self.phase_of) {
+                        if filter.keeps(&r, &self.layer_of, &self.phase_of) {
                             add(if axis == XAxis::Time { r.t } else { xv }, r.y0, u64::from(r.len), 1.0);
                         }
                     }
@@ -71,7 +71,7 @@ impl MemoryMap {
                 self.pyramid_grid(&self.read_pyramid, x, axis, &keep, &raw, &mut add);
                 if axis == XAxis::Time {
                     for &i in &self.outside {
-                        let r = &self.reads[i as usize];
+                        let r = &self.reads.get(i as usize);
                         if filter.keeps(r, &self.layer_of, &self.phase_of) {
                             add(r.t, r.y0, u64::from(r.len), 1.0);
                         }
@@ -80,7 +80,7 @@ impl MemoryMap {
             }
             (Track::Disk, Metric::Read) => {
                 for (xv, r) in self.reads_in(xr) {
-                    if filter.keeps(r, &self.layer_of, &self.phase_of) {
+                    if filter.keeps(&r, &self.layer_of, &self.phase_of) {
                         add(xv, r.y0, u64::from(r.len), 1.0);
                     }
                 }
@@ -177,7 +177,7 @@ impl MemoryMap {
             }
         };
         if axis == XAxis::Ubatch && filter.ops.is_empty() {
-            let n = self.matrix_starts.len().saturating_sub(1) as u64;
+            let n = self.matrix_row.len() as u64;
             for u in x.from.min(n)..x.to.min(n) {
                 let Some(ix) = x.index(u) else { continue };
                 if !filter.phases.is_empty()
@@ -185,8 +185,7 @@ impl MemoryMap {
                 {
                     continue;
                 }
-                let cells = self.matrix_starts[u as usize] as usize..self.matrix_starts[u as usize + 1] as usize;
-                for &MatrixCell { tag, bytes } in &self.matrix[cells] {
+                for &MatrixCell { tag, bytes } in self.matrix_cells(u as usize) {
                     let tensor = tag & !COPY;
                     let layer_ok = filter.layers.is_empty()
                         || self.layer_of[tensor as usize].is_some_and(|l| filter.layers.contains(&l));
@@ -197,7 +196,7 @@ impl MemoryMap {
             }
         } else {
             for (xv, r) in self.reads_in(XRange { axis, from: x.from, to: x.to }) {
-                if filter.keeps(r, &self.layer_of, &self.phase_of)
+                if filter.keeps(&r, &self.layer_of, &self.phase_of)
                     && let Some(ix) = x.index(xv)
                 {
                     add(ix, r.tensor(), u64::from(r.len));

@@ -30,7 +30,7 @@ impl MemoryMap {
             let mut ubatches = BTreeSet::new();
             let mut op_rows = BTreeSet::new();
             for (_, r) in self.reads_in(x) {
-                if r.tensor() == id && filter.keeps(r, &self.layer_of, &self.phase_of) {
+                if r.tensor() == id && filter.keeps(&r, &self.layer_of, &self.phase_of) {
                     let o = overlap(r.y0, u64::from(r.len));
                     if o > 0 {
                         read += o;

@@ -3,12 +3,13 @@
 //! by ubatch or time. Reads are the exact ranges each op read, kept in time
 //! order; a grid sums their overlap with each cell.
 
-use std::sync::OnceLock;
+use std::{collections::HashMap, sync::OnceLock};
 
 use serde::{Deserialize, Serialize};
 
 mod grid;
 mod inspect;
+mod reads;
 
 use super::{
     Tensors,
@@ -19,13 +20,15 @@ use super::{
 };
 use crate::analyze::Analysis;
 
+use self::reads::Reads;
+pub use self::reads::ReadsBuilder;
 pub use super::buffer::BufferBuilder;
 
 pub const NO_UBATCH: u32 = u32::MAX;
 
-/// One op's read of one contiguous range of a model tensor.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+/// One op's read of one contiguous range of a model tensor (stored as
+/// [`reads::Reads`] keeps it).
+#[derive(Clone, Copy, Debug)]
 pub struct Read {
     /// The op's start, since the trace's start.
     pub t: u64,
@@ -73,16 +76,6 @@ fn tag(r: &Read) -> u32 {
 
 /// Adds `(x, y0, len, times)` to a grid.
 type AddFn<'a> = dyn FnMut(u64, u64, u64, f64) + 'a;
-
-/// Adds `r` covering `len` bytes, cut into pieces that fit `Read::len`.
-pub fn push_read(reads: &mut Vec<Read>, r: Read, len: u64) {
-    let mut at = 0;
-    while at < len {
-        let n = (len - at).min(u64::from(u32::MAX));
-        reads.push(Read { y0: r.y0 + at, len: n as u32, ..r });
-        at += n;
-    }
-}
 
 /// A fault, page-cache fill or block read, on the disk track.
 #[repr(C, packed)]
@@ -190,8 +183,7 @@ pub struct MatrixCell {
 
 #[derive(Serialize, Deserialize)]
 pub struct MemoryMap {
-    /// By time.
-    reads: Column<Read>,
+    reads: Reads,
     io: IoEvents,
     pub buffer: BufferTrack,
     /// Per ubatch: `(start, end)` since the trace's start.
@@ -207,9 +199,12 @@ pub struct MemoryMap {
     /// Reads, and buffer accesses, of groups of ubatches.
     read_pyramid: Pyramid,
     buffer_pyramid: Pyramid,
-    /// The token × tensor matrix: ubatch `u`'s cells are
-    /// `matrix[matrix_starts[u]..matrix_starts[u + 1]]`, by tag.
-    matrix_starts: Column<u32>,
+    /// The token × tensor matrix: ubatch `u`'s cells are row
+    /// `matrix_row[u]`, `matrix[row_starts[r]..row_starts[r + 1]]`, by tag.
+    /// Token after token reads the same bytes of the same tensors, so rows
+    /// repeat: each is kept once (a sixth of the index, kept per ubatch).
+    matrix_row: Column<u32>,
+    row_starts: Column<u32>,
     matrix: Column<MatrixCell>,
     /// Loaded and never read, by fill time (built at first use).
     #[serde(with = "once")]
@@ -223,22 +218,12 @@ impl MemoryMap {
     pub fn new(
         a: &Analysis,
         tensors: &Tensors,
-        mut reads: Vec<Read>,
+        reads: ReadsBuilder,
         buffer: BufferBuilder,
         io: [Vec<IoEvent>; 4],
         row_of_arrival: Option<&[u32]>,
     ) -> MemoryMap {
-        // Nearly always sorted already (ops arrive as they end), and the
-        // stable sort's buffer is half the reads (0.7 GB on 101 M ops).
-        if !reads.is_sorted_by_key(|r| r.t) {
-            reads.sort_by_key(|r| r.t);
-        }
-        reads.shrink_to_fit();
-        if let Some(rows) = row_of_arrival {
-            for r in &mut reads {
-                r.row = rows[r.row as usize];
-            }
-        }
+        let reads = reads.finish(row_of_arrival);
         let [fault_major, fault_minor, cache_fill, block_read] = io.map(|mut v| {
             v.sort_by_key(|e| e.t);
             Column::from(v)
@@ -254,7 +239,7 @@ impl MemoryMap {
             })
             .collect();
         let mut ubatch_reads = vec![(u32::MAX, 0u32); a.ubatches.len()];
-        for (i, r) in reads.iter().enumerate() {
+        for (i, r) in reads.iter(0, reads.len()).enumerate() {
             if let Some(span) = ubatch_reads.get_mut(r.ubatch as usize) {
                 *span = (span.0.min(i as u32), span.1.max(i as u32 + 1));
             }
@@ -264,18 +249,22 @@ impl MemoryMap {
                 *span = (0, 0);
             }
         }
-        let last =
-            [reads.last().map(|r| r.t), ubatch_time.last().map(|u| u.1), a.last_ts_ns.map(|t| t.saturating_sub(base))];
+        let last = [
+            reads.len().checked_sub(1).map(|i| reads.get(i).t),
+            ubatch_time.last().map(|u| u.1),
+            a.last_ts_ns.map(|t| t.saturating_sub(base)),
+        ];
         let of_ubatch = |u: u32| {
             let (a, b) = ubatch_reads[u as usize];
-            reads[a as usize..b as usize].iter().filter(move |r| r.ubatch == u)
+            reads.iter(a as usize, b as usize).filter(move |r| r.ubatch == u)
         };
         let read_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
-            out.extend(of_ubatch(u).map(|r| Entry { y0: r.y0, len: r.len, tag: tag(r), count: 1 }));
+            out.extend(of_ubatch(u).map(|r| Entry { y0: r.y0, len: r.len, tag: tag(&r), count: 1 }));
         });
-        let (mut matrix, mut matrix_starts) = (Vec::new(), vec![0u32]);
+        let (mut matrix, mut row_starts, mut matrix_row) = (Vec::new(), vec![0u32], Vec::new());
+        let mut rows: HashMap<Vec<(u32, u64)>, u32> = HashMap::new();
         for u in 0..ubatch_time.len() as u32 {
-            let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(r), u64::from(r.len))).collect();
+            let mut row: Vec<(u32, u64)> = of_ubatch(u).map(|r| (tag(&r), u64::from(r.len))).collect();
             row.sort_unstable_by_key(|c| c.0);
             row.dedup_by(|next, kept| {
                 let same = next.0 == kept.0;
@@ -284,8 +273,13 @@ impl MemoryMap {
                 }
                 same
             });
-            matrix.extend(row.into_iter().map(|(tag, bytes)| MatrixCell { tag, bytes }));
-            matrix_starts.push(matrix.len() as u32);
+            let next = rows.len() as u32;
+            let id = *rows.entry(row).or_insert_with_key(|row| {
+                matrix.extend(row.iter().map(|&(tag, bytes)| MatrixCell { tag, bytes }));
+                row_starts.push(matrix.len() as u32);
+                next
+            });
+            matrix_row.push(id);
         }
         let buffer = buffer.finish();
         let buffer_pyramid = Pyramid::build(ubatch_time.len(), |u, out| {
@@ -298,14 +292,20 @@ impl MemoryMap {
                 }
             }
         });
-        let outside: Vec<u32> = (0..reads.len() as u32).filter(|&i| reads[i as usize].ubatch == NO_UBATCH).collect();
+        let outside: Vec<u32> = reads
+            .iter(0, reads.len())
+            .enumerate()
+            .filter(|(_, r)| r.ubatch == NO_UBATCH)
+            .map(|(i, _)| i as u32)
+            .collect();
         MemoryMap {
             outside: outside.into(),
             read_pyramid,
             buffer_pyramid,
-            matrix_starts: matrix_starts.into(),
+            matrix_row: matrix_row.into(),
+            row_starts: row_starts.into(),
             matrix: matrix.into(),
-            reads: reads.into(),
+            reads,
             io,
             buffer,
             duration: last.into_iter().flatten().max().unwrap_or(0) + 1,
@@ -315,6 +315,12 @@ impl MemoryMap {
             ubatch_reads,
             unused: OnceLock::new(),
         }
+    }
+
+    /// Ubatch `u`'s cells of the token × tensor matrix, by tag.
+    fn matrix_cells(&self, u: usize) -> &[MatrixCell] {
+        let r = self.matrix_row[u] as usize;
+        &self.matrix[self.row_starts[r] as usize..self.row_starts[r + 1] as usize]
     }
 
     /// Per ubatch: its phase, as [`super::phase_code`].
@@ -332,9 +338,9 @@ impl MemoryMap {
     }
 
     /// The reads of op row `row`, which started at `start`.
-    pub fn reads_of_op(&self, row: u32, start: u64) -> impl Iterator<Item = &Read> + '_ {
-        let first = self.reads.partition_point(|r| r.t < start);
-        self.reads[first..].iter().take_while(move |r| r.t == start).filter(move |r| r.row == row)
+    pub fn reads_of_op(&self, row: u32, start: u64) -> impl Iterator<Item = Read> + '_ {
+        let first = self.reads.first_at(start);
+        self.reads.iter(first, self.reads.len()).take_while(move |r| r.t == start).filter(move |r| r.row == row)
     }
 
     pub fn x_extent(&self, axis: XAxis) -> u64 {
@@ -365,22 +371,18 @@ impl MemoryMap {
     }
 
     /// Reads whose x falls in `x`, with their x coordinate.
-    fn reads_in(&self, x: XRange) -> impl Iterator<Item = (u64, &Read)> + '_ {
-        let slice: &[Read] = match x.axis {
-            XAxis::Time => {
-                let a = self.reads.partition_point(|r| r.t < x.from);
-                let b = self.reads.partition_point(|r| r.t < x.to);
-                &self.reads[a..b.max(a)]
-            }
+    fn reads_in(&self, x: XRange) -> impl Iterator<Item = (u64, Read)> + '_ {
+        let (a, b) = match x.axis {
+            XAxis::Time => (self.reads.first_at(x.from), self.reads.first_at(x.to)),
             XAxis::Ubatch => {
                 let spans = &self.ubatch_reads
                     [(x.from as usize).min(self.ubatch_reads.len())..(x.to as usize).min(self.ubatch_reads.len())];
                 let a = spans.iter().filter(|s| s.1 > s.0).map(|s| s.0).min().unwrap_or(0) as usize;
                 let b = spans.iter().map(|s| s.1).max().unwrap_or(0) as usize;
-                &self.reads[a..b.max(a)]
+                (a, b)
             }
         };
-        slice.iter().filter_map(move |r| match x.axis {
+        self.reads.iter(a, b.max(a)).filter_map(move |r| match x.axis {
             XAxis::Time => Some((r.t, r)),
             XAxis::Ubatch => (r.ubatch != NO_UBATCH && (x.from..x.to).contains(&u64::from(r.ubatch)))
                 .then_some((u64::from(r.ubatch), r)),
@@ -420,7 +422,7 @@ impl MemoryMap {
 
     /// Page-cache fills, cut to the bytes no op ever read.
     fn build_unused(&self) -> Column<IoEvent> {
-        let mut used: Vec<(u64, u64)> = self.reads.iter().map(|r| (r.y0, r.y0 + u64::from(r.len))).collect();
+        let mut used: Vec<(u64, u64)> = self.reads.spans().collect();
         used.sort_unstable();
         used.dedup();
         let mut merged: Vec<(u64, u64)> = Vec::new();
