@@ -28,7 +28,7 @@ use memmap2::Mmap;
 use serde::{Serialize, de::DeserializeOwned};
 
 /// Bumped whenever anything serialised into the index changes shape.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 const MAGIC: [u8; 8] = *b"TTRACEIX";
 /// The header's room: the column area starts here.
 const BODY: u64 = 4096;
