@@ -611,6 +611,13 @@ impl Ops {
             }
             return Some(mask);
         }
+        if !by_ubatch {
+            // By signature only: 64 rows a word, no ubatch looked up.
+            for (w, combos) in mask.iter_mut().zip(self.combo.chunks(64)) {
+                *w = combos.iter().enumerate().fold(0, |w, (b, &c)| w | u64::from(combo_ok[c as usize]) << b);
+            }
+            return Some(mask);
+        }
         self.for_ubatch_runs(lo, hi, |rows, u| {
             if ub_ok[(u as usize).min(n_ub)] {
                 for i in rows.filter(|&i| combo_ok[self.combo[i] as usize]) {
