@@ -16,6 +16,7 @@ pub mod memmap;
 pub mod moe;
 pub mod ops;
 pub mod pyramid;
+pub mod rows;
 pub mod timeline;
 
 use std::{

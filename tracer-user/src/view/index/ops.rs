@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     column::{Narrow, Packed, Stepped},
     disk::column::{Column, once},
+    rows::{set_bits, sorted_rows},
 };
 use crate::{
     analyze::{
@@ -240,26 +241,7 @@ impl OpsBuilder {
                 )
             }
         };
-        let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
-        for (i, &u) in ubatch.iter().enumerate() {
-            if u == NONE_U32 {
-                continue;
-            }
-            if ubatch_ops.len() <= u as usize {
-                ubatch_ops.resize(u as usize + 1, (u32::MAX, 0));
-            }
-            let r = &mut ubatch_ops[u as usize];
-            *r = (r.0.min(i as u32), r.1.max(i as u32 + 1));
-        }
-        // Each row of a ubatch is in its span, so the spans' lengths add up
-        // to the rows in ubatches exactly when no span holds another's row
-        // or one outside any ubatch.
-        let in_ubatches = ubatch.iter().filter(|&&u| u != NONE_U32).count() as u64;
-        let spanned: u64 = ubatch_ops.iter().map(|&(a, b)| u64::from(b.saturating_sub(a))).sum();
-        let ubatch_spans_pure = spanned == in_ubatches;
-        let mut spans: Vec<[u32; 3]> =
-            ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
-        spans.sort_unstable();
+        let (ubatch_ops, spans, ubatch_spans_pure) = ubatch_spans(&ubatch);
         // The spans then say each row's ubatch: its column is not kept.
         let ubatch = if ubatch_spans_pure { Vec::new() } else { ubatch };
         let ops = Ops {
@@ -629,137 +611,29 @@ impl Ops {
     }
 }
 
-/// Rows `0..n` by `key` (then by row). Keys are few (a layer; an op's
-/// weight bytes, which repeat graph after graph): a counting sort, two
-/// passes over the rows (1-2 s on 101 M ops, where a comparison sort took
-/// 10-20 s); a comparison sort when they are not.
-fn sorted_rows(n: usize, key: impl Fn(usize) -> u64) -> Column<u32> {
-    const FEW: usize = 1 << 16;
-    let mut counts: foldhash::HashMap<u64, u32> = foldhash::HashMap::default();
-    for i in 0..n {
-        *counts.entry(key(i)).or_default() += 1;
-        if counts.len() > FEW {
-            // In place, ties by row: no copy of the keys.
-            let mut rows: Vec<u32> = (0..n as u32).collect();
-            rows.sort_unstable_by_key(|&i| (key(i as usize), i));
-            return rows.into();
+/// Per ubatch `[first, end)` of its rows (empty: `(MAX, 0)`); the
+/// non-empty spans as `[first, end, ubatch]` by row; and whether each
+/// span holds its own rows only.
+fn ubatch_spans(ubatch: &[u32]) -> (Vec<(u32, u32)>, Vec<[u32; 3]>, bool) {
+    let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
+    for (i, &u) in ubatch.iter().enumerate().filter(|(_, u)| **u != NONE_U32) {
+        if ubatch_ops.len() <= u as usize {
+            ubatch_ops.resize(u as usize + 1, (u32::MAX, 0));
         }
+        let r = &mut ubatch_ops[u as usize];
+        *r = (r.0.min(i as u32), r.1.max(i as u32 + 1));
     }
-    let mut keys: Vec<(u64, u32)> = counts.into_iter().collect();
-    keys.sort_unstable();
-    // Each key's next place in the output.
-    let mut next: foldhash::HashMap<u64, u32> = foldhash::HashMap::default();
-    let mut at = 0u32;
-    for (k, count) in keys {
-        next.insert(k, at);
-        at += count;
-    }
-    let mut rows = vec![0u32; n];
-    for i in 0..n {
-        let slot = next.get_mut(&key(i)).expect("every key was counted");
-        rows[*slot as usize] = i as u32;
-        *slot += 1;
-    }
-    rows.into()
-}
-
-/// Sets bits `[from, to)` of `mask`, a word at a time.
-fn set_bits(mask: &mut [u64], from: usize, to: usize) {
-    let (first, last) = (from / 64, (to - 1) / 64);
-    let low = u64::MAX << (from % 64);
-    let high = u64::MAX >> (63 - (to - 1) % 64);
-    if first == last {
-        mask[first] |= low & high;
-        return;
-    }
-    mask[first] |= low;
-    mask[first + 1..last].fill(u64::MAX);
-    mask[last] |= high;
+    // Each row of a ubatch is in its span, so the spans' lengths add up to
+    // the rows in ubatches exactly when no span holds another's row or one
+    // outside any ubatch.
+    let in_ubatches = ubatch.iter().filter(|&&u| u != NONE_U32).count() as u64;
+    let spanned: u64 = ubatch_ops.iter().map(|&(a, b)| u64::from(b.saturating_sub(a))).sum();
+    let mut spans: Vec<[u32; 3]> =
+        ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
+    spans.sort_unstable();
+    (ubatch_ops, spans, spanned == in_ubatches)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Ops whose rows ran in `ubatch` (`NONE_U32`: outside any), with the
-    /// column kept (`keep`) or the spans only.
-    fn ops_of(ubatch: &[u32], keep: bool) -> Ops {
-        let n = ubatch.len();
-        let mut ubatch_ops: Vec<(u32, u32)> = Vec::new();
-        for (i, &u) in ubatch.iter().enumerate().filter(|(_, u)| **u != NONE_U32) {
-            if ubatch_ops.len() <= u as usize {
-                ubatch_ops.resize(u as usize + 1, (u32::MAX, 0));
-            }
-            let r = &mut ubatch_ops[u as usize];
-            *r = (r.0.min(i as u32), r.1.max(i as u32 + 1));
-        }
-        let mut spans: Vec<[u32; 3]> =
-            ubatch_ops.iter().enumerate().filter(|(_, s)| s.0 < s.1).map(|(u, s)| [s.0, s.1, u as u32]).collect();
-        spans.sort_unstable();
-        Ops {
-            seq: Packed::new(Stepped::new(&(0..n as u64).collect::<Vec<_>>()), 1),
-            start: Packed::new(Stepped::new(&vec![0; n]), 0),
-            dur: Column::default(),
-            ubatch: if keep { ubatch.to_vec().into() } else { Column::default() },
-            combo: vec![0; n].into(),
-            weight_bytes: Narrow::default(),
-            combos: Vec::new(),
-            sigs: Vec::new(),
-            strings: Vec::new(),
-            op_names: Vec::new(),
-            ubatch_ops,
-            ubatch_spans_pure: !keep,
-            spans: spans.into(),
-            by_dur: OnceLock::new(),
-            by_weight: OnceLock::new(),
-            by_layer: OnceLock::new(),
-        }
-    }
-
-    #[test]
-    fn rows_sort_by_key_then_row_with_few_keys_or_many() {
-        for n_keys in [3u64, 100_000] {
-            let key = |i: usize| (i as u64 * 7919) % n_keys;
-            let n = 200_000;
-            let mut want: Vec<u32> = (0..n as u32).collect();
-            want.sort_by_key(|&i| (key(i as usize), i));
-            assert_eq!(*sorted_rows(n, key), want, "{n_keys} keys");
-        }
-    }
-
-    #[test]
-    fn spans_say_each_rows_ubatch_as_the_column_does() {
-        const X: u32 = NONE_U32;
-        let ubatch = [X, X, 0, 0, 0, X, 2, 2, 1, 1, 1, 1, X, 3];
-        let (column, spans) = (ops_of(&ubatch, true), ops_of(&ubatch, false));
-        for (i, &u) in ubatch.iter().enumerate() {
-            let want = (u != X).then_some(u);
-            assert_eq!((column.ubatch(i), spans.ubatch(i)), (want, want), "row {i}");
-        }
-        let runs = |ops: &Ops, lo, hi| {
-            let mut out = Vec::new();
-            ops.for_ubatch_runs(lo, hi, |rows, u| out.push((rows, u)));
-            out
-        };
-        for lo in 0..ubatch.len() {
-            for hi in lo..=ubatch.len() {
-                let got = runs(&spans, lo, hi);
-                assert_eq!(got, runs(&column, lo, hi), "[{lo}, {hi})");
-                let rows: Vec<u32> = got.iter().flat_map(|(r, u)| r.clone().map(move |_| *u)).collect();
-                assert_eq!(rows, ubatch[lo..hi], "[{lo}, {hi})");
-            }
-        }
-    }
-
-    #[test]
-    fn set_bits_sets_exactly_the_range() {
-        for from in 0..200 {
-            for to in from + 1..=200 {
-                let mut mask = vec![0u64; 4];
-                set_bits(&mut mask, from, to);
-                let set: Vec<usize> = (0..256).filter(|&i| mask[i / 64] >> (i % 64) & 1 == 1).collect();
-                assert_eq!(set, (from..to).collect::<Vec<_>>(), "[{from}, {to})");
-            }
-        }
-    }
-}
+#[path = "ops_tests.rs"]
+mod tests;
