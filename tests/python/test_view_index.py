@@ -16,10 +16,12 @@ import shutil
 import struct
 import subprocess
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import blake3
 import pytest
 from test_exports import export, record
 from test_view import free_port
@@ -42,12 +44,13 @@ class View:
     """`ttrace view t.data` run in the trace's directory (so that every
     answer names the trace alike), with its own cache directory."""
 
-    def __init__(self, ttrace: Path, trace: Path, cache: Path):
+    def __init__(self, ttrace: Path, trace: Path, cache: Path, verbose: bool = False):
         self.log = trace.parent.parent / f"view-{time.monotonic_ns()}.log"
         self.port = free_port()
         env = dict(os.environ, XDG_CACHE_HOME=str(cache))
         with self.log.open("w") as err:
-            self.proc = subprocess.Popen([ttrace, "view", trace.name, "--no-open", "--port", str(self.port)],
+            self.proc = subprocess.Popen([ttrace, *(["-v"] if verbose else []), "view", trace.name, "--no-open",
+                                          "--port", str(self.port)],
                                          cwd=trace.parent, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.base = f"http://127.0.0.1:{self.port}"
         self.until(lambda: self.get("/api/v1/meta")[0] == 200, "answered /api/v1/meta")
@@ -217,6 +220,27 @@ def bump_version(path: Path):
         f.write(struct.pack("<I", v + 1))
 
 
+# The index header's fields (view/index/disk/mod.rs `Header`, repr(C)).
+BOOT, HEADER_HASH, HEADER_END = slice(72, 88), slice(136, 168), 168
+
+
+def as_after_a_reboot(path: Path):
+    """The index as a later boot finds it: written or last checked in another
+    boot, so its body hash is checked again (within one boot it is not)."""
+    header = bytearray(path.read_bytes()[:HEADER_END])
+    assert header[BOOT] == uuid.UUID(Path("/proc/sys/kernel/random/boot_id").read_text().strip()).bytes
+    header[BOOT] = bytes(16)[:-1] + b"\x01"
+    header[HEADER_HASH] = bytes(32)
+    header[HEADER_HASH] = blake3.blake3(bytes(header)).digest()
+    with path.open("r+b") as f:
+        f.write(header)
+
+
+def damaged_after_a_reboot(index: Path):
+    flip_byte(index, index.stat().st_size // 2)
+    as_after_a_reboot(index)
+
+
 def touch(path: Path):
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
@@ -226,7 +250,7 @@ STALE = {
     # What is done to the trace or its index, and what stderr then says.
     "touched": (lambda trace, index: touch(trace), "made for the trace as it was before"),
     "version": (lambda trace, index: bump_version(index), "this ttrace reads version"),
-    "damaged": (lambda trace, index: flip_byte(index, index.stat().st_size // 2), "do not match their hash"),
+    "damaged": (lambda trace, index: damaged_after_a_reboot(index), "do not match their hash"),
     "cut index": (lambda trace, index: os.truncate(index, index.stat().st_size // 2), "damaged"),
     "not an index": (lambda trace, index: index.write_bytes(b"\0" * 8192), "no ttrace index"),
 }
@@ -283,6 +307,28 @@ def test_a_stale_index_is_rebuilt(ttrace, traces, fresh, tmp_path, change):
         assert "reused" in third.text() and "not used" not in third.text(), third.text()
     finally:
         third.close()
+
+
+def test_an_index_from_another_boot_is_checked_then_marked(ttrace, traces, fresh, tmp_path):
+    """After a reboot the index's body is hashed once, found whole, used, and
+    marked as checked in this boot (the next open skips the hash)."""
+    trace = copy_trace(traces["gemma"], tmp_path / "trace")
+    first = View(ttrace, trace, tmp_path / "cache")
+    index = trace.parent / first.saved()
+    first.close()
+    as_after_a_reboot(index)
+    again = View(ttrace, trace, tmp_path / "cache", verbose=True)
+    try:
+        assert "reused" in again.text() and "index hash checked" in again.text(), again.text()
+        same_answers(again, fresh["gemma"])
+    finally:
+        again.close()
+    third = View(ttrace, trace, tmp_path / "cache", verbose=True)
+    try:
+        assert "reused" in third.text() and "index hash checked" not in third.text(), third.text()
+    finally:
+        third.close()
+    as_after_a_reboot(index)  # asserts the header says this boot again
 
 
 def test_a_trace_that_grew_or_shrank_is_indexed_again(ttrace, traces, fresh, tmp_path):

@@ -25,7 +25,7 @@ use super::{
     Analysis, Phase, moe, usage,
     walk::{self, Event, Sink, Tables, WeightRead},
 };
-use crate::format::{Descriptor, TraceError};
+use crate::format::TraceError;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct UbatchStats {
@@ -148,8 +148,10 @@ pub struct RequestStats {
 struct Collector {
     stats: Stats,
     /// The ubatch being summed: (model, tensor) → its charge so far.
-    open: BTreeMap<u32, BTreeMap<(u32, u32), Charge>>,
-    tensor_index: BTreeMap<(u32, u32), usize>,
+    /// Hashed, not ordered: looked up per op and weight (a B-tree's
+    /// search was a tenth of the pass), and only summed.
+    open: foldhash::HashMap<u32, foldhash::HashMap<(u32, u32), Charge>>,
+    tensor_index: foldhash::HashMap<(u32, u32), usize>,
     usage: Option<usage::Collector>,
 }
 
@@ -208,8 +210,7 @@ impl Sink for Collector {
                 us.ops += 1;
                 let open = self.open.entry(u).or_default();
                 let name = tables.op_name_ref(&e.op);
-                let slotted: Vec<(u32, &Descriptor)> =
-                    e.op.srcs.iter().map(|&(s, id)| (s, tables.descriptor(id))).collect();
+                let slotted = tables.slotted(&e.op);
                 for &source in &slotted {
                     let Some(read) = tables.weight_read(&name, Some(u), source, &slotted) else { continue };
                     let w = read.weight;

@@ -293,9 +293,14 @@ impl Collector {
                     if let Some(whole) = whole {
                         self.notes.insert(whole.note(&t.name));
                     }
-                    let f = self.files.entry((w.model, t.file)).or_default();
+                    let used = &mut self.files.entry((w.model, t.file)).or_default().used[period.index()];
                     for r in ranges {
-                        f.used[period.index()].insert(r);
+                        // Most reads repeat one seen before (every token reads
+                        // the same weights): looking is cheaper than inserting,
+                        // which takes the covering range out and puts it back.
+                        if used.gaps(&r).next().is_some() {
+                            used.insert(r);
+                        }
                     }
                 }
             }

@@ -61,6 +61,10 @@ pub enum Event {
     End(Box<Trailer>),
 }
 
+/// An op's sources with their slots (the reader refuses more than
+/// `MAX_SRC`).
+pub type Slotted<'a> = smallvec::SmallVec<[(u32, &'a Descriptor); tracer_common::ggml::MAX_SRC]>;
+
 /// What a sink may look up while handling an event.
 pub struct Tables<'a> {
     pub analysis: &'a Analysis,
@@ -72,6 +76,12 @@ pub struct Tables<'a> {
 impl<'a> Tables<'a> {
     pub fn descriptor(&self, id: u32) -> &'a Descriptor {
         &self.descriptors[id as usize]
+    }
+
+    /// `op`'s sources, each with its slot: what [`Self::weight_read`]
+    /// takes, on the stack (per op, a heap list was a few percent of a pass).
+    pub fn slotted(&self, op: &Op) -> Slotted<'a> {
+        op.srcs.iter().map(|&(slot, id)| (slot, self.descriptor(id))).collect()
     }
 
     pub fn op_name(&self, op: &Op) -> String {

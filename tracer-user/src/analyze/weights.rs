@@ -34,6 +34,12 @@ impl Weights {
     pub fn make_mut(&mut self) -> &mut WeightMap {
         Arc::make_mut(&mut self.0)
     }
+
+    /// Which list this is: equal for ubatches sharing one (see
+    /// [`Interner`]), so a figure of a list is computed once per list.
+    pub fn list_id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
 }
 
 /// A weight read as `report --json` lists it.

@@ -1,7 +1,7 @@
 //! A computation too long for one request (the Memory tab's simulation,
 //! minutes on a long trace): the first request starts it on a thread of its
 //! own, later ones share it, and until it is done each is answered with how
-//! far it got. The thread leaves one CPU to the other queries.
+//! far it got. The thread runs when no query wants a CPU.
 
 use std::{
     panic::AssertUnwindSafe,
@@ -55,7 +55,7 @@ impl Background {
         let this = self.clone();
         let job = name.to_string();
         std::thread::Builder::new().name(name.into()).spawn(move || {
-            leave_a_cpu();
+            yield_to_queries();
             let started = std::time::Instant::now();
             let answer = std::panic::catch_unwind(AssertUnwindSafe(|| work(&given))).unwrap_or_else(|panic| {
                 let why = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -88,37 +88,22 @@ fn fraction(bars: &[(f64, ProgressBar)]) -> f64 {
     done.clamp(0.0, 0.99)
 }
 
-/// Takes the last CPU of this thread's affinity away from it (and from
-/// the threads it starts, which size themselves by it), so that on a
-/// small machine a query never waits for a CPU. A machine of one CPU
-/// keeps it.
-fn leave_a_cpu() {
-    let Some(mut set) = affinity() else { return };
-    if let [_, .., last] = cpus(&set)[..] {
-        // SAFETY: clears one bit of a valid set; failing to set it leaves
-        // the affinity as it was.
-        let failed = unsafe {
-            libc::CPU_CLR(last, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
-        };
-        if failed {
-            log::info!("could not narrow the background thread's CPUs: {}", std::io::Error::last_os_error());
-        }
+/// Puts this thread (and the threads it starts, which inherit it) in
+/// `SCHED_IDLE`: it uses every CPU no query wants, and a query that wakes
+/// takes a CPU from it at once. Leaving a CPU aside instead halved the
+/// replays on 2 CPUs (the Memory tab 72 s against the CLI's 48 s on the
+/// long trace) while the queries ran a few ms out of every 200.
+pub fn yield_to_queries() {
+    // SAFETY: a zeroed sched_param is priority 0 (musl's has more fields
+    // than glibc's, all zero here), the only one SCHED_IDLE takes; any
+    // thread may lower itself to it, and failing leaves it as it was.
+    let lowered = unsafe {
+        let param: libc::sched_param = std::mem::zeroed();
+        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param)
+    };
+    if lowered != 0 {
+        log::info!("could not lower the background thread's priority: {}", std::io::Error::last_os_error());
     }
-}
-
-/// This thread's CPUs.
-fn affinity() -> Option<libc::cpu_set_t> {
-    // SAFETY: a zeroed cpu_set_t is an empty set, filled for this thread (pid 0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0).then_some(set)
-    }
-}
-
-fn cpus(set: &libc::cpu_set_t) -> Vec<usize> {
-    // SAFETY: reads bits of a valid set.
-    (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, set) }).collect()
 }
 
 #[cfg(test)]
@@ -172,14 +157,16 @@ mod tests {
     }
 
     #[test]
-    fn the_thread_leaves_a_cpu() {
-        let count = || cpus(&affinity().unwrap()).len();
-        let all = count();
-        let narrowed = std::thread::spawn(move || {
-            leave_a_cpu();
-            count()
+    fn the_thread_and_its_workers_yield_to_queries() {
+        // SAFETY: reads this thread's policy.
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = policy();
+        let lowered = std::thread::spawn(move || {
+            yield_to_queries();
+            let worker = std::thread::spawn(policy).join().unwrap();
+            (policy(), worker)
         });
-        assert_eq!(narrowed.join().unwrap(), (all - 1).max(1));
-        assert_eq!(count(), all, "only the background thread is narrowed");
+        assert_eq!(lowered.join().unwrap(), (libc::SCHED_IDLE, libc::SCHED_IDLE));
+        assert_eq!(policy(), before, "only the background thread is lowered");
     }
 }

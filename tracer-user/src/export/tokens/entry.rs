@@ -60,7 +60,7 @@ pub struct UbatchFields {
 
 pub fn shape(e: &OpEvent, t: &Tables, experts: &RoutedExperts) -> (EntryShape, Scope) {
     let dst = t.descriptor(e.op.dst);
-    let slotted: Vec<(u32, &Descriptor)> = e.op.srcs.iter().map(|&(slot, id)| (slot, t.descriptor(id))).collect();
+    let slotted = t.slotted(&e.op);
     let srcs: Vec<&Descriptor> = slotted.iter().map(|&(_, d)| d).collect();
     let layer = op_layer(t.models, dst, &srcs);
     let op_name = t.op_name_ref(&e.op);

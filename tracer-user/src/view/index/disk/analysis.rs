@@ -43,7 +43,7 @@ impl SavedAnalysis {
     pub fn of(analysis: &Analysis) -> Result<SavedAnalysis, AnalysisError> {
         let mut lists: Vec<&Weights> = Vec::new();
         // Keyed by the list's allocation: equal lists are already one.
-        let mut seen: HashMap<*const (), u32> = HashMap::new();
+        let mut seen: HashMap<usize, u32> = HashMap::new();
         let list_of: Vec<u32> = analysis
             .ubatches
             .iter()
@@ -51,8 +51,7 @@ impl SavedAnalysis {
                 if u.weights.is_empty() {
                     return NO_WEIGHTS;
                 }
-                let key = std::ptr::from_ref(&*u.weights).cast::<()>();
-                *seen.entry(key).or_insert_with(|| {
+                *seen.entry(u.weights.list_id()).or_insert_with(|| {
                     lists.push(&u.weights);
                     lists.len() as u32 - 1
                 })
@@ -112,7 +111,7 @@ mod tests {
         assert!(!back.ubatches[0].routing.is_empty());
         // Which ubatches share a list: as before, and written once each.
         let sharing = |a: &Analysis| -> Vec<Vec<bool>> {
-            let list = |u: &crate::analyze::Ubatch| std::ptr::from_ref(&*u.weights);
+            let list = |u: &crate::analyze::Ubatch| u.weights.list_id();
             a.ubatches.iter().map(|u| a.ubatches.iter().map(|v| list(u) == list(v)).collect()).collect()
         };
         assert_eq!(sharing(&back), sharing(&analysis));

@@ -9,8 +9,11 @@
 //! point into the column area. The header ties the index to one state of
 //! the trace (its size, mtime, and a hash of its first and last bytes, where
 //! its header and trailer are) and carries a hash of the rest of the index,
-//! checked at every open: an index that does not match is rebuilt, never
-//! trusted.
+//! checked at the first open after each boot: an index that does not match
+//! is rebuilt, never trusted. Within the boot that wrote it, the page cache
+//! holds what was written (a killed writer loses no written page; only a
+//! crash of the machine can, and that is a new boot), so the check, which
+//! reads the whole index (8 s for 3 GB from this disk), is skipped.
 
 pub mod analysis;
 pub mod column;
@@ -28,7 +31,7 @@ use memmap2::Mmap;
 use serde::{Serialize, de::DeserializeOwned};
 
 /// Bumped whenever anything serialised into the index changes shape.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 const MAGIC: [u8; 8] = *b"TTRACEIX";
 /// The header's room: the column area starts here.
 const BODY: u64 = 4096;
@@ -43,6 +46,9 @@ struct Header {
     /// 1: the values are little-endian (the only kind written).
     little_endian: u32,
     trace: Identity,
+    /// The boot whose page cache held the body when it was last written
+    /// or checked (`/proc/sys/kernel/random/boot_id`; zero: unknown).
+    boot: [u8; 16],
     tree_offset: u64,
     tree_len: u64,
     /// blake3 of the index from [`BODY`] on.
@@ -151,12 +157,17 @@ fn cache_dir() -> PathBuf {
 
 /// The index at `path`, if it is one of `trace` as it is now.
 pub fn open<T: DeserializeOwned>(path: &Path, trace: &Identity) -> Result<T, IndexError> {
+    open_in_boot(path, trace, boot_id())
+}
+
+fn open_in_boot<T: DeserializeOwned>(path: &Path, trace: &Identity, boot: [u8; 16]) -> Result<T, IndexError> {
     let io = |error| IndexError::Io { path: path.to_path_buf(), error };
     let file = File::open(path).map_err(io)?;
     // SAFETY: the mapping is read-only; an index is replaced by renaming a
     // new file over it, never written in place, so it does not change under
     // us (an outside program truncating it would be caught as SIGBUS, not
-    // as a wrong number).
+    // as a wrong number). Only its header is rewritten in place
+    // (`restamp`), and it is read once, here, before that.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
     let header: Header = map
         .get(..std::mem::size_of::<Header>())
@@ -175,11 +186,14 @@ pub fn open<T: DeserializeOwned>(path: &Path, trace: &Identity) -> Result<T, Ind
     if (map.len() as u64) < BODY {
         return Err(IndexError::Corrupt("it ends in its header".into()));
     }
-    let hashing = std::time::Instant::now();
-    if hash_body(&file, map.len() as u64).map_err(io)? != header.body_hash {
-        return Err(IndexError::Corrupt("its contents do not match their hash".into()));
+    if header.boot == [0; 16] || header.boot != boot {
+        let hashing = std::time::Instant::now();
+        if hash_body(&file, map.len() as u64).map_err(io)? != header.body_hash {
+            return Err(IndexError::Corrupt("its contents do not match their hash".into()));
+        }
+        log::info!("index hash checked in {:.2?} ({} MiB)", hashing.elapsed(), map.len() >> 20);
+        restamp(&file, path, header, boot);
     }
-    log::info!("index hash checked in {:.2?} ({} MiB)", hashing.elapsed(), map.len() >> 20);
     let tree = usize::try_from(header.tree_offset)
         .ok()
         .zip(usize::try_from(header.tree_len).ok())
@@ -247,6 +261,7 @@ fn write_to<T: Serialize>(file: &mut File, path: &Path, trace: &Identity, value:
         version: VERSION,
         little_endian: u32::from(cfg!(target_endian = "little")),
         trace: *trace,
+        boot: boot_id(),
         tree_offset: pos,
         tree_len: tree.len() as u64,
         body_hash: hash_body(file, len).map_err(io)?,
@@ -255,6 +270,36 @@ fn write_to<T: Serialize>(file: &mut File, path: &Path, trace: &Identity, value:
     header.header_hash = header_hash(&header);
     file.seek(SeekFrom::Start(0)).map_err(io)?;
     file.write_all(bytemuck::bytes_of(&header)).map_err(io)
+}
+
+/// Marks a checked index as checked in this boot, so that later opens in
+/// it skip the check. Only the header is rewritten: a reader maps the rest
+/// and never reads the header again. Written through the file that was
+/// checked (`/proc/self/fd` opens the same inode for writing), never its
+/// path: a new index renamed over it meanwhile must keep its own header.
+/// An index it cannot write (a read-only place) is checked at each open.
+fn restamp(checked: &File, path: &Path, mut header: Header, boot: [u8; 16]) {
+    use std::os::{fd::AsRawFd, unix::fs::FileExt};
+    header.boot = boot;
+    header.header_hash = header_hash(&header);
+    let same = format!("/proc/self/fd/{}", checked.as_raw_fd());
+    let written = File::options().write(true).open(same).and_then(|f| f.write_all_at(bytemuck::bytes_of(&header), 0));
+    if let Err(e) = written {
+        log::info!("index checked, but not marked as checked ({}: {e})", path.display());
+    }
+}
+
+/// This boot's id, zero when the kernel does not say.
+fn boot_id() -> [u8; 16] {
+    let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: Vec<u8> = text.bytes().filter_map(|c| (c as char).to_digit(16).map(|d| d as u8)).collect();
+    let mut id = [0; 16];
+    if hex.len() == 32 {
+        for (byte, pair) in id.iter_mut().zip(hex.chunks(2)) {
+            *byte = pair[0] << 4 | pair[1];
+        }
+    }
+    id
 }
 
 fn header_hash(h: &Header) -> [u8; 32] {
@@ -266,8 +311,8 @@ fn header_hash(h: &Header) -> [u8; 32] {
 /// A hash of the file's bytes `[BODY, len)`: xxh3-128 of its two halves on
 /// two threads, then blake3 of the two (the check costs half the time on the
 /// machines `view` runs on). It catches damage, not forgery: the index is
-/// the user's own file, and this check is part of every reopen's wait
-/// (blake3 took 0.98 s on a 6.7 GB index). Read, not through the mapping:
+/// the user's own file, and this check is part of the first reopen's wait
+/// after a boot (blake3 took 0.98 s on a 6.7 GB index). Read, not through the mapping:
 /// the pages read would count in the process's RSS.
 fn hash_body(file: &File, len: u64) -> std::io::Result<[u8; 32]> {
     use std::os::unix::fs::FileExt;
@@ -376,13 +421,52 @@ mod tests {
         let n = bytes.len();
         bytes[n - 10] ^= 1;
         std::fs::write(&beside, &bytes).unwrap();
-        assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::Corrupt(_))));
+        // The body is checked in any boot but the one that wrote it.
+        assert!(matches!(open_in_boot::<Sample>(&beside, &id, ANOTHER_BOOT), Err(IndexError::Corrupt(_))));
         bytes[n - 10] ^= 1;
         bytes[8] = bytes[8].wrapping_add(1);
         std::fs::write(&beside, &bytes).unwrap();
         assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::Version { .. })));
         std::fs::write(&beside, b"short").unwrap();
         assert!(matches!(open::<Sample>(&beside, &id), Err(IndexError::NotAnIndex)));
+    }
+
+    const ANOTHER_BOOT: [u8; 16] = [9; 16];
+
+    fn boot_of(index: &Path) -> [u8; 16] {
+        bytemuck::pod_read_unaligned::<Header>(&std::fs::read(index).unwrap()[..std::mem::size_of::<Header>()]).boot
+    }
+
+    #[test]
+    fn the_body_is_checked_once_per_boot() {
+        let (_dir, trace, id) = setup();
+        let [beside, _] = places(&trace);
+        write(&beside, &id, &sample()).unwrap();
+        assert_eq!(boot_of(&beside), boot_id(), "written in this boot");
+        assert_ne!(boot_id(), [0; 16], "Linux says its boot id");
+        // Opened after a reboot: checked, then marked as checked in it.
+        open_in_boot::<Sample>(&beside, &id, ANOTHER_BOOT).unwrap();
+        assert_eq!(boot_of(&beside), ANOTHER_BOOT);
+        let back: Sample = open_in_boot(&beside, &id, ANOTHER_BOOT).unwrap();
+        assert_eq!(&*back.wide, &*sample().wide);
+    }
+
+    #[test]
+    fn the_mark_goes_to_the_index_checked_not_one_renamed_over_it() {
+        let (dir, trace, id) = setup();
+        let [beside, _] = places(&trace);
+        write(&beside, &id, &sample()).unwrap();
+        let checked = File::open(&beside).unwrap();
+        let header: Header = bytemuck::pod_read_unaligned(&std::fs::read(&beside).unwrap()[..size_of::<Header>()]);
+        // Another view rebuilds it meanwhile, as `write` does: a new file renamed over it.
+        let newer = dir.0.join("newer");
+        write(&newer, &id, &sample()).unwrap();
+        std::fs::rename(&newer, &beside).unwrap();
+        restamp(&checked, &beside, header, ANOTHER_BOOT);
+        assert_eq!(boot_of(&beside), boot_id(), "the new index keeps its header");
+        let mut old = vec![0; size_of::<Header>()];
+        std::os::unix::fs::FileExt::read_exact_at(&checked, &mut old, 0).unwrap();
+        assert_eq!(bytemuck::pod_read_unaligned::<Header>(&old).boot, ANOTHER_BOOT);
     }
 
     #[test]

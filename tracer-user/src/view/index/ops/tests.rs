@@ -1,6 +1,7 @@
-//! Tests of the op table (`ops.rs`).
+//! Tests of the op table.
 
-use super::*;
+use super::{builder::ubatch_spans, *};
+use crate::view::index::column::Stepped;
 
 /// Ops whose rows ran in `ubatch` (`NONE_U32`: outside any), with the
 /// column kept (`keep`) or the spans only.
