@@ -11,6 +11,7 @@ use strum::{EnumIter, IntoStaticStr};
 
 pub mod ggml;
 pub mod kernel;
+pub mod kfunc;
 pub mod layout;
 pub mod tracepoints;
 pub mod values;

@@ -23,6 +23,7 @@ use crate::{
     layout::{self, ggml},
     looping::{global_step, repeat},
     maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
+    pinned::pinned,
 };
 
 #[map]
@@ -70,7 +71,7 @@ fn read_head(address: u64) -> Option<Ubatch> {
 
 #[uprobe]
 pub fn ubatch(ctx: ProbeContext) -> u32 {
-    ubatch_with::<false>(&ctx)
+    pinned(|| ubatch_with::<false>(&ctx))
 }
 
 /// Kernels before 5.17 (`looping`).

@@ -19,22 +19,25 @@ use crate::{
     layout::{self, ggml},
     looping::cookie_copies,
     maps::{emit, header, read_user, traced_task},
+    pinned::pinned,
 };
 
 #[uretprobe]
 pub fn buffer_created(ctx: RetProbeContext) -> u32 {
-    let Some(task) = traced_task() else { return 0 };
-    let buffer = ctx.ret::<u64>();
-    if buffer != 0 {
-        record(task, buffer, buffer_action::CREATED, None);
-    }
-    0
+    pinned(|| {
+        let Some(task) = traced_task() else { return 0 };
+        let buffer = ctx.ret::<u64>();
+        if buffer != 0 {
+            record(task, buffer, buffer_action::CREATED, None);
+        }
+        0
+    })
 }
 
 #[uprobe]
 pub fn buffer_changed(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context.
-    changed_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+    pinned(|| changed_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }))
 }
 
 cookie_copies!(uprobe, ProbeContext, changed_with;

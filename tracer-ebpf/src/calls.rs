@@ -15,12 +15,13 @@ use tracer_common::{CallEvent, EventKind, config, markers};
 use crate::{
     looping::cookie_copies,
     maps::{CONFIG, emit, emit_with, header, submit_flags, traced_task},
+    pinned::pinned,
 };
 
 #[uprobe]
 pub fn call_args(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context.
-    args_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+    pinned(|| args_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }))
 }
 
 cookie_copies!(uprobe, ProbeContext, args_with;
@@ -100,7 +101,7 @@ const SIGSTOP: u32 = 19;
 #[uretprobe]
 pub fn call_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context.
-    return_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+    pinned(|| return_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }))
 }
 
 cookie_copies!(uretprobe, RetProbeContext, return_with;

@@ -16,6 +16,7 @@ use crate::{
     layout::{self, ggml},
     looping::cookie_copies,
     maps::{CONFIG, emit, header, read_user, traced_task},
+    pinned::pinned,
 };
 
 /// One program for every node hook, told apart by its attach cookie (a
@@ -27,7 +28,7 @@ use crate::{
 #[uprobe]
 pub fn ggml_op(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context.
-    op_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+    pinned(|| op_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }))
 }
 
 cookie_copies!(uprobe, ProbeContext, op_with;

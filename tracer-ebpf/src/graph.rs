@@ -45,6 +45,7 @@ use crate::{
         EVENTS, count_lost, count_lost_n, emit, emit_with, header, read_user, read_user_bytes, submit_flags,
         traced_task,
     },
+    pinned::pinned,
 };
 
 /// What a graph's walk needs in every loop step.
@@ -160,7 +161,7 @@ static INPUTS: HashMap<u64, Inputs> = HashMap::with_max_entries(1024, 0);
 pub fn graph_compute(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let cgraph = unsafe { read_volatile(&(*(ctx.as_ptr() as *const pt_regs)).rdi) };
-    let _ = read_graph::<false>(cgraph);
+    let _ = pinned(|| read_graph::<false>(cgraph));
     0
 }
 

@@ -67,7 +67,7 @@ macro_rules! cookie_copies {
         $(
             #[$attr]
             pub fn $name(ctx: $ctx) -> u32 {
-                $body(&ctx, $cookie)
+                crate::pinned::pinned(|| $body(&ctx, $cookie))
             }
         )+
     };

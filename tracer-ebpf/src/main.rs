@@ -19,6 +19,7 @@ mod layout;
 mod looping;
 mod maps;
 mod pagecache;
+mod pinned;
 mod processes;
 mod routing;
 mod selftest;

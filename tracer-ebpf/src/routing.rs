@@ -24,6 +24,7 @@ use crate::{
     layout::{self, ggml},
     looping::{global_step, repeat},
     maps::{EVENTS, count_lost, count_lost_n, header, read_user, submit_flags, traced_task},
+    pinned::pinned,
 };
 
 /// An argsort call in flight on a thread (pid_tgid key).
@@ -61,7 +62,7 @@ pub fn argsort_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context, a pt_regs.
     let regs = ctx.as_ptr() as *const pt_regs;
     let (params, dst) = unsafe { (read_volatile(&(*regs).rdi), read_volatile(&(*regs).rsi)) };
-    let _ = entry(params, dst);
+    let _ = pinned(|| entry(params, dst));
     0
 }
 
@@ -90,7 +91,7 @@ fn entry(params: u64, dst: u64) -> Result<(), ()> {
 /// argsort node its `ids` source views. One trap per MUL_MAT_ID and thread.
 #[uprobe]
 pub fn mul_mat_id_entry(ctx: ProbeContext) -> u32 {
-    mul_mat_id_with::<false>(&ctx)
+    pinned(|| mul_mat_id_with::<false>(&ctx))
 }
 
 /// Kernels before 5.17 (`looping`).
@@ -134,7 +135,7 @@ fn at_mul_mat_id<const BOUNDED: bool>(params: u64, dst: u64) -> Result<(), ()> {
 
 #[uretprobe]
 pub fn argsort_return(_ctx: RetProbeContext) -> u32 {
-    argsort_return_with::<false>()
+    pinned(argsort_return_with::<false>)
 }
 
 /// Kernels before 5.17 (`looping`).

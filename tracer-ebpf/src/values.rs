@@ -39,6 +39,7 @@ use crate::{
     layout::{self, TENSOR_SCRATCH, ggml},
     looping::{cookie_copies, global_step, repeat},
     maps::{EVENTS, count_lost, header, read_user, read_user_bytes, submit_flags, traced_task},
+    pinned::pinned,
 };
 
 #[map]
@@ -90,6 +91,12 @@ static VALUE_POOL_ZERO: PerCpuArray<ValuePool> = PerCpuArray::with_max_entries(1
 
 #[uprobe]
 pub fn value_graph(_ctx: ProbeContext) -> u32 {
+    pinned(count_run)
+}
+
+/// Counts a run of the graph, for the workers' arrival marks.
+#[inline(always)]
+fn count_run() -> u32 {
     let Some((tgid, _)) = traced_task() else { return 0 };
     // No worker is in a barrier between runs, and the arrival marks carry
     // the run: the last run's marks need no reset.
@@ -117,7 +124,7 @@ pub fn value_graph(_ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn value_node(ctx: ProbeContext) -> u32 {
     // SAFETY: ctx is the program's own context.
-    node_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) })
+    pinned(|| node_with(&ctx, unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }))
 }
 
 cookie_copies!(uprobe, ProbeContext, node_with;
@@ -192,7 +199,7 @@ fn owner(tgid: u32, tid: u32) -> u64 {
 
 #[uprobe]
 pub fn value_barrier(ctx: ProbeContext) -> u32 {
-    barrier_with::<false>(&ctx)
+    pinned(|| barrier_with::<false>(&ctx))
 }
 
 /// Kernels before 5.17: at most [`BOUNDED_CHUNKS`] chunks per node.

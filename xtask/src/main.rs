@@ -65,6 +65,10 @@ enum Task {
         /// Only the cases whose name contains this (e.g. `run`).
         #[arg(long)]
         case: Option<String>,
+        /// Run each chosen case this many times in one boot (a rare failure's rate);
+        /// the table shows `pass xN` or `FAIL k/N`.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=200))]
+        repeat: u32,
     },
     /// rustfmt and clippy (-D warnings) on the host crates, and clippy on the eBPF crate for its bpf target.
     Lint,
@@ -92,7 +96,7 @@ fn main() {
             }
             bench::run(rounds, quick, &only)
         }
-        Task::Kernels { kernel, case } => test::run_kernels(&kernel, case.as_deref()),
+        Task::Kernels { kernel, case, repeat } => test::run_kernels(&kernel, case.as_deref(), repeat),
         Task::Lint => lint::run(),
         Task::Paths => setup::run_quiet().and_then(|paths| paths.print()),
         Task::Dist { verify } => dist::run(verify),

@@ -73,7 +73,7 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
         // then the same tests inside each kernel of the matrix, with it.
         let release = dist::build_and_verify(&paths);
         phases.end("release and clean root");
-        if let Err(e) = release.and_then(|r| kernel_matrix(&paths, &r.binary, &tmp, &[], None)) {
+        if let Err(e) = release.and_then(|r| kernel_matrix(&paths, &r.binary, &tmp, &[], None, 1)) {
             failures.push(format!("{e:#}"));
         }
         phases.end("kernel matrix");
@@ -89,12 +89,12 @@ pub fn run(cargo_args: &[String]) -> Result<()> {
 }
 
 /// `cargo xtask kernels`: set up, build the release, and run the kernel matrix alone.
-pub fn run_kernels(series: &[String], case: Option<&str>) -> Result<()> {
+pub fn run_kernels(series: &[String], case: Option<&str>, repeat: u32) -> Result<()> {
     scratch::check_free_space()?;
     let paths = setup::run()?;
     let ttrace = dist::build_and_verify(&paths)?.binary;
     let tmp = TestTmp::create()?;
-    kernel_matrix(&paths, &ttrace, &tmp, series, case)?;
+    kernel_matrix(&paths, &ttrace, &tmp, series, case, repeat)?;
     tmp.remove();
     Ok(())
 }
@@ -107,6 +107,7 @@ fn kernel_matrix(
     tmp: &TestTmp,
     series: &[String],
     case: Option<&str>,
+    repeat: u32,
 ) -> Result<()> {
     let chosen: Vec<_> =
         paths.kernels.iter().filter(|k| series.is_empty() || series.contains(&k.series)).cloned().collect();
@@ -124,12 +125,12 @@ fn kernel_matrix(
         portable_bin: &paths.llama_portable,
         work: tmp.path(),
     };
-    let table = kernels::matrix::run(&chosen, &inputs, case)?;
+    let table = kernels::matrix::run(&chosen, &inputs, case, repeat)?;
     let rendered = table.render();
     eprintln!("\nkernel matrix:\n{rendered}");
     let passed = table.all_passed();
     // The README shows the last full run that passed.
-    if passed && series.is_empty() && case.is_none() {
+    if passed && series.is_empty() && case.is_none() && repeat == 1 {
         kernels::readme::write_table(&rendered)?;
     }
     if !passed {

@@ -236,6 +236,15 @@ impl<'a> BtfIndex<'a> {
         self.tracepoints.iter().copied()
     }
 
+    /// The type id of function `name` (a `BTF_KIND_FUNC`): what a kfunc
+    /// call names. A scan: asked for a few names, once per load.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        let at = self.types.iter().position(|t| {
+            t.kind == Kind::Func && u32_at(self.data, t.at).is_ok_and(|n| self.string(n) == name.as_bytes())
+        })?;
+        Some(at as u32 + 1)
+    }
+
     /// Value of enumerator `name` of `enum ty` (low 32 bits for ENUM64).
     pub fn enum_value(&self, ty: &str, name: &str) -> Option<u32> {
         let entry = self.entry(*self.named.get(ty.as_bytes())?)?;
@@ -256,10 +265,10 @@ mod tests {
     use super::*;
 
     /// A hand-assembled blob: `struct s { int a; union { int b; struct { int c; }; }; }`,
-    /// `enum e { X = 7 }` and `typedef int btf_trace_ev`.
+    /// `enum e { X = 7 }`, `typedef int btf_trace_ev` and `void f(void)`.
     fn blob() -> Vec<u8> {
-        let strings = b"\0s\0a\0b\0c\0e\0X\0int\0btf_trace_ev\0";
-        let (s, a, b, c, e, x, int, tp) = (1u32, 3, 5, 7, 9, 11, 13, 17);
+        let strings = b"\0s\0a\0b\0c\0e\0X\0int\0btf_trace_ev\0f\0";
+        let (s, a, b, c, e, x, int, tp, f) = (1u32, 3, 5, 7, 9, 11, 13, 17, 30);
         let mut types = Vec::new();
         let mut put = |words: &[u32]| words.iter().for_each(|w| types.extend_from_slice(&w.to_le_bytes()));
         put(&[int, 1 << 24, 4, 32]); // 1: int
@@ -268,6 +277,8 @@ mod tests {
         put(&[s, (4 << 24) | 2, 8, a, 1, 0, 0, 3, 32]); // 4: struct s
         put(&[e, (6 << 24) | 1, 4, x, 7]); // 5: enum e
         put(&[tp, 8 << 24, 1]); // 6: typedef int btf_trace_ev
+        put(&[0, 13 << 24, 0]); // 7: void (void)
+        put(&[f, 12 << 24, 7]); // 8: void f(void)
         let mut out = Vec::new();
         let header = [0xeb9f_u32 | (1 << 16), 24, 0, types.len() as u32, types.len() as u32, strings.len() as u32];
         header.iter().for_each(|w| out.extend_from_slice(&w.to_le_bytes()));
@@ -289,6 +300,8 @@ mod tests {
         assert_eq!(btf.enum_value("s", "X"), None);
         assert!(btf.has_tracepoint("ev"));
         assert!(!btf.has_tracepoint("int"));
+        assert_eq!(btf.func_id("f"), Some(8));
+        assert_eq!(btf.func_id("s"), None, "a struct is not a function");
     }
 
     #[test]

@@ -5,10 +5,10 @@
 //! load a program would be worse than none, so the list is tied to the
 //! probe plans by a test.
 
-use tracer_common::{programs, values::programs as value_programs};
+use tracer_common::{kfunc::Kfunc, programs, values::programs as value_programs};
 
 use crate::live::{
-    load::{IoSource, LoadError, Tracer},
+    load::{IoSource, Kfuncs, LoadError, Tracer},
     verifier,
 };
 
@@ -89,6 +89,15 @@ pub fn check(tracer: &mut Tracer) -> Vec<Checked> {
         };
         out.push(Checked { what, status });
     }
+    // Without it a preempted run shares its per-CPU scratch (and, from 6.13,
+    // its stack) with the next run on its CPU.
+    let status = match tracer.kfuncs() {
+        Kfuncs::Linked(_) => Status::Available(Some(Kfunc::PreemptDisable.name().into())),
+        Kfuncs::Absent(why) => Status::Fallback(format!(
+            "{why}: on a fully preemptible kernel a preempted run's per-CPU scratch can be overwritten"
+        )),
+    };
+    out.push(Checked { what: "uprobe programs run with preemption off".into(), status });
     // `run` of a command with no ggml linked follows the processes it starts.
     let status = match tracer.verify_process_tracepoints() {
         Ok(()) => Status::Available(Some("perf-event tracepoint".into())),

@@ -37,11 +37,13 @@ use crate::{
 };
 
 mod io;
+mod kfuncs;
 mod processes;
 mod support;
 
 use io::{Io, kind_of, plan_io};
 pub use io::{IoSource, IoStatus};
+pub use kfuncs::Kfuncs;
 pub use support::KernelSupport;
 
 /// The object built by tracer-user's build.rs from tracer-ebpf.
@@ -75,6 +77,8 @@ pub enum LoadError {
     AyaBtf(Box<aya::BtfError>),
     #[error("reading eBPF program `{program}`'s counters: {error}")]
     ProgramInfo { program: &'static str, error: std::io::Error },
+    #[error(transparent)]
+    Kfuncs(#[from] kfuncs::KfuncError),
 }
 
 pub struct LoadOptions {
@@ -99,6 +103,8 @@ pub struct Tracer {
     io: Option<Io>,
     /// Which uprobe programs load as themselves, which as stand-ins.
     support: KernelSupport,
+    /// Whether the uprobe programs run with preemption off.
+    kfuncs: Kfuncs,
 }
 
 /// `--values`: the kernel's counts of reads it did not send, by reason
@@ -137,11 +143,22 @@ impl Tracer {
         if let Some(layout) = plan.as_ref().and_then(|p| p.perf.as_ref()) {
             loader.override_global(PERF_LAYOUT, layout, true);
         }
-        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| LoadError::Load(Box::new(e)))?;
+        let kfuncs = Kfuncs::of_this_kernel();
+        if let Kfuncs::Absent(why) = &kfuncs {
+            log::debug!("uprobe programs run preemptibly: {why}");
+        }
+        let object = kfuncs::link(EBPF_OBJECT, &kfuncs)?;
+        let mut ebpf = loader.load(object.bytes()).map_err(|e| LoadError::Load(Box::new(e)))?;
         let io = plan.map(|p| p.io);
         // Kernel-side diagnostics go to the `log` crate; no log calls in the object is fine.
         let logger = EbpfLogger::init(&mut ebpf).inspect_err(|e| log::debug!("aya-log not wired: {e}")).ok();
-        Ok(Self { ebpf, logger, loaded: HashSet::new(), io, support: KernelSupport::detect() })
+        Ok(Self { ebpf, logger, loaded: HashSet::new(), io, support: KernelSupport::detect(), kfuncs })
+    }
+
+    /// Whether the uprobe programs run with preemption off here (`pinned`
+    /// in tracer-ebpf), and why not.
+    pub fn kfuncs(&self) -> &Kfuncs {
+        &self.kfuncs
     }
 
     /// What this kernel lets the uprobe programs call.

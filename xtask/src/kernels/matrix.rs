@@ -109,11 +109,33 @@ pub struct Inputs<'a> {
     pub work: &'a Path,
 }
 
-/// One case's outcome in one kernel.
-#[derive(Clone, Debug)]
+/// One case's outcome in one kernel, over its runs (`--repeat`).
+#[derive(Clone, Debug, Default)]
 pub struct Outcome {
-    pub passed: bool,
+    pub runs: u32,
+    pub failures: u32,
+    /// Over all its runs.
     pub seconds: f64,
+    /// The first failed run's log, as `logs/<this>.log`.
+    pub first_failure: Option<String>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.runs > 0 && self.failures == 0
+    }
+
+    /// `pass 61s`, or with repeats `pass x20 61s` / `FAIL 2/20 61s` (seconds a run).
+    fn cell(&self, bold: bool) -> String {
+        let per_run = self.seconds / f64::from(self.runs.max(1));
+        let fail = if bold { "**FAIL**" } else { "FAIL" };
+        match (self.passed(), self.runs) {
+            (true, 1) => format!("pass {per_run:.0}s"),
+            (true, n) => format!("pass x{n} {per_run:.0}s"),
+            (false, 1) => format!("{fail} {per_run:.0}s"),
+            (false, n) => format!("{fail} {}/{n} {per_run:.0}s", self.failures),
+        }
+    }
 }
 
 /// Kernel release → case → outcome (a case with no outcome did not run).
@@ -122,11 +144,14 @@ pub struct Table {
     pub outcomes: BTreeMap<(String, String), Outcome>,
     /// Cases that were to run, over all kernels.
     expected: usize,
+    /// How many times each case was to run.
+    repeat: u32,
 }
 
 /// Boots each kernel with every case (or those whose name contains `only`),
-/// as many guests at once as the host has cores and memory for.
-pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Result<Table> {
+/// each run `repeat` times, as many guests at once as the host has cores and
+/// memory for.
+pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>, repeat: u32) -> Result<Table> {
     let rust = rust_test_binaries()?;
     let accel = qemu::Accel::detect();
     let mut jobs = Vec::new();
@@ -136,7 +161,7 @@ pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Res
         let dir = inputs.work.join(format!("job-{}", kernel.series));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        write_job(&dir, &cases, &rust, inputs)?;
+        write_job(&dir, &cases, repeat, &rust, inputs)?;
         jobs.push((kernel, dir, cases.len()));
     }
     let at_once = accel.guests_at_once().min(jobs.len().max(1));
@@ -149,13 +174,13 @@ pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Res
                 loop {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     let Some((kernel, dir, cases)) = jobs.get(index) else { break };
-                    let outcome = boot_one(kernel, dir, *cases, accel, inputs);
+                    let outcome = boot_one(kernel, dir, *cases, repeat, accel, inputs);
                     *booted[index].lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
                 }
             });
         }
     });
-    let mut table = Table { kernels: Vec::new(), outcomes: BTreeMap::new(), expected: 0 };
+    let mut table = Table { kernels: Vec::new(), outcomes: BTreeMap::new(), expected: 0, repeat };
     for ((kernel, dir, cases), booted) in jobs.iter().zip(booted) {
         table.expected += cases;
         let elapsed = match booted.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -176,17 +201,25 @@ pub fn run(kernels: &[Prepared], inputs: &Inputs<'_>, only: Option<&str>) -> Res
 }
 
 /// One guest: its disk, its boot, and what it reports as it ends.
-fn boot_one(kernel: &Prepared, job: &Path, cases: usize, accel: qemu::Accel, inputs: &Inputs<'_>) -> Result<Duration> {
+fn boot_one(
+    kernel: &Prepared,
+    job: &Path,
+    cases: usize,
+    repeat: u32,
+    accel: qemu::Accel,
+    inputs: &Inputs<'_>,
+) -> Result<Duration> {
     let disk = inputs.work.join(format!("disk-{}.img", kernel.series));
     make_disk(&disk, inputs.paths)?;
-    eprintln!("kernels: booting {} ({}) with {cases} cases", kernel.series, kernel.package);
+    let times = if repeat > 1 { format!(", each {repeat} times") } else { String::new() };
+    eprintln!("kernels: booting {} ({}) with {cases} cases{times}", kernel.series, kernel.package);
     let boot = qemu::Boot {
         vmlinuz: &kernel.vmlinuz,
         initramfs: &kernel.initramfs,
         job,
         disk: &disk,
         accel,
-        limit: BOOT_LIMIT,
+        limit: BOOT_LIMIT * repeat,
     };
     let booted = qemu::boot(&boot);
     let _ = std::fs::remove_file(&disk);
@@ -202,19 +235,14 @@ fn boot_one(kernel: &Prepared, job: &Path, cases: usize, accel: qemu::Accel, inp
         eprintln!("kernels: {}: the guest could not start its cases: {}", kernel.series, why.trim());
     }
     for (name, outcome) in read_results(job)? {
-        eprintln!(
-            "kernels: {} {name}: {} ({:.0}s){}",
-            kernel.series,
-            if outcome.passed { "pass" } else { "FAIL" },
-            outcome.seconds,
-            if outcome.passed { String::new() } else { format!(", log {}", log_path(job, &name).display()) }
-        );
+        let log = outcome.first_failure.as_ref().map(|run| format!(", log {}", log_path(job, run).display()));
+        eprintln!("kernels: {} {name}: {}{}", kernel.series, outcome.cell(false), log.unwrap_or_default());
     }
     Ok(elapsed)
 }
 
-fn log_path(job: &Path, case: &str) -> PathBuf {
-    job.join("logs").join(format!("{}.log", file_name(case)))
+fn log_path(job: &Path, run: &str) -> PathBuf {
+    job.join("logs").join(format!("{run}.log"))
 }
 
 /// A case name as a file name.
@@ -222,10 +250,23 @@ fn file_name(case: &str) -> String {
     case.trim_start_matches('-').replace([' ', '-'], "_")
 }
 
-fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf>, inputs: &Inputs<'_>) -> Result<()> {
+/// A run's name in the guest's files: the case's, numbered when repeated.
+fn run_name(case: &str, repeat: u32, i: u32) -> String {
+    if repeat == 1 { file_name(case) } else { format!("{}.{i}", file_name(case)) }
+}
+
+fn write_job(
+    job: &Path,
+    cases: &[&(&str, Run)],
+    repeat: u32,
+    rust: &BTreeMap<String, PathBuf>,
+    inputs: &Inputs<'_>,
+) -> Result<()> {
     let repo = cache::repo_root();
     let mut tsv = String::new();
-    for (name, run) in cases {
+    let mut names = String::new();
+    for ((name, run), i) in cases.iter().flat_map(|case| (1..=repeat).map(move |i| (case, i))) {
+        let key = run_name(name, repeat, i);
         let command = match run {
             Run::Ttrace(args) => format!("\"$TTRACE_BIN\" {args}"),
             Run::Pytest(node) => format!(
@@ -233,8 +274,7 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
                 shell_quote(&repo.join("tests/python").join(node).display().to_string())
             ),
             Run::PytestKept(node) => format!(
-                "\"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider --basetemp=/job/pytest-{} {}",
-                file_name(name),
+                "\"$VENV_PYTHON\" -m pytest -q -p no:cacheprovider --basetemp=/job/pytest-{key} {}",
                 shell_quote(&repo.join("tests/python").join(node).display().to_string())
             ),
             Run::PytestWith { node, env } => format!(
@@ -248,10 +288,10 @@ fn write_job(job: &Path, cases: &[&(&str, Run)], rust: &BTreeMap<String, PathBuf
             // One line of cases.tsv each.
             Run::Shell(command) => command.replace('\n', " "),
         };
-        writeln!(tsv, "{}\t{command}", file_name(name))?;
+        writeln!(tsv, "{key}\t{command}")?;
+        writeln!(names, "{key}\t{name}")?;
     }
     std::fs::write(job.join("cases.tsv"), tsv)?;
-    let names: String = cases.iter().map(|(name, _)| format!("{}\t{name}\n", file_name(name))).collect();
     std::fs::write(job.join("names.tsv"), names)?;
     let portable = inputs.portable_bin;
     let mut paths = inputs.paths.clone();
@@ -307,7 +347,7 @@ fn make_disk(image: &Path, paths: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// The guest's `results.tsv`, by case name.
+/// The guest's `results.tsv`, by case name (repeated runs summed).
 fn read_results(job: &Path) -> Result<Vec<(String, Outcome)>> {
     let names: BTreeMap<String, String> = std::fs::read_to_string(job.join("names.tsv"))?
         .lines()
@@ -315,14 +355,27 @@ fn read_results(job: &Path) -> Result<Vec<(String, Outcome)>> {
         .map(|(file, name)| (file.to_string(), name.to_string()))
         .collect();
     let text = std::fs::read_to_string(job.join("results.tsv")).unwrap_or_default();
-    let mut out = Vec::new();
+    let mut out: Vec<(String, Outcome)> = Vec::new();
     for line in text.lines() {
         let mut fields = line.split('\t');
         let (Some(file), Some(status), Some(seconds)) = (fields.next(), fields.next(), fields.next()) else {
             bail!("malformed line in {}: {line}", job.join("results.tsv").display());
         };
         let name = names.get(file).cloned().unwrap_or_else(|| file.to_string());
-        out.push((name, Outcome { passed: status == "pass", seconds: seconds.parse().unwrap_or(0.0) }));
+        let at = match out.iter().position(|(n, _)| *n == name) {
+            Some(at) => at,
+            None => {
+                out.push((name, Outcome::default()));
+                out.len() - 1
+            }
+        };
+        let outcome = &mut out[at].1;
+        outcome.runs += 1;
+        outcome.seconds += seconds.parse().unwrap_or(0.0);
+        if status != "pass" {
+            outcome.failures += 1;
+            outcome.first_failure.get_or_insert_with(|| file.to_string());
+        }
     }
     Ok(out)
 }
@@ -349,9 +402,9 @@ fn rust_test_binaries() -> Result<BTreeMap<String, PathBuf>> {
 }
 
 impl Table {
-    /// Every case ran and passed in every kernel.
+    /// Every case ran as often as asked and passed in every kernel.
     pub fn all_passed(&self) -> bool {
-        self.outcomes.len() == self.expected && self.outcomes.values().all(|o| o.passed)
+        self.outcomes.len() == self.expected && self.outcomes.values().all(|o| o.passed() && o.runs == self.repeat)
     }
 
     /// kernel × case, pass/fail and seconds (markdown, also for the README).
@@ -375,7 +428,7 @@ impl Table {
             for n in &names {
                 match self.outcomes.get(&(k.series.clone(), (*n).to_string())) {
                     Some(o) => {
-                        let _ = write!(s, " {} {:.0}s |", if o.passed { "pass" } else { "**FAIL**" }, o.seconds);
+                        let _ = write!(s, " {} |", o.cell(true));
                     }
                     None => s.push_str(" - |"),
                 }
