@@ -29,6 +29,8 @@ const DISK_BYTES: u64 = 3 << 30;
 /// Models copied to the test disk (9p has no FIEMAP, which ttrace maps
 /// block requests to tensors with).
 const DISK_MODELS: &[&str] = &["tiny", "tiny-q8", "moe"];
+/// The end of a failed case's log printed with its result.
+const FAILED_LOG_LINES: usize = 60;
 /// One boot runs every case; a guest still running after this is killed.
 const BOOT_LIMIT: Duration = Duration::from_secs(40 * 60);
 
@@ -235,8 +237,16 @@ fn boot_one(
         eprintln!("kernels: {}: the guest could not start its cases: {}", kernel.series, why.trim());
     }
     for (name, outcome) in read_results(job)? {
-        let log = outcome.first_failure.as_ref().map(|run| format!(", log {}", log_path(job, run).display()));
-        eprintln!("kernels: {} {name}: {}{}", kernel.series, outcome.cell(false), log.unwrap_or_default());
+        let log = outcome.first_failure.as_ref().map(|run| log_path(job, run));
+        let at = log.as_ref().map(|log| format!(", log {}", log.display()));
+        eprintln!("kernels: {} {name}: {}{}", kernel.series, outcome.cell(false), at.unwrap_or_default());
+        // CI keeps only what is printed: a rare failure says why here.
+        if let Some(text) = log.and_then(|log| std::fs::read_to_string(log).ok()) {
+            let lines: Vec<&str> = text.lines().collect();
+            for line in &lines[lines.len().saturating_sub(FAILED_LOG_LINES)..] {
+                eprintln!("kernels: {} {name} | {line}", kernel.series);
+            }
+        }
     }
     Ok(elapsed)
 }
